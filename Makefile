@@ -1,0 +1,32 @@
+# Every target builds its own virtual environment; nothing outside .venv is touched.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export GLOO_SOCKET_IFNAME ?= lo
+
+.PHONY: venv demo test bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# The CPU wheel of torch lies on this machine; an unpinned torch would pull a CUDA build.
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/lagom-tune profile --workload cpu-demo --backend gloo --ranks 2 --out runs/demo-cpu
+	$(BIN)/lagom-tune search runs/demo-cpu --optimizer lagom --out plans/demo-cpu.yaml
+	$(BIN)/python bench/cpu_e2e.py --plan plans/demo-cpu.yaml --rounds 2 --steps 12 --out runs/demo-cpu/e2e.md
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
