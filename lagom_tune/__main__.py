@@ -1,0 +1,3 @@
+from lagom_tune.cli import main
+
+main()

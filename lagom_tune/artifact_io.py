@@ -1,0 +1,50 @@
+"""Atomic reads and writes of artifact files: a reader never sees a half-written file."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lagom_tune.errors import UserError
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temp file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_yaml(path: str | os.PathLike, data: Any) -> Path:
+    return atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+
+
+def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
+    """Load a YAML file, turning every failure into a one-line ``UserError``."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} not found: {path}")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {what} {path}: {e}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise UserError(f"{what} {path} is not valid YAML{where}") from None

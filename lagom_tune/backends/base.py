@@ -1,0 +1,138 @@
+"""The Backend protocol, its knob space, and the measurement points it is asked to time."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from lagom_tune.errors import UserError
+from lagom_tune.workload.spec import Gemm, Workload
+
+SCOPES = ("collective", "communicator", "process")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable setting: its domain, default, and the scope at which it can be deployed.
+
+    ``comm_direction`` is +1 when a larger value gives communication more of the machine (NCCL
+    channels, chunk size) and -1 when it gives computation more (CPU threads per rank); the
+    Lagom search starts every knob at communication's minimum and steps towards its maximum.
+    ``ops`` limits the knob to some collective ops (empty: all).
+    """
+
+    name: str
+    scope: str
+    domain: tuple
+    default: Any
+    comm_direction: int = 1
+    ops: tuple[str, ...] = ()
+    mechanism: str = ""
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        assert self.scope in SCOPES and self.default in self.domain, self
+
+    def comm_order(self) -> tuple:
+        """The domain ordered from least to most resources for communication."""
+        return tuple(sorted(self.domain, reverse=self.comm_direction < 0))
+
+    def check(self, value: Any, path: str) -> Any:
+        if value not in self.domain:
+            raise UserError(f"{path}: {value!r} is outside {self.name}'s domain {list(self.domain)}")
+        return value
+
+
+@dataclass(frozen=True)
+class KnobSpace:
+    knobs: tuple[Knob, ...]
+
+    def __getitem__(self, name: str) -> Knob:
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        raise UserError(f"unknown knob {name!r}; this backend has {', '.join(self.names())}")
+
+    def names(self) -> list[str]:
+        return [k.name for k in self.knobs]
+
+    def at_scope(self, scope: str) -> list[Knob]:
+        return [k for k in self.knobs if k.scope == scope]
+
+    def defaults(self) -> dict[str, Any]:
+        return {k.name: k.default for k in self.knobs}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One thing to measure: an isolated GEMM, an isolated collective, or the two overlapped."""
+
+    kind: str  # "gemm" | "collective" | "overlap"
+    config: tuple[tuple[str, Any], ...]
+    gemm: Gemm | None = None
+    op: str | None = None
+    nbytes: int = 0
+    ranks: int = 1
+
+    @property
+    def key(self) -> str:
+        parts = [self.kind]
+        if self.gemm is not None:
+            parts.append(self.gemm.shape_key)
+        if self.op is not None:
+            parts.append(f"{self.op}:{self.nbytes}:{self.ranks}")
+        parts += [f"{k}={val}" for k, val in self.config]
+        return "|".join(parts)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.config)
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor."""
+    n = max(ranks, 1)
+    return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0}.get(op, (n - 1) / n)
+
+
+def bandwidth_columns(op: str, nbytes: int, ranks: int, seconds: float) -> dict[str, float]:
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else math.nan
+    return {"algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, ranks)}
+
+
+RowSink = Callable[[Point, list[dict[str, Any]]], None]
+
+
+class Backend(Protocol):
+    name: str
+    simulated: bool
+    knob_space: KnobSpace
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Environment facts recorded in ``meta.yaml`` (and compared by ``apply``)."""
+
+    def plan_points(self, workload: Workload) -> list[Point]:
+        """Every point worth measuring for ``workload``, in a deterministic order."""
+
+    def measure(self, points: list[Point], repeats: int, sink: RowSink) -> None:
+        """Measure ``points`` and hand each one's raw rows (one per repeat) to ``sink`` as it completes."""
+
+
+@dataclass
+class BackendOptions:
+    ranks: int = 2
+    hardware: str | None = None
+    nodes: int = 1
+    seed: int = 0
+    noise: float = 0.0
+    timeout_s: float = 60.0
+    extra: dict = field(default_factory=dict)
+
+
+def get_backend(name: str, options: BackendOptions) -> Backend:
+    if name == "gloo":
+        from lagom_tune.backends.gloo import GlooBackend
+
+        return GlooBackend(options)
+    raise UserError(f"unknown backend {name!r}; available: gloo")

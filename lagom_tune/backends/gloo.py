@@ -1,0 +1,276 @@
+"""CPU backend: real torch GEMMs on CPU threads and real gloo collectives between spawned ranks.
+
+Knobs are the ones a CPU data-parallel job really has, each verified to change measured time:
+intra-op threads per rank (``torch.set_num_threads``) and DDP's ``bucket_cap_mb`` (which sizes
+the gradient all-reduces). Gloo's own ``_threads`` option is not a knob: it had no measurable
+effect in torch 2.13.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import queue
+import socket
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from lagom_tune.backends.base import BackendOptions, Knob, KnobSpace, Point, RowSink, bandwidth_columns
+from lagom_tune.errors import RunError, UserError
+from lagom_tune.workload.bucketing import bucket_group
+from lagom_tune.workload.spec import DTYPES, Gemm, Workload
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+BUCKET_CAPS_MB = (1, 2, 4, 8, 16, 25, 50)
+
+
+def gloo_knob_space(cores: int | None = None, ranks: int = 2) -> KnobSpace:
+    cores = cores or os.cpu_count() or 1
+    threads = tuple(t for t in (1, 2, 4, 8, 16) if t <= max(1, cores)) or (1,)
+    return KnobSpace(
+        (
+            Knob(
+                "threads", "process", threads, 1, comm_direction=-1, mechanism="torch.set_num_threads + OMP_NUM_THREADS",
+                description="intra-op threads per rank (torchrun's default is 1 per rank)",
+            ),
+            Knob(
+                "bucket_cap_mb", "communicator", BUCKET_CAPS_MB, 25, comm_direction=1, ops=("all_reduce",),
+                mechanism="DistributedDataParallel(bucket_cap_mb=...)",
+                description="DDP gradient bucket size: smaller buckets start communicating earlier",
+            ),
+        )
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GlooBackend:
+    name = "gloo"
+    simulated = False
+
+    def __init__(self, options: BackendOptions):
+        if options.ranks < 2:
+            raise UserError("--ranks must be at least 2 for the gloo backend (collectives need peers)")
+        self.options = options
+        self.knob_space = gloo_knob_space(ranks=options.ranks)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "simulated": False,
+            "device": "cpu",
+            "torch": str(torch.__version__),
+            "cores": os.cpu_count(),
+            "ranks": self.options.ranks,
+            "nodes": 1,
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "processor": platform.machine(),
+        }
+
+    def plan_points(self, workload: Workload) -> list[Point]:
+        ranks = self.options.ranks
+        threads = self.knob_space["threads"].domain
+        points: list[Point] = []
+        gemms = sorted(workload.gemms().values(), key=lambda g: g.flops)
+        for g in gemms:
+            for t in threads:
+                points.append(Point("gemm", (("threads", t),), gemm=g))
+        # Every all-reduce size the search can produce (each bucket cap), plus a ladder for the fit.
+        sizes = {1 << p for p in range(14, 26, 2)}
+        for cap in self.knob_space["bucket_cap_mb"].domain:
+            for grp in workload.groups:
+                sizes |= {c.nbytes for c in bucket_group(grp, {"dp": cap}).comm if c.op == "all_reduce"}
+        for op in sorted({c.op for c in workload.collectives()} | {"all_reduce"}):
+            for n in sorted(sizes):
+                points.append(Point("collective", (), op=op, nbytes=n, ranks=ranks))
+        # Overlapped pairs: small, middle and large backward GEMMs beside three message sizes.
+        backward = sorted({g.shape_key: g for grp in workload.groups if grp.comm for g in grp.compute}.values(), key=lambda g: g.flops)
+        picks = {backward[0].shape_key: backward[0], backward[len(backward) // 2].shape_key: backward[len(backward) // 2], backward[-1].shape_key: backward[-1]} if backward else {}
+        for g in picks.values():
+            for n in (1 << 20, 4 << 20, 16 << 20):
+                for t in threads:
+                    points.append(Point("overlap", (("threads", t),), gemm=g, op="all_reduce", nbytes=n, ranks=ranks))
+        return points
+
+    def measure(self, points: list[Point], repeats: int, sink: RowSink) -> None:
+        if not points:
+            return
+        ctx = torch.multiprocessing.get_context("spawn")
+        results = ctx.Queue()
+        # Ranks wait at this barrier after each point until the parent has persisted it, so the
+        # parent's CSV writing never competes with a measurement for the CPU.
+        persisted = ctx.Barrier(self.options.ranks + 1)
+        port = free_port()
+        procs = [
+            ctx.Process(target=_rank_main, args=(r, self.options.ranks, port, points, repeats, self.options.timeout_s, results, persisted), daemon=True)
+            for r in range(self.options.ranks)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            _collect(procs, points, results, sink, self.options.timeout_s, persisted)
+        finally:
+            persisted.abort()
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join(timeout=5)
+
+
+def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: float, persisted) -> None:
+    """Merge per-rank timings (max over ranks per repeat); end the run if a rank dies or hangs."""
+    pending: dict[int, dict[int, list[dict]]] = {}
+    progress = {r: -1 for r in range(len(procs))}
+    last_news = time.monotonic()
+    done = 0
+    while done < len(points):
+        try:
+            msg = results.get(timeout=0.5)
+        except queue.Empty:
+            for r, p in enumerate(procs):
+                if not p.is_alive() and p.exitcode not in (0, None):
+                    raise RunError(f"rank {r} died (exit code {p.exitcode}) while measuring point {progress[r] + 1} of {len(points)}",
+                                   hint="rerun the same command to resume from the last completed point")
+            if time.monotonic() - last_news > timeout_s:
+                behind = min(progress, key=progress.get)
+                raise RunError(f"rank {behind} made no progress for {timeout_s:.0f} s (stuck at point {progress[behind] + 1} of {len(points)})",
+                               hint="a rank is hung; rerun to resume, or raise --timeout for slow points")
+            continue
+        last_news = time.monotonic()
+        if msg[0] == "error":
+            raise RunError(f"rank {msg[1]} failed: {msg[2]}")
+        _, rank, idx, rows = msg
+        progress[rank] = idx
+        pending.setdefault(idx, {})[rank] = rows
+        if len(pending[idx]) == len(procs):
+            per_rank = pending.pop(idx)
+            sink(points[idx], _max_over_ranks(points[idx], per_rank))
+            done += 1
+            persisted.wait(timeout=timeout_s)
+
+
+def _max_over_ranks(point: Point, per_rank: dict[int, list[dict]]) -> list[dict]:
+    merged = []
+    for rep, rows in enumerate(zip(*per_rank.values())):
+        row = dict(rows[0])
+        for col in ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us"):
+            if col in row:
+                row[col] = max(r[col] for r in rows)
+        row["repeat"] = rep
+        if point.op and point.kind == "collective":
+            row.update(bandwidth_columns(point.op, point.nbytes, point.ranks, row["time_us"] / 1e6))
+        merged.append(row)
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside a rank
+
+
+def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: int, timeout_s: float, results, persisted) -> None:
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        for idx, point in enumerate(points):
+            torch.set_num_threads(point.settings.get("threads", 1))
+            rows = MEASURE[point.kind](point, repeats, dist)
+            results.put(("rows", rank, idx, rows))
+            persisted.wait(timeout=timeout_s)
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception as e:  # reported to the parent, which names the rank
+        results.put(("error", rank, f"{type(e).__name__}: {e}"))
+        raise SystemExit(1)
+
+
+def _operands(g: Gemm) -> tuple[torch.Tensor, torch.Tensor]:
+    dt = TORCH_DTYPES[g.dtype]
+    shape_a = (g.batch, g.m, g.k) if g.batch > 1 else (g.m, g.k)
+    shape_b = (g.batch, g.k, g.n) if g.batch > 1 else (g.k, g.n)
+    return torch.randn(shape_a, dtype=dt), torch.randn(shape_b, dtype=dt)
+
+
+def _gemm_rows(point: Point, repeats: int, dist) -> list[dict]:
+    a, b = _operands(point.gemm)
+    # Repeat tiny GEMMs inside one timed region so each sample is well above timer resolution.
+    t0 = time.perf_counter()
+    torch.matmul(a, b)
+    once = time.perf_counter() - t0
+    inner = max(1, min(200, int(2e-3 / max(once, 1e-7))))
+    for _ in range(2):
+        torch.matmul(a, b)
+    rows = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            torch.matmul(a, b)
+        rows.append({"time_us": (time.perf_counter() - t0) / inner * 1e6, "inner": inner})
+    return rows
+
+
+def _buffer(nbytes: int) -> torch.Tensor:
+    return torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
+
+
+def _coll_rows(point: Point, repeats: int, dist) -> list[dict]:
+    buf = _buffer(point.nbytes)
+    dist.all_reduce(buf)
+    rows = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        rows.append({"time_us": (time.perf_counter() - t0) * 1e6})
+    return rows
+
+
+def _overlap_rows(point: Point, repeats: int, dist) -> list[dict]:
+    """Start the collective and ``n`` GEMMs together; time when each stream finishes.
+
+    ``n`` is chosen so the GEMMs alone take about as long as the collective alone: the balanced
+    case, where contention decides the window. The alone times are measured right before.
+    """
+    a, b = _operands(point.gemm)
+    buf = _buffer(point.nbytes)
+    y = statistics.median(_gemm_rows(point, 3, dist)[i]["time_us"] for i in range(3)) / 1e6
+    x = statistics.median(_coll_rows(point, 3, dist)[i]["time_us"] for i in range(3)) / 1e6
+    n = max(1, round(x / y))
+    rows = []
+    for _ in range(repeats):
+        dist.barrier()
+        stamp: list[float] = []
+        t0 = time.perf_counter()
+        work = dist.all_reduce(buf, async_op=True)
+        work.get_future().then(lambda _f: stamp.append(time.perf_counter()))
+        for _ in range(n):
+            torch.matmul(a, b)
+        t_compute = time.perf_counter()
+        work.wait()
+        while not stamp:  # the callback runs on gloo's thread right after completion
+            time.sleep(1e-5)
+        t_comm = stamp[0]
+        rows.append({
+            "time_us": (t_compute - t0) * 1e6, "comm_us": (t_comm - t0) * 1e6,
+            "window_us": (max(t_compute, t_comm) - t0) * 1e6, "n_compute": n,
+            "compute_alone_us": y * n * 1e6, "comm_alone_us": x * 1e6,
+        })
+    return rows
+
+
+MEASURE = {"gemm": _gemm_rows, "collective": _coll_rows, "overlap": _overlap_rows}

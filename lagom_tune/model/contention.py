@@ -1,0 +1,156 @@
+"""The cost-model protocol the timeline and every optimizer evaluate through, and its CPU family.
+
+``cpu-pairwise`` is DESIGN.md §6's fallback for hardware without SM structure: a fitted time for
+each GEMM (intercept + FLOPs + bytes, per thread count), for each collective (latency + bytes
+over bandwidth), and per-pair slowdown factors while the two overlap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Protocol
+
+from lagom_tune import validate as v
+from lagom_tune.artifact_io import read_yaml
+from lagom_tune.errors import UserError
+from lagom_tune.workload.spec import Collective, Gemm
+
+SCHEMA_VERSION = 1
+
+
+class CostModel(Protocol):
+    """Seconds for each op alone, and the factor by which it slows while the other stream runs."""
+
+    family: str
+    simulated: bool
+
+    def compute_time(self, gemm: Gemm, settings: Mapping[str, Any]) -> float: ...
+
+    def comm_time(self, coll: Collective, settings: Mapping[str, Any]) -> float: ...
+
+    def compute_slowdown(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float: ...
+
+    def comm_slowdown(self, coll: Collective, gemm: Gemm, settings: Mapping[str, Any]) -> float: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Linear:
+    """``intercept_us + sum(coef * feature)``; features are named so model.yaml says its units."""
+
+    intercept_us: float
+    coefs: tuple[tuple[str, float], ...]
+
+    def __call__(self, **features: float) -> float:
+        return self.intercept_us + sum(c * features[name] for name, c in self.coefs)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"intercept_us": self.intercept_us, **{f"{name}_us": c for name, c in self.coefs}}
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str, names: tuple[str, ...]) -> "Linear":
+        d = v.mapping(d, path)
+        return cls(v.field(d, "intercept_us", path, float), tuple((n, v.field(d, f"{n}_us", path, float)) for n in names))
+
+
+GEMM_FEATURES = ("per_gflop", "per_mb", "per_m_outputs")
+COMM_FEATURES = ("per_mb",)
+
+
+def gemm_features(g: Gemm) -> dict[str, float]:
+    # Output elements matter on CPU beyond FLOPs: bmm shapes with a large m x n and short k run
+    # several times slower per FLOP than square ones (measured on the demo workload).
+    return {"per_gflop": g.flops / 1e9, "per_mb": g.nbytes / 1e6, "per_m_outputs": g.m * g.n * g.batch / 1e6}
+
+
+def comm_features(nbytes: int) -> dict[str, float]:
+    return {"per_mb": nbytes / 1e6}
+
+
+@dataclass(frozen=True)
+class CpuPairwiseModel:
+    """Fitted per thread count (compute) and per op (communication)."""
+
+    compute: dict[int, Linear]
+    comm: dict[str, Linear]
+    compute_slow: dict[int, float]
+    comm_slow: dict[int, float]
+    simulated: bool = False
+    family: str = "cpu-pairwise"
+
+    def _threads(self, settings: Mapping[str, Any], table: dict[int, Any]) -> int:
+        t = int(settings.get("threads", 1))
+        if t not in table:
+            raise UserError(f"the model was not fitted for threads={t} (fitted: {sorted(table)})")
+        return t
+
+    def compute_time(self, gemm: Gemm, settings: Mapping[str, Any]) -> float:
+        return max(self.compute[self._threads(settings, self.compute)](**gemm_features(gemm)), 1.0) / 1e6
+
+    def comm_time(self, coll: Collective, settings: Mapping[str, Any]) -> float:
+        fit = self.comm.get(coll.op) or self.comm.get("all_reduce")
+        if fit is None:
+            raise UserError(f"the model has no fit for {coll.op}")
+        return max(fit(**comm_features(coll.nbytes)), 1.0) / 1e6
+
+    def compute_slowdown(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
+        return self.compute_slow[self._threads(settings, self.compute_slow)]
+
+    def comm_slowdown(self, coll: Collective, gemm: Gemm, settings: Mapping[str, Any]) -> float:
+        return self.comm_slow[self._threads(settings, self.comm_slow)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "simulated": self.simulated,
+            "units": {"*_us": "microseconds per unit of the named feature (GFLOP; MB = 1e6 bytes; m_outputs = 1e6 output elements)", "slowdown": "time ratio, overlapped / alone"},
+            "params": {
+                "compute": {f"threads={t}": f.to_dict() for t, f in sorted(self.compute.items())},
+                "comm": {op: f.to_dict() for op, f in sorted(self.comm.items())},
+                "compute_slowdown": {f"threads={t}": s for t, s in sorted(self.compute_slow.items())},
+                "comm_slowdown": {f"threads={t}": s for t, s in sorted(self.comm_slow.items())},
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, path: str) -> "CpuPairwiseModel":
+        p = v.mapping(v.field(d, "params", path, dict), f"{path}.params")
+
+        def by_threads(key: str) -> dict:
+            table = v.mapping(v.field(p, key, f"{path}.params", dict), f"{path}.params.{key}")
+            out = {}
+            for name, val in table.items():
+                if not (isinstance(name, str) and name.startswith("threads=") and name[8:].isdigit()):
+                    raise UserError(f"{path}.params.{key}: bad key {name!r} (expected threads=N)")
+                out[int(name[8:])] = val
+            return out
+
+        return cls(
+            compute={t: Linear.from_dict(x, f"{path}.params.compute", GEMM_FEATURES) for t, x in by_threads("compute").items()},
+            comm={op: Linear.from_dict(x, f"{path}.params.comm.{op}", COMM_FEATURES)
+                  for op, x in v.mapping(v.field(p, "comm", f"{path}.params", dict), f"{path}.params.comm").items()},
+            compute_slow={t: float(x) for t, x in by_threads("compute_slowdown").items()},
+            comm_slow={t: float(x) for t, x in by_threads("comm_slowdown").items()},
+            simulated=bool(d.get("simulated", False)),
+        )
+
+
+FAMILIES = {"cpu-pairwise": CpuPairwiseModel}
+
+
+def model_from_dict(d: Any, path: str = "model") -> CostModel:
+    d = v.mapping(d, path)
+    version = v.field(d, "schema_version", path, int)
+    if version != SCHEMA_VERSION:
+        raise UserError(f"{path}.schema_version: unknown version {version} (this lagom-tune reads {SCHEMA_VERSION})")
+    family = v.one_of(v.field(d, "family", path, str), FAMILIES, f"{path}.family")
+    return FAMILIES[family].from_dict(d, path)
+
+
+def load_model(path: str | Path) -> tuple[CostModel, dict[str, Any]]:
+    """The model and its accuracy record from ``model.yaml``."""
+    d = read_yaml(path, "model file")
+    model = model_from_dict(d, str(path))
+    return model, v.mapping(d.get("accuracy") or {}, f"{path}.accuracy")

@@ -1,0 +1,159 @@
+"""Fit a cost model to a run folder's measurements and measure its held-out error (k-fold MAPE).
+
+The fit minimises relative error (each row weighted by 1/measured), the same quantity the
+reported MAPE measures. Held-out error is computed on whole points, never on repeats of a
+point that was also in the training set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lagom_tune.errors import UserError
+from lagom_tune.model.contention import (
+    COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CpuPairwiseModel, Linear, comm_features, gemm_features,
+)
+from lagom_tune.search.timeline import simulate
+from lagom_tune.workload.spec import Collective, Gemm
+
+
+def fit_linear(features: np.ndarray, names: tuple[str, ...], target: np.ndarray) -> Linear:
+    """Least squares on relative error with non-negative slopes (a negative one is dropped and refitted)."""
+    active = list(range(len(names)))
+    while True:
+        a = np.column_stack([np.ones(len(target))] + [features[:, c] for c in active]) / target[:, None]
+        coef, *_ = np.linalg.lstsq(a, np.ones(len(target)), rcond=None)
+        slopes = dict(zip(active, coef[1:]))
+        negative = [c for c, s in slopes.items() if s < 0]
+        if not negative:
+            break
+        active.remove(min(negative, key=lambda c: slopes[c]))
+    return Linear(float(coef[0]), tuple((names[c], float(slopes.get(c, 0.0))) for c in range(len(names))))
+
+
+def _points(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per measured point: medians over repeats."""
+    num = [c for c in ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us", "n_compute") if c in df.columns]
+    keys = [c for c in ("point", "kind", "gemm", "m", "n", "k", "batch", "dtype", "op", "nbytes", "threads") if c in df.columns]
+    return df.groupby("point", sort=True).agg({**{k: "first" for k in keys if k != "point"}, **{c: "median" for c in num}}).reset_index()
+
+
+def _gemm_of(row: pd.Series) -> Gemm:
+    return Gemm("g", int(row["m"]), int(row["n"]), int(row["k"]), str(row["dtype"]), int(row["batch"]))
+
+
+def _slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
+    """Solve the two-rate model for one overlapped measurement (both streams start at 0)."""
+    w, x, ty, tc = row["compute_alone_us"], row["comm_alone_us"], row["time_us"], row["comm_us"]
+    if tc <= ty:
+        w1 = w - (ty - tc)
+        return (tc / w1 if w1 > 0 else None), tc / x
+    x1 = x - (tc - ty)
+    return ty / w, (ty / x1 if x1 > 0 else None)
+
+
+def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
+    gemm = pts[pts["kind"] == "gemm"]
+    coll = pts[pts["kind"] == "collective"]
+    over = pts[pts["kind"] == "overlap"]
+    if gemm.empty or coll.empty:
+        raise UserError("the profile has no GEMM or no collective measurements to fit")
+    compute = {}
+    for t, rows in gemm.groupby("threads"):
+        feats = np.array([[gemm_features(_gemm_of(r))[n] for n in GEMM_FEATURES] for _, r in rows.iterrows()])
+        compute[int(t)] = fit_linear(feats, GEMM_FEATURES, rows["time_us"].to_numpy(float))
+    comm = {}
+    for op, rows in coll.groupby("op"):
+        feats = np.array([[comm_features(int(b))[n] for n in COMM_FEATURES] for b in rows["nbytes"]])
+        comm[str(op)] = fit_linear(feats, COMM_FEATURES, rows["time_us"].to_numpy(float))
+    compute_slow, comm_slow = {}, {}
+    for t in compute:
+        rows = over[over["threads"] == t] if not over.empty else over
+        pairs = [_slowdowns(r) for _, r in rows.iterrows()]
+        sy = [s for s, _ in pairs if s is not None]
+        sx = [s for _, s in pairs if s is not None]
+        compute_slow[t] = float(np.clip(np.median(sy), 1.0, 20.0)) if sy else 1.0
+        comm_slow[t] = float(np.clip(np.median(sx), 1.0, 20.0)) if sx else 1.0
+    return CpuPairwiseModel(compute, comm, compute_slow, comm_slow)
+
+
+def _predict(model: CpuPairwiseModel, row: pd.Series) -> dict[str, float]:
+    """Predicted microseconds for a point, in the columns it was measured in."""
+    settings = {"threads": int(row["threads"])} if "threads" in row and not pd.isna(row["threads"]) else {"threads": min(model.compute)}
+    if row["kind"] == "gemm":
+        return {"time_us": model.compute_time(_gemm_of(row), settings) * 1e6}
+    coll = Collective("c", str(row["op"]), int(row["nbytes"]), ranks=2)
+    if row["kind"] == "collective":
+        return {"time_us": model.comm_time(coll, settings) * 1e6}
+    g = _gemm_of(row)
+    n = int(row["n_compute"])
+    tl = simulate([g] * n, [model.compute_time(g, settings)] * n, [coll], [model.comm_time(coll, settings)],
+                  lambda a, b: (model.compute_slowdown(a, b, settings), model.comm_slowdown(b, a, settings)))
+    comp_end = max(s.end for s in tl.spans if s.stream == "compute")
+    comm_end = max(s.end for s in tl.spans if s.stream == "comm")
+    return {"window_us": tl.makespan * 1e6, "time_us": comp_end * 1e6, "comm_us": comm_end * 1e6}
+
+
+ACCURACY_TARGETS = {"gemm": ("time_us",), "collective": ("time_us",), "overlap": ("window_us", "time_us", "comm_us")}
+ACCURACY_NAMES = {("gemm", "time_us"): "gemm", ("collective", "time_us"): "collective", ("overlap", "window_us"): "overlap_window",
+                  ("overlap", "time_us"): "overlap_compute", ("overlap", "comm_us"): "overlap_comm"}
+
+
+@dataclass(frozen=True)
+class FitResult:
+    model: CpuPairwiseModel
+    mape: dict[str, float]
+    folds: int
+    points: dict[str, int]
+
+    def to_dict(self, rows: int, simulated: bool) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "lagom-model",
+            **self.model.to_dict(),
+            "simulated": simulated,
+            "accuracy": {
+                "mape": {k: round(val, 4) for k, val in self.mape.items()},
+                "method": f"{self.folds}-fold cross-validation over measured points (medians of repeats)",
+                "points": self.points,
+                "rows": rows,
+            },
+        }
+
+
+def fit_model(df: pd.DataFrame, *, folds: int = 5, seed: int = 0) -> FitResult:
+    """Fit on all points; report MAPE of ``folds``-fold held-out predictions per op kind."""
+    pts = _points(df)
+    if pts.empty:
+        raise UserError("the profile holds no measurements to fit")
+    model = _fit_cpu(pts)
+    rng = np.random.default_rng(seed)
+    fold_of = pd.Series(0, index=pts.index)
+    for _, idx in pts.groupby("kind").groups.items():  # stratified: every fold sees every kind
+        order = rng.permutation(np.asarray(idx))
+        fold_of[order] = np.arange(len(order)) % folds
+    errors: dict[str, list[float]] = {}
+    for f in range(folds):
+        train, test = pts[fold_of != f], pts[fold_of == f]
+        if test.empty:
+            continue
+        try:
+            fold_model = _fit_cpu(train)
+        except UserError:
+            continue
+        for _, row in test.iterrows():
+            try:
+                pred = _predict(fold_model, row)
+            except UserError:  # a thread count absent from this fold's training points
+                continue
+            for col in ACCURACY_TARGETS[row["kind"]]:
+                measured = float(row[col])
+                if measured > 0:
+                    errors.setdefault(ACCURACY_NAMES[(row["kind"], col)], []).append(abs(pred[col] - measured) / measured)
+    mape = {k: float(np.mean(val)) for k, val in errors.items()}
+    counts = {str(k): int(n) for k, n in pts["kind"].value_counts().items()}
+    return FitResult(model, mape, folds, counts)

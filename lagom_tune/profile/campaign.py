@@ -1,0 +1,80 @@
+"""A profiling campaign: plan the points, skip what the run folder already holds, measure the rest."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Callable
+
+from lagom_tune import __version__
+from lagom_tune.backends.base import Backend, Point
+from lagom_tune.errors import UserError
+from lagom_tune.profile.store import RunFolder
+from lagom_tune.workload.spec import Workload
+
+Progress = Callable[[int, int, str], None]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeats: int = 5,
+                progress: Progress | None = None) -> RunFolder:
+    """Measure every point of ``workload`` on ``backend`` into ``out``, resuming a partial run."""
+    if repeats < 1:
+        raise UserError("--repeats must be at least 1")
+    run = RunFolder(Path(out))
+    if run.path.exists() and not run.path.is_dir():
+        raise UserError(f"--out {run.path} exists and is not a folder")
+    fingerprint = backend.fingerprint()
+    if run.exists():
+        meta = run.read_meta()
+        if meta.get("workload_digest") != workload.digest or meta["fingerprint"].get("backend") != backend.name:
+            raise UserError(f"{run.path} holds a profile of another workload or backend; choose a new --out")
+        if meta.get("repeats") != repeats:
+            raise UserError(f"{run.path} was profiled with --repeats {meta.get('repeats')}; resume with the same value")
+        started = meta.get("started", _now())
+    else:
+        started = _now()
+
+    points = backend.plan_points(workload)
+    done = run.done_points() if run.csv_path.exists() else set()
+    todo = [p for p in points if p.key not in done]
+
+    def write_meta(complete: bool) -> None:
+        run.write_meta({
+            "tool": {"name": "lagom-tune", "version": __version__},
+            "simulated": backend.simulated,
+            "fingerprint": fingerprint,
+            "workload_digest": workload.digest,
+            "repeats": repeats,
+            "points_total": len(points),
+            "points_done": len(points) - len(todo) + finished[0],
+            "complete": complete,
+            "started": started,
+            "updated": _now(),
+            "workload": workload.to_dict(),
+        })
+
+    finished = [0]
+    write_meta(complete=not todo)
+    if progress:
+        progress(len(points) - len(todo), len(points), "resuming" if done else "measuring")
+
+    def sink(point: Point, rows: list[dict]) -> None:
+        base = {"point": point.key, "kind": point.kind, "backend": backend.name, "simulated": backend.simulated}
+        if point.gemm is not None:
+            g = point.gemm
+            base.update(gemm=g.shape_key, m=g.m, n=g.n, k=g.k, batch=g.batch, dtype=g.dtype, flops=g.flops)
+        if point.op is not None:
+            base.update(op=point.op, nbytes=point.nbytes, ranks=point.ranks)
+        base.update(point.settings)
+        run.append_rows([{**base, **r} for r in rows])
+        finished[0] += 1
+        write_meta(complete=finished[0] == len(todo))
+        if progress:
+            progress(len(points) - len(todo) + finished[0], len(points), point.kind)
+
+    backend.measure(todo, repeats, sink)
+    return run

@@ -1,0 +1,188 @@
+"""Workload types (DESIGN.md §4) with validated YAML round-trip."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lagom_tune import validate as v
+from lagom_tune.artifact_io import read_yaml, write_yaml
+from lagom_tune.errors import UserError
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """A (batched) matrix multiply ``[batch] x (m x k) @ (k x n)``."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    dtype: str = "fp32"
+    batch: int = 1
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes read and written once (A, B, C): the memory side of a roofline."""
+        return (self.m * self.k + self.k * self.n + self.m * self.n) * self.batch * DTYPES[self.dtype]
+
+    @property
+    def shape_key(self) -> str:
+        return f"{self.batch}x{self.m}x{self.n}x{self.k}:{self.dtype}"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective. ``nbytes`` follows nccl-tests: the full buffer (AG output, RS input, AR buffer).
+
+    ``after`` is the index of the computation in the same group that must finish before the
+    collective may start (a gradient is ready only once its weight-gradient GEMM is done).
+    """
+
+    name: str
+    op: str
+    nbytes: int
+    group: str = "dp"
+    ranks: int = 2
+    nodes: int = 1
+    after: int | None = None
+
+
+@dataclass(frozen=True)
+class OverlapGroup:
+    """Computations in order on one stream, collectives in order on another, ``repeat`` times."""
+
+    name: str
+    compute: tuple[Gemm, ...]
+    comm: tuple[Collective, ...] = ()
+    repeat: int = 1
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    groups: tuple[OverlapGroup, ...]
+    exposed_ms: float = 0.0
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def gemms(self) -> dict[str, Gemm]:
+        """Distinct GEMM shapes, keyed by shape."""
+        return {g.shape_key: g for grp in self.groups for g in grp.compute}
+
+    def collectives(self) -> list[Collective]:
+        return [c for grp in self.groups for c in grp.comm]
+
+    def communicators(self) -> dict[str, list[Collective]]:
+        out: dict[str, list[Collective]] = {}
+        for c in self.collectives():
+            out.setdefault(c.group, []).append(c)
+        return out
+
+    @property
+    def world_size(self) -> int:
+        sizes = {c.ranks for c in self.collectives()}
+        return max(sizes) if sizes else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "lagom-workload",
+            "name": self.name,
+            "exposed_ms": self.exposed_ms,
+            "meta": dict(self.meta),
+            "groups": [
+                {
+                    "name": g.name,
+                    "repeat": g.repeat,
+                    "compute": [asdict(x) for x in g.compute],
+                    "comm": [{k: val for k, val in asdict(c).items() if val is not None} for c in g.comm],
+                }
+                for g in self.groups
+            ],
+        }
+
+    @property
+    def digest(self) -> str:
+        blob = json.dumps({k: val for k, val in self.to_dict().items() if k != "meta"}, sort_keys=True)
+        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def save(self, path: str | Path) -> Path:
+        return write_yaml(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "workload") -> "Workload":
+        d = v.mapping(data, path)
+        version = v.field(d, "schema_version", path, int, SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise UserError(f"{path}.schema_version: unknown version {version} (this lagom-tune reads {SCHEMA_VERSION})")
+        groups = []
+        for i, gd in enumerate(v.seq(v.field(d, "groups", path, list), f"{path}.groups")):
+            gp = f"{path}.groups[{i}]"
+            gd = v.mapping(gd, gp)
+            compute = tuple(_gemm(x, f"{gp}.compute[{j}]") for j, x in enumerate(v.field(gd, "compute", gp, list, [])))
+            comm = tuple(_collective(x, f"{gp}.comm[{j}]", len(compute)) for j, x in enumerate(v.field(gd, "comm", gp, list, [])))
+            if not compute and not comm:
+                raise UserError(f"{gp}: a group needs at least one computation or collective")
+            groups.append(OverlapGroup(v.field(gd, "name", gp, str), compute, comm, v.field(gd, "repeat", gp, int, 1, minimum=1)))
+        if not groups:
+            raise UserError(f"{path}.groups: a workload needs at least one group")
+        return cls(
+            name=v.field(d, "name", path, str),
+            groups=tuple(groups),
+            exposed_ms=v.field(d, "exposed_ms", path, float, 0.0, minimum=0.0),
+            meta=v.mapping(v.field(d, "meta", path, dict, {}), f"{path}.meta"),
+        )
+
+
+def _gemm(x: Any, path: str) -> Gemm:
+    x = v.mapping(x, path)
+    return Gemm(
+        name=v.field(x, "name", path, str),
+        m=v.field(x, "m", path, int, minimum=1),
+        n=v.field(x, "n", path, int, minimum=1),
+        k=v.field(x, "k", path, int, minimum=1),
+        dtype=v.one_of(v.field(x, "dtype", path, str, "fp32"), DTYPES, f"{path}.dtype"),
+        batch=v.field(x, "batch", path, int, 1, minimum=1),
+    )
+
+
+def _collective(x: Any, path: str, n_compute: int) -> Collective:
+    x = v.mapping(x, path)
+    after = v.field(x, "after", path, int, None, minimum=0)
+    if after is not None and after >= n_compute:
+        raise UserError(f"{path}.after: {after} names no computation (the group has {n_compute})")
+    return Collective(
+        name=v.field(x, "name", path, str),
+        op=v.one_of(v.field(x, "op", path, str), OPS, f"{path}.op"),
+        nbytes=v.field(x, "nbytes", path, int, minimum=1),
+        group=v.field(x, "group", path, str, "dp"),
+        ranks=v.field(x, "ranks", path, int, 2, minimum=1),
+        nodes=v.field(x, "nodes", path, int, 1, minimum=1),
+        after=after,
+    )
+
+
+def load_workload(path: str | Path) -> Workload:
+    return Workload.from_dict(read_yaml(path, "workload file"), "workload")
+
+
+def resolve_workload(name_or_file: str, **shape: Any) -> Workload:
+    """A preset name (see ``lagom-tune workload list``) or a path to a workload YAML."""
+    from lagom_tune.workload.presets import PRESETS, build_preset
+
+    if name_or_file in PRESETS:
+        return build_preset(name_or_file, **shape)
+    if Path(name_or_file).suffix in (".yaml", ".yml") or Path(name_or_file).exists():
+        return load_workload(name_or_file)
+    raise UserError(f"unknown workload {name_or_file!r}: not a preset (see `lagom-tune workload list`) nor a file")
