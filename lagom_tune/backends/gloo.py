@@ -84,19 +84,22 @@ class GlooBackend:
         for g in gemms:
             for t in threads:
                 points.append(Point("gemm", (("threads", t),), gemm=g))
-        # Every all-reduce size the search can produce (each bucket cap), plus a ladder for the fit.
-        sizes = {1 << p for p in range(14, 26, 2)}
-        for cap in self.knob_space["bucket_cap_mb"].domain:
+        # Every all-reduce size the search can produce (each bucket cap), plus a ladder for the fit
+        # up to the largest possible bucket (everything in one).
+        sizes: set[int] = set()
+        for cap in self.knob_space["bucket_cap_mb"].domain + (float("inf"),):
             for grp in workload.groups:
-                sizes |= {c.nbytes for c in bucket_group(grp, {"dp": cap}).comm if c.op == "all_reduce"}
-        for op in sorted({c.op for c in workload.collectives()} | {"all_reduce"}):
+                sizes |= {c.nbytes for c in bucket_group(grp, {"dp": cap}).comm}
+        largest = max(sizes, default=1 << 20)
+        sizes |= {1 << p for p in range(14, 40, 2) if 1 << p < largest}
+        for op in sorted({c.op for c in workload.collectives()}):
             for n in sorted(sizes):
                 points.append(Point("collective", (), op=op, nbytes=n, ranks=ranks))
         # Overlapped pairs: small, middle and large backward GEMMs beside three message sizes.
         backward = sorted({g.shape_key: g for grp in workload.groups if grp.comm for g in grp.compute}.values(), key=lambda g: g.flops)
-        picks = {backward[0].shape_key: backward[0], backward[len(backward) // 2].shape_key: backward[len(backward) // 2], backward[-1].shape_key: backward[-1]} if backward else {}
-        for g in picks.values():
-            for n in (1 << 20, 4 << 20, 16 << 20):
+        picks = list({id(g): g for g in (backward[0], backward[len(backward) // 2], backward[-1])}.values()) if backward else []
+        for g in picks:
+            for n in sorted({max(1 << 16, largest // 16), max(1 << 16, largest // 4), largest}):
                 for t in threads:
                     points.append(Point("overlap", (("threads", t),), gemm=g, op="all_reduce", nbytes=n, ranks=ranks))
         return points

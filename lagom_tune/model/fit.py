@@ -157,3 +157,14 @@ def fit_model(df: pd.DataFrame, *, folds: int = 5, seed: int = 0) -> FitResult:
     mape = {k: float(np.mean(val)) for k, val in errors.items()}
     counts = {str(k): int(n) for k, n in pts["kind"].value_counts().items()}
     return FitResult(model, mape, folds, counts)
+
+
+def fit_run(run) -> FitResult:
+    """Fit the run folder's measurements and write ``model.yaml`` beside them."""
+    from lagom_tune.artifact_io import write_yaml
+
+    df = run.measurements()
+    result = fit_model(df)
+    simulated = bool(run.read_meta().get("simulated", False))
+    write_yaml(run.model_path, result.to_dict(len(df), simulated))
+    return result

@@ -1,0 +1,87 @@
+"""CPU end to end: the example training's median step time with default settings and with a plan.
+
+Runs are interleaved (default, plan, default, plan, ...) so drift on the machine hits both
+alike; the table reports each configuration's median over rounds, its spread, and the ratio.
+
+    python bench/cpu_e2e.py --plan plans/demo-cpu.yaml --rounds 3 --out bench/results/cpu_e2e.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run_once(plan: Path | None, steps: int, ranks: int, extra_env: dict[str, str]) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        metrics = Path(f.name)
+    train = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={ranks}", str(ROOT / "examples" / "train_gpt.py"),
+             "--steps", str(steps), "--metrics", str(metrics)]
+    cmd = train if plan is None else [str(BIN / "lagom-tune"), "apply", str(plan), "--applied", str(metrics) + ".applied", "--", *train]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", **extra_env}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"run failed ({' '.join(cmd)}):\n{proc.stderr[-2000:]}")
+    out = json.loads(metrics.read_text())
+    metrics.unlink()
+    Path(str(metrics) + ".applied").unlink(missing_ok=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plan", type=Path, required=True)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu_e2e.md")
+    args = p.parse_args()
+
+    runs: dict[str, list[dict]] = {"default": [], "plan": []}
+    for r in range(args.rounds):
+        for name, plan in (("default", None), ("plan", args.plan)):
+            m = run_once(plan, args.steps, args.ranks, {})
+            runs[name].append(m)
+            print(f"round {r + 1}/{args.rounds} {name:8s} median step {m['median_step_ms']:.2f} ms "
+                  f"(bucket cap {m['bucket_cap_bytes'] / 2**20:g} MiB, {m['threads']} thread(s))", flush=True)
+
+    def summary(name: str) -> tuple[float, float, float]:
+        meds = [m["median_step_ms"] for m in runs[name]]
+        return statistics.median(meds), min(meds), max(meds)
+
+    d, p_ = summary("default"), summary("plan")
+    ratio = d[0] / p_[0]
+    ratios = [a["median_step_ms"] / b["median_step_ms"] for a, b in zip(runs["default"], runs["plan"])]
+    lines = [
+        f"# CPU end to end: example training, default vs plan (measured)",
+        "",
+        f"{datetime.date.today()} · {platform.node()} · {os.cpu_count()} cores · {args.ranks} gloo ranks · "
+        f"{args.rounds} interleaved rounds × {args.steps} steps · plan `{args.plan}`",
+        "",
+        "| settings | median step ms | min | max | bucket cap MiB | threads |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in (("default", d), ("plan", p_)):
+        m = runs[name][0]
+        lines.append(f"| {name} | {s[0]:.2f} | {s[1]:.2f} | {s[2]:.2f} | {m['bucket_cap_bytes'] / 2**20:g} | {m['threads']} |")
+    lines += ["", f"**speedup (default / plan): {ratio:.3f}×** (per-round ratios {min(ratios):.3f}–{max(ratios):.3f})", ""]
+    text = "\n".join(lines)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print()
+    print(f"default {d[0]:.2f} ms | plan {p_[0]:.2f} ms | speedup {ratio:.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f}) -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""The `lagom-tune` command line: parse, call one library function per verb, render."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from lagom_tune import render
+from lagom_tune.errors import RunError, UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Give each collective just enough of the machine while it overlaps computation.\n\n"
+                       "profile → search → apply: measure, decide, run your unchanged training with the plan.")
+workload_app = typer.Typer(no_args_is_help=True, help="List, inspect and build workloads.")
+app.add_typer(workload_app, name="workload")
+_state = {"verbose": False}
+
+
+def _usage_error_types() -> tuple[type[BaseException], ...]:
+    """Typer >= 0.2x vendors click; older releases raise click's own exceptions."""
+    types: list[type[BaseException]] = []
+    try:
+        from typer.exceptions import TyperException
+
+        types.append(TyperException)
+    except ImportError:
+        pass
+    try:
+        from click.exceptions import ClickException
+
+        types.append(ClickException)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+@app.callback()
+def _global(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks for errors.")) -> None:
+    _state["verbose"] = verbose
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("eta"), TimeRemainingColumn(), console=render.console, transient=False)
+
+
+@app.command()
+def profile(
+    workload: str = typer.Option("cpu-demo", "--workload", "-w", help="Preset name (see `workload list`) or workload YAML file."),
+    backend: str = typer.Option("gloo", help="gloo (CPU ranks)."),
+    ranks: int = typer.Option(2, help="Ranks to spawn (gloo)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run folder to create or resume."),
+    repeats: int = typer.Option(7, help="Timed repeats per point (every one is kept)."),
+    seq: Optional[int] = typer.Option(None, help="Sequence length for presets."),
+    mbs: Optional[int] = typer.Option(None, help="Micro-batch size for presets."),
+    timeout: float = typer.Option(60.0, help="Seconds a rank may go without progress before the run is ended."),
+) -> None:
+    """Measure GEMMs, collectives and overlapped pairs; fit the contention model into RUN_DIR/model.yaml.
+
+    Rerunning the same command resumes an interrupted profile where it stopped.
+    """
+    from lagom_tune.backends.base import BackendOptions, get_backend
+    from lagom_tune.model.fit import fit_run
+    from lagom_tune.profile.campaign import run_profile
+    from lagom_tune.workload.spec import resolve_workload
+
+    w = resolve_workload(workload, seq=seq, mbs=mbs, ranks=ranks)
+    b = get_backend(backend, BackendOptions(ranks=ranks, timeout_s=timeout))
+    with _progress() as bar:
+        task = bar.add_task(f"profile {w.name} on {backend}{' (simulated)' if b.simulated else ''}", total=None)
+        run = run_profile(w, b, out, repeats=repeats,
+                          progress=lambda done, total, what: bar.update(task, completed=done, total=total))
+    fit = fit_run(run)
+    render.console.print(f"[green]profiled[/] {run.path} · model MAPE " + ", ".join(f"{k} {v:.1%}" for k, v in fit.mape.items()))
+
+
+@app.command()
+def search(
+    run_dir: Path = typer.Argument(..., help="A profiled run folder."),
+    optimizer: str = typer.Option("lagom", help="lagom, optuna, autoccl, default or exhaustive."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Plan YAML to write."),
+    compare: bool = typer.Option(False, "--compare", help="Run every optimizer and print them side by side."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    n_trials: int = typer.Option(200, help="Optuna trial budget."),
+    timeout: Optional[float] = typer.Option(None, help="Optuna time budget in seconds."),
+    seed: int = typer.Option(0, help="Optuna sampler seed."),
+    storage: Optional[str] = typer.Option(None, help="Optuna storage URL, e.g. sqlite:///study.db (resumable)."),
+    study_name: Optional[str] = typer.Option(None, help="Optuna study name (resume with the same name)."),
+) -> None:
+    """Search the fitted model for the settings that finish an iteration first; write a plan."""
+    from lagom_tune.plan.build import plan_from_run
+
+    opts = dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name)
+    if compare:
+        from lagom_tune.model.contention import load_model
+        from lagom_tune.plan.schema import knob_space_for
+        from lagom_tune.profile.store import open_run
+        from lagom_tune.search.run import compare as compare_all
+
+        run = open_run(run_dir)
+        meta = run.read_meta()
+        model, _ = load_model(run.model_path)
+        rows = render.compare_rows(compare_all(run.workload(), model, knob_space_for(meta["fingerprint"]["backend"], meta["fingerprint"]), **opts))
+        if as_json:
+            print(json.dumps([{**r, "simulated": bool(meta.get("simulated"))} for r in rows], indent=1))
+        else:
+            render.console.print(render.compare_table(rows, bool(meta.get("simulated"))))
+        return
+    if out is None:
+        raise UserError("--out PLAN.yaml is required (or use --compare)")
+    plan, _ = plan_from_run(run_dir, optimizer, **opts)
+    plan.save(out)
+    if as_json:
+        print(json.dumps({"plan": str(out), **plan.to_dict()}, indent=1))
+        return
+    render.console.print(render.plan_table(plan))
+    render.console.print(render.prediction_table(plan))
+    render.console.print(f"[green]wrote[/] {out}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def apply(
+    ctx: typer.Context,
+    plan_file: Path = typer.Argument(..., metavar="PLAN", help="Plan YAML from `lagom-tune search`."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the plan and print what would be set; run nothing."),
+    print_env: bool = typer.Option(False, "--print-env", help="Print shell export lines (for Slurm and other launchers)."),
+    applied: Optional[Path] = typer.Option(None, help="Where to write applied.json (default: beside the plan)."),
+) -> None:
+    """Run `-- CMD [ARGS...]` with the plan in effect in every Python rank it starts; exit with its code."""
+    from lagom_tune.plan.schema import load_plan
+    from lagom_tune.runtime import launch
+
+    cmd = list(ctx.args)
+    plan = load_plan(plan_file)
+    if dry_run or print_env:
+        import os
+
+        notes = launch.check_fit(plan, cmd, dict(os.environ)) if cmd else ["no command given: world size not checked"]
+        env = launch.plan_environment(plan, plan_file, "<temporary folder>", dict(os.environ))
+        if print_env:
+            print(launch.export_lines(env))
+            return
+        render.console.print(render.plan_table(plan))
+        render.console.print("[bold]environment[/]\n" + launch.export_lines(env))
+        for n in notes:
+            render.console.print(f"check: {n}")
+        return
+    result = launch.apply(plan, plan_file, cmd, applied)
+    applied_n = sum(r["applied"] for rank in result.ranks.values() for r in rank["records"])
+    missed = [f"rank {k}: {r['setting']} ({r['how']})" for k, rank in result.ranks.items() for r in rank["records"] if not r["applied"]]
+    render.console.print(f"[lagom-tune] {len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; see {result.applied_json}",
+                         style="dim", highlight=False)
+    for m in missed:
+        render.console.print(f"[yellow]not applied[/] {m}")
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def show(
+    target: str = typer.Argument(..., help="A plan YAML, a workload YAML or preset name, or a run folder."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Pretty-print a plan, a workload, or a run folder (with its model's accuracy)."""
+    from lagom_tune.artifact_io import read_yaml
+    from lagom_tune.plan.schema import Plan
+    from lagom_tune.profile.store import open_run
+    from lagom_tune.workload.presets import PRESETS
+    from lagom_tune.workload.spec import Workload, resolve_workload
+
+    path = Path(target)
+    if path.is_dir():
+        run = open_run(path)
+        meta = run.read_meta()
+        model = read_yaml(run.model_path, "model file") if run.model_path.is_file() else None
+        df = run.measurements()
+        if as_json:
+            print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "workload"}, "rows": len(df),
+                              "model": model}, indent=1, default=str))
+            return
+        for item in render.run_summary(meta, df, model):
+            render.console.print(item)
+        return
+    if target in PRESETS:
+        w = resolve_workload(target)
+        print(json.dumps(w.to_dict(), indent=1)) if as_json else [render.console.print(t) for t in render.workload_tables(w)]
+        return
+    data = read_yaml(path, "file")
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind == "lagom-plan":
+        plan = Plan.from_dict(data, str(path))
+        if as_json:
+            print(json.dumps(plan.to_dict(), indent=1))
+            return
+        render.console.print(render.plan_table(plan))
+        render.console.print(render.prediction_table(plan))
+    elif kind == "lagom-workload":
+        w = Workload.from_dict(data, str(path))
+        print(json.dumps(w.to_dict(), indent=1)) if as_json else [render.console.print(t) for t in render.workload_tables(w)]
+    else:
+        raise UserError(f"{path}: not a plan, workload or run folder (kind: {kind!r})")
+
+
+@workload_app.command("list")
+def workload_list() -> None:
+    """Every preset and built-in workload, with a one-line description."""
+    from rich.table import Table
+
+    from lagom_tune.workload.presets import PRESETS
+
+    t = Table(title="workload presets", title_justify="left")
+    t.add_column("name")
+    t.add_column("description")
+    for name, p in PRESETS.items():
+        t.add_row(name, p.description)
+    render.console.print(t)
+
+
+@workload_app.command("show")
+def workload_show(
+    name: str = typer.Argument(..., help="Preset name or workload YAML."),
+    seq: Optional[int] = typer.Option(None, help="Sequence length."),
+    mbs: Optional[int] = typer.Option(None, help="Micro-batch size."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Overlap groups of a workload: GEMM shapes and FLOPs, collective ops and bytes, repeats."""
+    from lagom_tune.workload.spec import resolve_workload
+
+    w = resolve_workload(name, seq=seq, mbs=mbs)
+    if as_json:
+        print(json.dumps(w.to_dict(), indent=1))
+        return
+    for t in render.workload_tables(w):
+        render.console.print(t)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: one-line errors (exit 2 for bad input, 1 for runtime failures)."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        print("lagom-tune: interrupted; rerun the same command to resume", file=sys.stderr)
+        sys.exit(130)
+    except _usage_error_types() as e:
+        message = e.format_message()
+        if message:  # empty when help was shown for a bare command
+            print(f"lagom-tune: error: {message}", file=sys.stderr)
+        sys.exit(2)
+    except UserError as e:
+        if _state["verbose"]:
+            traceback.print_exc()
+        print(f"lagom-tune: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except RunError as e:
+        if _state["verbose"]:
+            traceback.print_exc()
+        print(f"lagom-tune: failed: {e}" + (f" (hint: {e.hint})" if e.hint else ""), file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("lagom-tune: interrupted; rerun the same command to resume", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # a bug: still one line unless --verbose
+        if _state["verbose"]:
+            traceback.print_exc()
+        print(f"lagom-tune: internal error: {type(e).__name__}: {e} (rerun with --verbose for the traceback)", file=sys.stderr)
+        sys.exit(1)

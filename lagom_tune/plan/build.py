@@ -1,0 +1,67 @@
+"""Turn a search outcome into a plan, with predictions and provenance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lagom_tune.plan.schema import CollectiveRule, Plan
+from lagom_tune.search.run import SearchOutcome
+from lagom_tune.workload.spec import Workload
+
+
+def collective_rules(workload: Workload, outcome: SearchOutcome) -> tuple[CollectiveRule, ...]:
+    """One exact-size rule per collective that carries collective-scope settings."""
+    rules = []
+    for c in workload.collectives():
+        s = outcome.chosen.settings.collectives.get(c.name)
+        if s:
+            rules.append(CollectiveRule(c.op, c.group, c.nbytes, c.nbytes, dict(s)))
+    return tuple(dict.fromkeys(rules))  # identical rules (same op, group, size, settings) once
+
+
+def build_plan(workload: Workload, run_dir: Path, meta: dict[str, Any], accuracy: dict[str, Any], family: str,
+               outcome: SearchOutcome) -> Plan:
+    fp = meta["fingerprint"]
+    chosen = outcome.chosen
+    hardware = {k: fp[k] for k in ("device", "cores", "gpu", "sms", "cluster") if k in fp}
+    return Plan(
+        backend=fp["backend"],
+        simulated=bool(meta.get("simulated", False)),
+        world_size=int(fp.get("ranks", workload.world_size)),
+        nodes=int(fp.get("nodes", 1)),
+        hardware=hardware,
+        settings=chosen.settings,
+        rules=collective_rules(workload, outcome),
+        workload={"name": workload.name, "digest": workload.digest},
+        model={"run": str(run_dir), "family": family, "mape": accuracy.get("mape", {})},
+        search={"optimizer": chosen.optimizer, "evaluations": chosen.evaluations, "seconds": round(chosen.seconds, 4),
+                **({"kept_default": chosen.extra["kept_default"]} if "kept_default" in chosen.extra else {})},
+        predicted={
+            "iteration_ms": {
+                "default": round(outcome.default.evaluation.iteration_s * 1e3, 3),
+                "autoccl": round(outcome.autoccl.evaluation.iteration_s * 1e3, 3),
+                "plan": round(chosen.evaluation.iteration_s * 1e3, 3),
+            },
+            "bound_ms": round(outcome.bound_s * 1e3, 3),
+            "simulated": bool(meta.get("simulated", False)),
+        },
+    )
+
+
+def plan_from_run(run_dir: str | Path, optimizer: str, **options: Any) -> tuple[Plan, SearchOutcome]:
+    """Read a profiled run folder (workload, fingerprint, fitted model) and search it."""
+    from lagom_tune.errors import UserError
+    from lagom_tune.model.contention import load_model
+    from lagom_tune.plan.schema import knob_space_for
+    from lagom_tune.profile.store import open_run
+    from lagom_tune.search.run import search
+
+    run = open_run(run_dir)
+    meta = run.read_meta()
+    if not run.model_path.is_file():
+        raise UserError(f"{run.path} has no model.yaml: the profile did not finish; rerun `lagom-tune profile` to resume")
+    model, accuracy = load_model(run.model_path)
+    workload = run.workload()
+    outcome = search(workload, model, knob_space_for(meta["fingerprint"]["backend"], meta["fingerprint"]), optimizer, **options)
+    return build_plan(workload, run.path, meta, accuracy, model.family, outcome), outcome

@@ -1,0 +1,140 @@
+"""The plan file (DESIGN.md §8): typed, validated on load, written atomically.
+
+Settings are recorded at the scope they deploy at: ``process`` (one value per rank process),
+``communicators`` (per process group role, e.g. ``dp``) and ``collectives`` (rules matched by op,
+communicator and size). The runtime shim reads nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lagom_tune import __version__
+from lagom_tune import validate as v
+from lagom_tune.artifact_io import read_yaml, write_yaml
+from lagom_tune.backends.base import KnobSpace
+from lagom_tune.errors import UserError
+from lagom_tune.search.space import Settings
+from lagom_tune.workload.spec import OPS
+
+SCHEMA_VERSION = 1
+KIND = "lagom-plan"
+
+
+def knob_space_for(backend: str, fingerprint: dict[str, Any] | None = None) -> KnobSpace:
+    """A backend's knob space on the profiled machine, or its widest (what any plan may hold;
+    machine fit is checked by ``apply``)."""
+    fingerprint = fingerprint or {}
+    if backend == "gloo":
+        from lagom_tune.backends.gloo import gloo_knob_space
+
+        return gloo_knob_space(cores=fingerprint.get("cores", 1 << 10))
+    raise UserError(f"plan.target.backend: unknown backend {backend!r} (known: gloo)")
+
+
+@dataclass(frozen=True)
+class CollectiveRule:
+    op: str
+    group: str
+    min_bytes: int
+    max_bytes: int
+    set: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Plan:
+    backend: str
+    world_size: int
+    hardware: dict[str, Any]
+    settings: Settings
+    rules: tuple[CollectiveRule, ...] = ()
+    simulated: bool = False
+    nodes: int = 1
+    workload: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    search: dict[str, Any] = field(default_factory=dict)
+    predicted: dict[str, Any] = field(default_factory=dict)
+    validated: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": KIND,
+            "tool": {"name": "lagom-tune", "version": __version__},
+            "target": {"backend": self.backend, "simulated": self.simulated, "hardware": dict(self.hardware),
+                       "world_size": self.world_size, "nodes": self.nodes},
+            "workload": dict(self.workload),
+            "model": dict(self.model),
+            "search": dict(self.search),
+            "process": dict(self.settings.process),
+            "communicators": {k: dict(val) for k, val in self.settings.communicators.items()},
+            "collectives": [{"match": {"op": r.op, "group": r.group, "min_bytes": r.min_bytes, "max_bytes": r.max_bytes},
+                             "set": dict(r.set)} for r in self.rules],
+            "predicted": dict(self.predicted),
+            "validated": self.validated,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        return write_yaml(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "plan") -> "Plan":
+        d = v.mapping(data, path)
+        kind = d.get("kind")
+        if kind != KIND:
+            raise UserError(f"{path}.kind: expected {KIND!r}, got {kind!r} (is this a plan file?)")
+        version = v.field(d, "schema_version", path, int)
+        if version != SCHEMA_VERSION:
+            raise UserError(f"{path}.schema_version: unknown version {version} (this lagom-tune reads {SCHEMA_VERSION})")
+        target = v.mapping(v.field(d, "target", path, dict), f"{path}.target")
+        backend = v.field(target, "backend", f"{path}.target", str)
+        space = knob_space_for(backend)
+
+        def knobs(values: Any, where: str, scope: str) -> dict[str, Any]:
+            values = v.mapping(values, where)
+            for name, value in values.items():
+                knob = space[name]
+                if knob.scope != scope:
+                    raise UserError(f"{where}.{name}: {name} deploys per {knob.scope}, not per {scope}")
+                knob.check(value, f"{where}.{name}")
+            return dict(values)
+
+        process = knobs(v.field(d, "process", path, dict, {}), f"{path}.process", "process")
+        comms = {name: knobs(val, f"{path}.communicators.{name}", "communicator")
+                 for name, val in v.mapping(v.field(d, "communicators", path, dict, {}), f"{path}.communicators").items()}
+        rules = []
+        for i, r in enumerate(v.field(d, "collectives", path, list, [])):
+            rp = f"{path}.collectives[{i}]"
+            r = v.mapping(r, rp)
+            m = v.mapping(v.field(r, "match", rp, dict), f"{rp}.match")
+            rules.append(CollectiveRule(
+                op=v.one_of(v.field(m, "op", f"{rp}.match", str), OPS, f"{rp}.match.op"),
+                group=v.field(m, "group", f"{rp}.match", str, "*"),
+                min_bytes=v.field(m, "min_bytes", f"{rp}.match", int, 0, minimum=0),
+                max_bytes=v.field(m, "max_bytes", f"{rp}.match", int, 1 << 62, minimum=0),
+                set=knobs(v.field(r, "set", rp, dict), f"{rp}.set", "collective"),
+            ))
+        hardware = v.mapping(v.field(target, "hardware", f"{path}.target", dict, {}), f"{path}.target.hardware")
+        validated = d.get("validated")
+        if validated is not None:
+            v.mapping(validated, f"{path}.validated")
+        return cls(
+            backend=backend,
+            world_size=v.field(target, "world_size", f"{path}.target", int, minimum=1),
+            nodes=v.field(target, "nodes", f"{path}.target", int, 1, minimum=1),
+            hardware=hardware,
+            simulated=v.field(target, "simulated", f"{path}.target", bool, False),
+            settings=Settings(process, comms, {}),
+            rules=tuple(rules),
+            workload=v.mapping(v.field(d, "workload", path, dict, {}), f"{path}.workload"),
+            model=v.mapping(v.field(d, "model", path, dict, {}), f"{path}.model"),
+            search=v.mapping(v.field(d, "search", path, dict, {}), f"{path}.search"),
+            predicted=v.mapping(v.field(d, "predicted", path, dict, {}), f"{path}.predicted"),
+            validated=validated,
+        )
+
+
+def load_plan(path: str | Path) -> Plan:
+    return Plan.from_dict(read_yaml(path, "plan file"), str(path))

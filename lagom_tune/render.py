@@ -1,0 +1,128 @@
+"""Rich renderings of artifacts: what `show`, `search` and `profile` print."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from lagom_tune.plan.schema import Plan
+from lagom_tune.search.result import SearchResult
+from lagom_tune.workload.spec import Workload
+
+# Wide enough for the comparison tables when output goes to a file or CI log.
+console = Console(width=None if sys.stdout.isatty() else 140)
+
+
+def simulated_tag(simulated: bool) -> str:
+    return " [bold magenta](simulated)[/]" if simulated else ""
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def workload_tables(w: Workload) -> list[Table]:
+    tables = []
+    for g in w.groups:
+        t = Table(title=f"{w.name} · group {g.name} × {g.repeat}", title_justify="left")
+        for col in ("stream", "name", "shape / op", "GFLOP / bytes", "after"):
+            t.add_column(col)
+        for op in g.compute:
+            shape = f"{op.batch}×" if op.batch > 1 else ""
+            t.add_row("compute", op.name, f"{shape}{op.m}×{op.n}×{op.k} {op.dtype}", f"{op.flops / 1e9:.3f}", "")
+        for c in g.comm:
+            t.add_row("comm", c.name, f"{c.op} on {c.group} ({c.ranks} ranks)", _fmt_bytes(c.nbytes), "" if c.after is None else str(c.after))
+        tables.append(t)
+    return tables
+
+
+def plan_table(plan: Plan) -> Table:
+    t = Table(title=f"plan for {plan.workload.get('name', '?')} on {plan.backend}{simulated_tag(plan.simulated)}", title_justify="left")
+    t.add_column("scope")
+    t.add_column("where")
+    t.add_column("setting")
+    for k, val in plan.settings.process.items():
+        t.add_row("process", "every rank", f"{k} = {val}")
+    for name, vals in plan.settings.communicators.items():
+        for k, val in vals.items():
+            t.add_row("communicator", name, f"{k} = {val}")
+    for r in plan.rules:
+        t.add_row("collective", f"{r.op} on {r.group}, {r.min_bytes}..{r.max_bytes} B", ", ".join(f"{k}={val}" for k, val in r.set.items()))
+    return t
+
+
+def prediction_table(plan: Plan) -> Table:
+    it = plan.predicted.get("iteration_ms", {})
+    t = Table(title="predicted iteration time" + simulated_tag(plan.simulated) + " (model MAPE "
+              + ", ".join(f"{k} {val:.0%}" for k, val in plan.model.get("mape", {}).items()) + ")", title_justify="left")
+    t.add_column("settings")
+    t.add_column("iteration ms", justify="right")
+    t.add_column("vs default", justify="right")
+    base = it.get("default")
+    for name, ms in it.items():
+        t.add_row(name, f"{ms:.2f}", f"{base / ms:.3f}×" if base and ms else "")
+    if "bound_ms" in plan.predicted:
+        t.add_row("contention-free bound", f"{plan.predicted['bound_ms']:.2f}", "")
+    if plan.validated:
+        for name, ms in plan.validated.get("iteration_ms", {}).items():
+            t.add_row(f"measured {name}", f"{ms:.2f}", "")
+    return t
+
+
+def compare_rows(results: list[SearchResult]) -> list[dict[str, Any]]:
+    base = next((r.evaluation.iteration_s for r in results if r.optimizer == "default"), None)
+    return [{
+        "optimizer": r.optimizer,
+        "iteration_ms": round(r.evaluation.iteration_s * 1e3, 4),
+        "speedup_vs_default": round(base / r.evaluation.iteration_s, 4) if base else None,
+        "evaluations": r.evaluations,
+        "seconds": round(r.seconds, 4),
+        "settings": {"process": dict(r.settings.process), "communicators": {k: dict(v) for k, v in r.settings.communicators.items()}},
+    } for r in results]
+
+
+def compare_table(rows: list[dict[str, Any]], simulated: bool) -> Table:
+    t = Table(title="optimizers side by side (predicted)" + simulated_tag(simulated), title_justify="left")
+    for col in ("optimizer", "iteration ms", "vs default", "evaluations", "seconds", "settings"):
+        t.add_column(col, justify="right" if col not in ("optimizer", "settings") else "left")
+    for r in rows:
+        s = r["settings"]
+        desc = ", ".join([f"{k}={val}" for k, val in s["process"].items()] + [f"{g}.{k}={val}" for g, kv in s["communicators"].items() for k, val in kv.items()])
+        t.add_row(r["optimizer"], f"{r['iteration_ms']:.2f}", f"{r['speedup_vs_default']:.3f}×", str(r["evaluations"]), f"{r['seconds']:.3f}", desc)
+    return t
+
+
+def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | None) -> list[Any]:
+    fp = meta.get("fingerprint", {})
+    out: list[Any] = []
+    t = Table(title=f"run folder · {meta.get('workload', {}).get('name', '?')}{simulated_tag(meta.get('simulated', False))}", title_justify="left")
+    t.add_column("field")
+    t.add_column("value")
+    for k, val in fp.items():
+        t.add_row(k, str(val))
+    t.add_row("points", f"{meta.get('points_done')} / {meta.get('points_total')}" + ("" if meta.get("complete") else " (incomplete: rerun profile to resume)"))
+    t.add_row("rows", str(len(df)))
+    out.append(t)
+    if not df.empty:
+        k = Table(title="measured medians by kind", title_justify="left")
+        for col in ("kind", "points", "median µs", "p90 µs"):
+            k.add_column(col)
+        for kind, rows in df.groupby("kind"):
+            med = rows.groupby("point").time_us.median()
+            k.add_row(str(kind), str(len(med)), f"{med.median():.1f}", f"{med.quantile(0.9):.1f}")
+        out.append(k)
+    if model:
+        m = Table(title=f"model {model.get('family')} · held-out accuracy ({model.get('accuracy', {}).get('method', '')})", title_justify="left")
+        m.add_column("quantity")
+        m.add_column("MAPE", justify="right")
+        for name, val in model.get("accuracy", {}).get("mape", {}).items():
+            m.add_row(name, f"{val:.1%}")
+        out.append(m)
+    return out

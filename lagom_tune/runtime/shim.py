@@ -1,0 +1,158 @@
+"""The runtime shim: applies a plan inside a rank without any change to the training script.
+
+It imports nothing heavy at start-up. Settings are applied when the module they concern is
+imported (a post-import hook on ``torch`` and on DDP's module), so processes that never use
+torch (launchers, tools) pay nothing. Each rank logs every setting it applied and every one it
+could not apply, with the reason, to stderr and to ``rank-N.json`` in the applied folder.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.util
+import inspect
+import json
+import os
+import sys
+from typing import Any, Callable
+
+from lagom_tune.artifact_io import atomic_write_text
+from lagom_tune.plan.schema import Plan, load_plan
+
+DDP_MODULE = "torch.nn.parallel.distributed"
+DDP_ROLE = "dp"  # the plan communicator whose settings DDP's gradient reduction takes
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callbacks[name](module)`` right after ``name`` is first imported."""
+
+    def __init__(self, callbacks: dict[str, Callable[[Any], None]]):
+        self.callbacks = callbacks
+
+    def find_spec(self, name, path, target=None):
+        callback = self.callbacks.get(name)
+        if callback is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None:
+            return spec
+        self.callbacks.pop(name)
+        real = spec.loader
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return real.create_module(spec)
+
+            def exec_module(self, module):
+                real.exec_module(module)
+                callback(module)
+
+        spec.loader = Loader()
+        return spec
+
+
+class Shim:
+    def __init__(self, plan: Plan, plan_path: str, applied_dir: str | None):
+        self.plan = plan
+        self.plan_path = plan_path
+        self.applied_dir = applied_dir
+        self.records: list[dict[str, Any]] = []
+        self.logged = 0
+        self.built_ddp = False
+        self.pending = {}
+        if "bucket_cap_mb" in plan.settings.communicators.get(DDP_ROLE, {}):
+            self.pending["bucket_cap_mb"] = "no DistributedDataParallel model was built in this process"
+
+    @property
+    def rank(self) -> str:
+        if "RANK" in os.environ:
+            return os.environ["RANK"]
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return str(dist.get_rank())
+        return f"pid{os.getpid()}"
+
+    @property
+    def is_rank(self) -> bool:
+        """A training rank (launched by torchrun, or one that built a DDP model), not a launcher or helper."""
+        return "RANK" in os.environ or self.built_ddp
+
+    def record(self, setting: str, value: Any, applied: bool, how: str) -> None:
+        self.records.append({"setting": setting, "value": value, "applied": applied, "how": how})
+        self.pending.pop(setting, None)
+        self.flush()
+
+    def flush(self) -> None:
+        """Log new records to stderr and rewrite this rank's file (silent outside ranks)."""
+        if not self.is_rank:
+            return
+        for r in self.records[self.logged:]:
+            verb = "applied" if r["applied"] else "NOT applied"
+            sys.stderr.write(f"[lagom-tune rank {self.rank}] {verb} {r['setting']}={r['value']} ({r['how']})\n")
+        self.logged = len(self.records)
+        if not self.applied_dir:
+            return
+        out = {"rank": self.rank, "pid": os.getpid(), "plan": self.plan_path, "records": self.records}
+        atomic_write_text(os.path.join(self.applied_dir, f"rank-{self.rank}.json"), json.dumps(out, indent=1))
+
+    def at_exit(self) -> None:
+        if self.is_rank:
+            for setting, why in list(self.pending.items()):
+                self.record(setting, self.plan.settings.communicators.get(DDP_ROLE, {}).get(setting), False, why)
+
+    # -- appliers ------------------------------------------------------------------------------
+
+    def on_torch(self, torch) -> None:
+        threads = self.plan.settings.process.get("threads")
+        if threads is not None:
+            torch.set_num_threads(int(threads))
+            self.record("threads", int(threads), torch.get_num_threads() == int(threads), "torch.set_num_threads")
+
+    def on_ddp(self, module) -> None:
+        cap = self.plan.settings.communicators.get(DDP_ROLE, {}).get("bucket_cap_mb")
+        if cap is None:
+            return
+        ddp = module.DistributedDataParallel
+        original = ddp.__init__
+        signature = inspect.signature(original)
+        shim = self
+
+        def __init__(self, *args, **kwargs):
+            bound = signature.bind_partial(self, *args, **kwargs)
+            previous = bound.arguments.get("bucket_cap_mb")
+            bound.arguments["bucket_cap_mb"] = cap
+            original(*bound.args, **bound.kwargs)
+            shim.built_ddp = True
+            in_effect = getattr(self, "bucket_bytes_cap", None)
+            how = "DistributedDataParallel(bucket_cap_mb=...)" + (f", replacing the script's {previous}" if previous is not None else "")
+            shim.record("bucket_cap_mb", cap, in_effect == int(cap * 1024 * 1024), how)
+
+        __init__.__wrapped__ = original
+        ddp.__init__ = __init__
+
+
+def install(plan_path: str, applied_dir: str | None = None) -> Shim:
+    """Install the plan's settings in this process; returns the shim (its ``records`` say what happened)."""
+    plan = load_plan(plan_path)
+    shim = Shim(plan, plan_path, applied_dir)
+    hooks = {"torch": shim.on_torch, DDP_MODULE: shim.on_ddp}
+    for name, hook in list(hooks.items()):
+        if name in sys.modules:  # already imported (an explicit install() late in a script)
+            hook(sys.modules[name])
+            hooks.pop(name)
+    if hooks:
+        sys.meta_path.insert(0, _AfterImport(hooks))
+    atexit.register(shim.at_exit)
+    return shim
+
+
+def install_from_env() -> Shim:
+    return install(os.environ["LAGOM_TUNE_PLAN"], os.environ.get("LAGOM_TUNE_APPLIED_DIR"))

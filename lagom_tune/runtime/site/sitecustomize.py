@@ -1,0 +1,32 @@
+"""Loaded by every Python process that `lagom-tune apply` starts (this folder is put first on PYTHONPATH)."""
+
+import os
+import sys
+
+
+def _lagom_tune_shim() -> None:
+    if not os.environ.get("LAGOM_TUNE_PLAN"):
+        return
+    try:
+        from lagom_tune.runtime.shim import install_from_env
+
+        install_from_env()
+    except Exception as e:  # never break the user's program: say what could not be applied
+        sys.stderr.write(f"[lagom-tune] plan NOT applied in pid {os.getpid()}: {type(e).__name__}: {e}\n")
+
+
+def _chain_next_sitecustomize() -> None:
+    """Run the sitecustomize this one shadows, if any, so user environments keep working."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec and spec.loader and os.path.abspath(spec.origin or "") != os.path.abspath(__file__):
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+_lagom_tune_shim()
+_chain_next_sitecustomize()

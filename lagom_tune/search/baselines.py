@@ -1,0 +1,57 @@
+"""Baselines: the backend's own defaults, AutoCCL-style tuning, and exhaustive enumeration."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+from lagom_tune.errors import UserError
+from lagom_tune.search.evaluate import ModelEvaluator
+from lagom_tune.search.lagom import comm_of
+from lagom_tune.search.result import SearchResult
+from lagom_tune.search.space import Settings, Var, default_assignment
+
+
+def default_search(evaluate: ModelEvaluator, vars_: list[Var], **_) -> SearchResult:
+    """What the job gets without lagom-tune (NCCL's or gloo's/torch's own choices)."""
+    t0, start = time.perf_counter(), evaluate.evaluations
+    settings = Settings.from_assignment(default_assignment(vars_), vars_)
+    return SearchResult("default", settings, evaluate(settings), evaluate.evaluations - start, time.perf_counter() - t0)
+
+
+def autoccl_search(evaluate: ModelEvaluator, vars_: list[Var], rounds: int = 2, **_) -> SearchResult:
+    """Coordinate descent on each variable's own communication time under interference.
+
+    Like AutoCCL, it is blind to what communication's resources cost the computation beside it.
+    """
+    t0, start = time.perf_counter(), evaluate.evaluations
+    state = default_assignment(vars_)
+    for _ in range(rounds):
+        changed = False
+        for var in vars_:
+            def own_time(value, _var=var):
+                return comm_of(_var, evaluate(Settings.from_assignment({**state, _var.key: value}, vars_)))
+
+            best = min(var.knob.domain, key=own_time)
+            if best != state[var.key] and own_time(best) < own_time(state[var.key]):
+                state[var.key], changed = best, True
+        if not changed:
+            break
+    settings = Settings.from_assignment(state, vars_)
+    return SearchResult("autoccl", settings, evaluate(settings), evaluate.evaluations - start, time.perf_counter() - t0)
+
+
+def exhaustive_search(evaluate: ModelEvaluator, vars_: list[Var], max_points: int = 20000, **_) -> SearchResult:
+    """Every combination: ground truth for small spaces."""
+    size = math.prod(len(v.knob.domain) for v in vars_)
+    if size > max_points:
+        raise UserError(f"the space has {size} combinations; exhaustive search is limited to {max_points}")
+    t0, start = time.perf_counter(), evaluate.evaluations
+    best = None
+    for values in itertools.product(*(v.knob.domain for v in vars_)):
+        settings = Settings.from_assignment({v.key: x for v, x in zip(vars_, values)}, vars_)
+        ev = evaluate(settings)
+        if best is None or ev.iteration_s < best[1].iteration_s:
+            best = (settings, ev)
+    return SearchResult("exhaustive", best[0], best[1], evaluate.evaluations - start, time.perf_counter() - t0)

@@ -1,0 +1,56 @@
+"""Joint search over every variable with an Optuna study (TPE by default).
+
+Seeded with the defaults and the Lagom result (``enqueue_trial``), resumable through an Optuna
+storage (``sqlite:///study.db``) and ``load_if_exists``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import optuna
+
+from lagom_tune.errors import UserError
+from lagom_tune.search.evaluate import ModelEvaluator
+from lagom_tune.search.lagom import lagom_search
+from lagom_tune.search.result import SearchResult
+from lagom_tune.search.space import Settings, Var, default_assignment
+
+
+def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int = 200, timeout: float | None = None,
+                  seed: int = 0, storage: str | None = None, study_name: str | None = None,
+                  on_trial: Callable[[int, int], None] | None = None, **_) -> SearchResult:
+    t0, start = time.perf_counter(), evaluate.evaluations
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed),
+                                    storage=storage, study_name=study_name, load_if_exists=True)
+    except (ValueError, ImportError) as e:
+        raise UserError(f"cannot open the Optuna storage {storage!r}: {e}") from None
+    if not study.trials:  # a resumed study already holds its seeds
+        study.enqueue_trial(default_assignment(vars_))
+        seed_lagom = lagom_search(evaluate, vars_)
+        study.enqueue_trial(_assignment_of(seed_lagom.settings, vars_))
+
+    def objective(trial: optuna.Trial) -> float:
+        assignment = {v.key: trial.suggest_categorical(v.key, list(v.knob.domain)) for v in vars_}
+        return evaluate(Settings.from_assignment(assignment, vars_)).iteration_s
+
+    callbacks = [lambda st, tr: on_trial(len(st.trials), n_trials)] if on_trial else []
+    study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks)
+    best = Settings.from_assignment({v.key: study.best_params[v.key] for v in vars_}, vars_)
+    return SearchResult("optuna", best, evaluate(best), evaluate.evaluations - start, time.perf_counter() - t0,
+                        {"trials": len(study.trials), "study": study.study_name})
+
+
+def _assignment_of(settings: Settings, vars_: list[Var]) -> dict:
+    out = {}
+    for v in vars_:
+        if v.scope == "process":
+            out[v.key] = settings.process[v.knob.name]
+        elif v.scope == "communicator":
+            out[v.key] = settings.communicators[v.target][v.knob.name]
+        else:
+            out[v.key] = settings.collectives[v.target][v.knob.name]
+    return out

@@ -1,0 +1,89 @@
+"""Decision variables: each knob at each place it can be deployed, and settings built from them.
+
+A knob deployable only per process or per communicator is one variable for everything that
+shares it, so no optimizer can propose a setting the runtime could not apply (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from lagom_tune.backends.base import Knob, KnobSpace
+from lagom_tune.workload.spec import Collective, Workload
+
+
+@dataclass(frozen=True)
+class Var:
+    scope: str  # "process" | "communicator" | "collective"
+    target: str  # "" for process, the communicator's or the collective's name otherwise
+    knob: Knob
+
+    @property
+    def key(self) -> str:
+        return f"{self.scope}:{self.target}:{self.knob.name}" if self.target else f"{self.scope}:{self.knob.name}"
+
+    def covers(self, coll: Collective) -> bool:
+        """Does this variable's value apply to ``coll``?"""
+        if self.knob.ops and coll.op not in self.knob.ops:
+            return False
+        return self.scope == "process" or (self.scope == "communicator" and coll.group == self.target) or (
+            self.scope == "collective" and coll.name == self.target)
+
+
+def variables(workload: Workload, space: KnobSpace) -> list[Var]:
+    """Every variable that touches at least one collective of ``workload``."""
+    colls = workload.collectives()
+    out: list[Var] = []
+    for k in space.knobs:
+        relevant = [c for c in colls if not k.ops or c.op in k.ops]
+        if k.scope == "process":
+            out.append(Var("process", "", k))
+        elif k.scope == "communicator":
+            out += [Var("communicator", g, k) for g in dict.fromkeys(c.group for c in relevant)]
+        else:
+            out += [Var("collective", c.name, k) for c in relevant]
+    return out
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Knob values at their scopes: what a plan deploys."""
+
+    process: Mapping[str, Any] = field(default_factory=dict)
+    communicators: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    collectives: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def for_collective(self, coll: Collective) -> dict[str, Any]:
+        return {**self.process, **self.communicators.get(coll.group, {}), **self.collectives.get(coll.name, {})}
+
+    @property
+    def key(self) -> tuple:
+        def freeze(m: Mapping) -> tuple:
+            return tuple(sorted((k, freeze(v) if isinstance(v, Mapping) else v) for k, v in m.items()))
+
+        return freeze(self.process), freeze(self.communicators), freeze(self.collectives)
+
+    @classmethod
+    def from_assignment(cls, assignment: Mapping[str, Any], vars_: list[Var]) -> "Settings":
+        process: dict[str, Any] = {}
+        comms: dict[str, dict[str, Any]] = {}
+        colls: dict[str, dict[str, Any]] = {}
+        for var in vars_:
+            value = assignment[var.key]
+            if var.scope == "process":
+                process[var.knob.name] = value
+            elif var.scope == "communicator":
+                comms.setdefault(var.target, {})[var.knob.name] = value
+            else:
+                colls.setdefault(var.target, {})[var.knob.name] = value
+        return cls(process, comms, colls)
+
+
+def default_assignment(vars_: list[Var]) -> dict[str, Any]:
+    return {v.key: v.knob.default for v in vars_}
+
+
+def min_comm_assignment(vars_: list[Var]) -> dict[str, Any]:
+    """Every knob at communication's minimum: where the Lagom search starts."""
+    return {v.key: v.knob.comm_order()[0] for v in vars_}
