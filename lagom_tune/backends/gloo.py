@@ -87,9 +87,10 @@ class GlooBackend:
         # Every all-reduce size the search can produce (each bucket cap), plus a ladder for the fit
         # up to the largest possible bucket (everything in one).
         sizes: set[int] = set()
-        for cap in self.knob_space["bucket_cap_mb"].domain + (float("inf"),):
+        groups = workload.communicators()
+        for cap in self.knob_space["bucket_cap_mb"].domain + (1 << 30,):
             for grp in workload.groups:
-                sizes |= {c.nbytes for c in bucket_group(grp, {"dp": cap}).comm}
+                sizes |= {c.nbytes for c in bucket_group(grp, {name: cap for name in groups}).comm}
         largest = max(sizes, default=1 << 20)
         sizes |= {1 << p for p in range(14, 40, 2) if 1 << p < largest}
         for op in sorted({c.op for c in workload.collectives()}):
