@@ -242,7 +242,9 @@ def workload_show(
 def main(argv: list[str] | None = None) -> None:
     """Entry point: one-line errors (exit 2 for bad input, 1 for runtime failures)."""
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)  # an Exit raised inside a command comes back as its code
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:

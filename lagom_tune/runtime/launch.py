@@ -23,25 +23,31 @@ SITE_DIR = Path(__file__).resolve().parent / "site"
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 
+TORCHRUN_FLAGS = {"standalone", "no-python", "module", "run-path", "m"}  # options that take no value
+
+
 def launcher_world_size(cmd: list[str], env: dict[str, str]) -> int | None:
     """World size a torchrun-style command line asks for, or None when it cannot be known."""
-    is_torchrun = bool(cmd) and (Path(cmd[0]).name == "torchrun" or any(
-        cmd[i] == "-m" and i + 1 < len(cmd) and cmd[i + 1] in TORCHRUN_MODULES for i in range(len(cmd))))
-    if not is_torchrun:
+    start = None
+    if cmd and Path(cmd[0]).name == "torchrun":
+        start = 1
+    else:
+        for i in range(len(cmd) - 1):
+            if cmd[i] == "-m" and cmd[i + 1] in TORCHRUN_MODULES:
+                start = i + 2
+                break
+    if start is None:
         return int(env["WORLD_SIZE"]) if env.get("WORLD_SIZE", "").isdigit() else None
     opts: dict[str, str] = {}
-    it = iter(range(len(cmd)))
-    for i in it:
-        arg = cmd[i]
-        if not arg.startswith("--"):
-            if i > 0 and not cmd[i - 1].startswith("-"):
-                break  # the training script: its own flags follow
-            continue
-        name, _, value = arg[2:].partition("=")
+    i = start
+    while i < len(cmd) and cmd[i].startswith("-"):  # the first positional is the training script
+        name, eq, value = cmd[i].lstrip("-").partition("=")
         name = name.replace("_", "-")
-        if not value and i + 1 < len(cmd):
+        if not eq and name not in TORCHRUN_FLAGS and i + 1 < len(cmd):
             value = cmd[i + 1]
+            i += 1
         opts[name] = value
+        i += 1
     nproc = opts.get("nproc-per-node", "1")
     nnodes = opts.get("nnodes", "1").split(":")[-1]
     if not (nproc.isdigit() and nnodes.isdigit()):

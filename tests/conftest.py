@@ -1,0 +1,45 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lagom_tune.workload.presets import Arch, gpt_ddp
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+# A model small enough that a 2-rank profile and a training run take seconds; TINY_ARGS builds
+# the same model in examples/train_gpt.py.
+TINY = Arch("tiny-test", hidden=64, ffn=256, heads=2, layers=2, vocab=512, max_seq=32)
+TINY_ARGS = ["--hidden", "64", "--ffn", "256", "--heads", "2", "--layers", "2", "--vocab", "512",
+             "--max-seq", "32", "--seq", "32", "--mbs", "2"]
+
+
+@pytest.fixture
+def tiny_workload(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    gpt_ddp(TINY, seq=32, mbs=2, ranks=2).save(path)
+    return path
+
+
+def cli(*args: str, check: bool = False, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the installed `lagom-tune` like a user would."""
+    proc = subprocess.run([str(BIN / "lagom-tune"), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"lagom-tune {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """One real 2-rank gloo profile of the tiny workload, fitted, shared by the tests that read it."""
+    base = tmp_path_factory.mktemp("tiny-run")
+    wl = base / "tiny.yaml"
+    gpt_ddp(TINY, seq=32, mbs=2, ranks=2).save(wl)
+    run = base / "run"
+    cli("profile", "--workload", wl, "--backend", "gloo", "--ranks", 2, "--out", run, "--repeats", 3, check=True)
+    return run

@@ -1,0 +1,79 @@
+import json
+import sys
+
+import pytest
+
+from lagom_tune.errors import UserError
+from lagom_tune.runtime.launch import SITE_DIR, check_fit, launcher_world_size, plan_environment
+from lagom_tune.search.space import Settings
+
+from conftest import BIN, ROOT, cli
+from test_plan import BASE
+
+
+@pytest.mark.parametrize("cmd, world", [
+    (["torchrun", "--standalone", "--nproc-per-node", "2", "train.py", "--nproc-per-node", "9"], 2),
+    (["torchrun", "--nproc_per_node=4", "--nnodes=2", "train.py"], 8),
+    (["torchrun", "--nnodes", "1:2", "--nproc-per-node", "3", "t.py"], 6),
+    ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "t.py"], 2),
+    (["torchrun", "--nproc-per-node", "gpu", "t.py"], None),
+    (["python", "train.py"], None),
+])
+def test_world_size_from_the_launcher(cmd, world):
+    assert launcher_world_size(cmd, {}) == world
+
+
+def test_world_size_from_the_environment():
+    assert launcher_world_size(["python", "t.py"], {"WORLD_SIZE": "4"}) == 4
+
+
+def test_mismatches_are_refused_with_the_reason():
+    with pytest.raises(UserError, match="world size 2, the command starts 4"):
+        check_fit(BASE, ["torchrun", "--nproc-per-node", "4", "t.py"], {})
+    import dataclasses
+    greedy = dataclasses.replace(BASE, settings=Settings({"threads": 4096}, {}))
+    with pytest.raises(UserError, match="threads per rank"):
+        check_fit(greedy, ["python", "t.py"], {})
+    with pytest.raises(UserError, match="simulated"):
+        check_fit(dataclasses.replace(BASE, simulated=True), ["python", "t.py"], {})
+
+
+def test_environment_puts_the_shim_first(tmp_path):
+    env = plan_environment(BASE, tmp_path / "p.yaml", "/tmp/x", {"PYTHONPATH": "/already"})
+    assert env["PYTHONPATH"].split(":") == [str(SITE_DIR), "/already"]
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert (SITE_DIR / "sitecustomize.py").is_file()
+
+
+def test_dry_run_prints_what_it_would_set(tmp_path):
+    plan = BASE.save(tmp_path / "p.yaml")
+    r = cli("apply", plan, "--dry-run", "--", "torchrun", "--nproc-per-node", "2", "x.py", check=True)
+    assert "OMP_NUM_THREADS=1" in r.stdout and "bucket_cap_mb = 8" in r.stdout and "world size 2 matches" in r.stdout
+    r = cli("apply", plan, "--print-env", check=True)
+    assert r.stdout.startswith("export ")
+
+
+@pytest.mark.slow
+def test_plain_ddp_script_runs_with_the_plan_in_effect(tmp_path):
+    plan = BASE.save(tmp_path / "p.yaml")
+    out = tmp_path / "report"
+    r = cli("apply", plan, "--", BIN / "torchrun", "--standalone", "--nproc-per-node", "2",
+            ROOT / "tests" / "scripts" / "plain_ddp.py", out)
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        seen = json.loads(out.with_name(f"report.rank{rank}").read_text())
+        assert seen["bucket_bytes_cap"] == 8 * 1024 * 1024  # the plan's DDP setting, inside the script's DDP
+        assert seen["threads"] == 1
+    applied = json.loads((tmp_path / "applied.json").read_text())
+    assert set(applied["ranks"]) == {"0", "1"}
+    for rank in applied["ranks"].values():
+        assert {(r["setting"], r["applied"]) for r in rank["records"]} == {("threads", True), ("bucket_cap_mb", True)}
+    assert "[lagom-tune rank 0] applied bucket_cap_mb=8" in r.stderr
+
+
+def test_the_commands_exit_code_passes_through(tmp_path):
+    plan = BASE.save(tmp_path / "p.yaml")
+    r = cli("apply", plan, "--", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert r.returncode == 3
+    r = cli("apply", plan, "--", "no-such-program-xyz")
+    assert r.returncode == 2 and "command not found" in r.stderr

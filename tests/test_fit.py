@@ -1,0 +1,94 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from lagom_tune.model.contention import CpuPairwiseModel, Linear, model_from_dict
+from lagom_tune.model.fit import fit_linear, fit_model
+from lagom_tune.search.timeline import simulate
+from lagom_tune.workload.spec import Collective, Gemm
+
+TRUE = CpuPairwiseModel(
+    compute={1: Linear(20.0, (("per_gflop", 11000.0), ("per_mb", 50.0), ("per_m_outputs", 2000.0))),
+             2: Linear(60.0, (("per_gflop", 7000.0), ("per_mb", 80.0), ("per_m_outputs", 1500.0)))},
+    comm={"all_reduce": Linear(150.0, (("per_mb", 700.0),))},
+    compute_slow={1: 1.4, 2: 1.8},
+    comm_slow={1: 2.0, 2: 3.0},
+)
+SHAPES = [Gemm("g", m, n, k) for m, n, k in [(64, 64, 64), (128, 256, 64), (256, 256, 256), (512, 128, 256),
+                                              (512, 512, 512), (1024, 256, 512), (256, 1024, 128), (2048, 512, 256)]]
+
+
+def synthetic(noise: float, seed: int = 0) -> pd.DataFrame:
+    """A profile as the gloo backend would record it, generated from TRUE with multiplicative noise."""
+    rng = np.random.default_rng(seed)
+    jitter = lambda: 1 + noise * rng.standard_normal()
+    rows = []
+    for t in (1, 2):
+        for g in SHAPES:
+            for r in range(5):
+                rows.append(dict(point=f"gemm|{g.shape_key}|{t}", kind="gemm", repeat=r, threads=t, m=g.m, n=g.n, k=g.k,
+                                 batch=1, dtype="fp32", time_us=TRUE.compute_time(g, {"threads": t}) * 1e6 * jitter()))
+    for nbytes in [1 << p for p in range(14, 26)]:
+        c = Collective("c", "all_reduce", nbytes)
+        for r in range(5):
+            rows.append(dict(point=f"coll|{nbytes}", kind="collective", repeat=r, op="all_reduce", nbytes=nbytes,
+                             time_us=TRUE.comm_time(c, {}) * 1e6 * jitter()))
+    for t in (1, 2):
+        for g in SHAPES[2::2]:
+            for nbytes in (1 << 20, 1 << 22, 1 << 24):
+                c = Collective("c", "all_reduce", nbytes)
+                s = {"threads": t}
+                y, x = TRUE.compute_time(g, s), TRUE.comm_time(c, s)
+                n = max(1, round(x / y))
+                tl = simulate([g] * n, [y] * n, [c], [x], lambda a, b: (TRUE.compute_slow[t], TRUE.comm_slow[t]))
+                ty = max(sp.end for sp in tl.spans if sp.stream == "compute")
+                tc = max(sp.end for sp in tl.spans if sp.stream == "comm")
+                for r in range(5):
+                    j = jitter()
+                    rows.append(dict(point=f"ov|{g.shape_key}|{nbytes}|{t}", kind="overlap", repeat=r, threads=t, m=g.m, n=g.n,
+                                     k=g.k, batch=1, dtype="fp32", op="all_reduce", nbytes=nbytes, n_compute=n,
+                                     time_us=ty * 1e6 * j, comm_us=tc * 1e6 * j, window_us=max(ty, tc) * 1e6 * j,
+                                     compute_alone_us=y * n * 1e6, comm_alone_us=x * 1e6))
+    return pd.DataFrame(rows)
+
+
+def test_fit_linear_recovers_coefficients():
+    rng = np.random.default_rng(1)
+    x = rng.uniform(1, 100, size=(40, 2))
+    y = 5 + 3 * x[:, 0] + 0.5 * x[:, 1]
+    lin = fit_linear(x, ("a", "b"), y)
+    assert lin.intercept_us == pytest.approx(5, rel=1e-6)
+    assert dict(lin.coefs) == pytest.approx({"a": 3, "b": 0.5}, rel=1e-6)
+
+
+def test_fit_linear_never_keeps_a_negative_slope():
+    x = np.arange(1, 11, dtype=float)[:, None].repeat(2, 1)
+    x[:, 1] = x[:, 1][::-1]
+    lin = fit_linear(x, ("a", "b"), 10 + 2 * x[:, 0])
+    assert all(c >= 0 for _, c in lin.coefs)
+
+
+def test_fit_recovers_a_known_model_exactly_without_noise():
+    result = fit_model(synthetic(noise=0.0))
+    m = result.model
+    assert m.compute_slow == pytest.approx(TRUE.compute_slow, rel=1e-3)
+    assert m.comm_slow == pytest.approx(TRUE.comm_slow, rel=1e-3)
+    assert max(result.mape.values()) < 0.01
+
+
+def test_held_out_error_tracks_the_noise():
+    result = fit_model(synthetic(noise=0.03, seed=3))
+    assert set(result.mape) >= {"gemm", "collective", "overlap_window"}
+    assert result.mape["overlap_window"] < 0.06
+    assert result.mape["gemm"] < 0.06
+    noisier = fit_model(synthetic(noise=0.15, seed=3))
+    assert noisier.mape["gemm"] > result.mape["gemm"]
+
+
+def test_model_yaml_round_trip():
+    result = fit_model(synthetic(noise=0.0))
+    d = result.to_dict(rows=10, simulated=False)
+    back = model_from_dict(d)
+    g = SHAPES[3]
+    assert back.compute_time(g, {"threads": 2}) == pytest.approx(result.model.compute_time(g, {"threads": 2}))
+    assert d["accuracy"]["method"].startswith("5-fold")

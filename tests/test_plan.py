@@ -1,0 +1,48 @@
+import copy
+
+import pytest
+import yaml
+
+from lagom_tune.errors import UserError
+from lagom_tune.plan.schema import Plan, load_plan
+from lagom_tune.search.space import Settings
+
+BASE = Plan(backend="gloo", world_size=2, hardware={"device": "cpu", "cores": 2},
+            settings=Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 8}}),
+            workload={"name": "cpu-demo", "digest": "sha256:0"},
+            predicted={"iteration_ms": {"default": 10.0, "autoccl": 10.0, "plan": 9.0}, "bound_ms": 8.0})
+
+
+def test_round_trip(tmp_path):
+    path = BASE.save(tmp_path / "p.yaml")
+    back = load_plan(path)
+    assert back.to_dict() == BASE.to_dict()
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic write leaves no temp file
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(schema_version=7), "unknown version 7"),
+    (lambda d: d.update(kind="lagom-workload"), "is this a plan file"),
+    (lambda d: d["target"].update(backend="mpi"), "unknown backend"),
+    (lambda d: d["process"].update(threads=3), r"process.threads: 3 is outside"),
+    (lambda d: d["communicators"]["dp"].update(bucket_cap_mb="big"), "outside bucket_cap_mb"),
+    (lambda d: d["process"].update(bucket_cap_mb=8), "deploys per communicator"),
+    (lambda d: d["communicators"]["dp"].update(warp_speed=9), "unknown knob 'warp_speed'"),
+    (lambda d: d["target"].update(world_size=0), "world_size: must be >= 1"),
+    (lambda d: d.update(collectives=[{"match": {"op": "all_reduce"}, "set": {"threads": 1}}]), "deploys per process"),
+])
+def test_bad_plans_are_refused_with_the_field(mutate, message):
+    d = copy.deepcopy(BASE.to_dict())
+    mutate(d)
+    with pytest.raises(UserError, match=message):
+        Plan.from_dict(d)
+
+
+def test_garbled_yaml_is_a_user_error(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("schema_version: 1\nkind: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_plan(p)
+    p.write_text(yaml.safe_dump(["a", "list"]))
+    with pytest.raises(UserError, match="expected a mapping"):
+        load_plan(p)

@@ -1,0 +1,80 @@
+import pytest
+
+from lagom_tune.backends.gloo import gloo_knob_space
+from lagom_tune.search.baselines import autoccl_search, default_search, exhaustive_search
+from lagom_tune.search.evaluate import ModelEvaluator
+from lagom_tune.search.lagom import lagom_search, next_value
+from lagom_tune.search.optuna_search import optuna_search
+from lagom_tune.search.run import search
+from lagom_tune.search.space import Settings, variables
+from lagom_tune.workload.presets import build_preset
+
+from test_fit import TRUE
+
+SPACE = gloo_knob_space(cores=2)
+
+
+@pytest.fixture
+def demo():
+    return build_preset("cpu-demo")
+
+
+def test_variables_tie_knobs_to_their_scope(demo):
+    keys = [v.key for v in variables(demo, SPACE)]
+    # threads is one value per process; bucket_cap_mb one per communicator, never per collective.
+    assert keys == ["process:threads", "communicator:dp:bucket_cap_mb"]
+
+
+def test_settings_resolve_per_collective(demo):
+    s = Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 4}})
+    assert s.for_collective(demo.collectives()[0]) == {"threads": 1, "bucket_cap_mb": 4}
+
+
+def test_bucket_cap_changes_the_evaluated_collectives(demo):
+    ev = ModelEvaluator(demo, TRUE)
+    small = ev(Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 1}}))
+    big = ev(Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 50}}))
+    assert len(small.comm_by_collective) > len(big.comm_by_collective)
+    assert ev.evaluations == 2
+    ev(Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 1}}))
+    assert ev.evaluations == 2  # cached
+
+
+def test_next_value_steps_by_relative_improvement():
+    var = variables(build_preset("cpu-demo"), SPACE)[1]
+    assert next_value(var, 1, 0.0) == 2  # at least one position
+    assert next_value(var, 2, 3.0) == 8  # 2 * (1 + 3) = 8
+    assert next_value(var, 50, 1.0) is None
+
+
+@pytest.mark.parametrize("optimizer", [lagom_search, autoccl_search, default_search])
+def test_no_optimizer_beats_exhaustive(demo, optimizer):
+    vars_ = variables(demo, SPACE)
+    best = exhaustive_search(ModelEvaluator(demo, TRUE), vars_)
+    got = optimizer(ModelEvaluator(demo, TRUE), vars_)
+    assert got.evaluation.iteration_s >= best.evaluation.iteration_s - 1e-12
+    assert got.evaluations <= best.evaluations
+
+
+def test_lagom_stays_close_to_exhaustive_with_few_evaluations(demo):
+    vars_ = variables(demo, SPACE)
+    best = exhaustive_search(ModelEvaluator(demo, TRUE), vars_)
+    lagom = lagom_search(ModelEvaluator(demo, TRUE), vars_)
+    assert lagom.evaluation.iteration_s <= best.evaluation.iteration_s * 1.05
+    assert lagom.evaluations < best.evaluations
+
+
+def test_optuna_finds_the_optimum_of_a_small_space_and_resumes(demo, tmp_path):
+    vars_ = variables(demo, SPACE)
+    best = exhaustive_search(ModelEvaluator(demo, TRUE), vars_)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    first = optuna_search(ModelEvaluator(demo, TRUE), vars_, n_trials=10, storage=storage, study_name="s")
+    again = optuna_search(ModelEvaluator(demo, TRUE), vars_, n_trials=10, storage=storage, study_name="s")
+    assert again.extra["trials"] == first.extra["trials"] + 10
+    assert again.evaluation.iteration_s == pytest.approx(best.evaluation.iteration_s)
+
+
+def test_search_never_hands_out_a_plan_predicted_slower_than_default(demo):
+    outcome = search(demo, TRUE, SPACE, "lagom")
+    assert outcome.chosen.evaluation.iteration_s <= outcome.default.evaluation.iteration_s
+    assert outcome.bound_s <= outcome.chosen.evaluation.iteration_s

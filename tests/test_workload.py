@@ -1,0 +1,76 @@
+import importlib.util
+
+import pytest
+
+from lagom_tune.errors import UserError
+from lagom_tune.workload.bucketing import FIRST_BUCKET_BYTES, bucket_collectives
+from lagom_tune.workload.presets import CPU_DEMO_ARCH, build_preset
+from lagom_tune.workload.spec import Collective, Workload, load_workload, resolve_workload
+
+from conftest import ROOT
+
+
+def _example_model(arch):
+    spec = importlib.util.spec_from_file_location("train_gpt", ROOT / "examples" / "train_gpt.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.GPT(arch.vocab, arch.hidden, arch.heads, arch.ffn, arch.layers, arch.max_seq)
+
+
+def test_cpu_demo_preset_matches_the_example_model():
+    w = build_preset("cpu-demo")
+    model = _example_model(CPU_DEMO_ARCH)
+    params = sum(p.numel() for p in model.parameters())
+    assert w.meta["parameters"] == params
+    # Gradient all-reduces carry every parameter once, in fp32 bytes.
+    assert sum(c.nbytes for c in w.collectives()) == 4 * params
+
+
+def test_demo_gemm_shapes_are_derived_from_the_architecture():
+    w = build_preset("cpu-demo", seq=64, mbs=2)
+    fwd = {g.name: g for g in w.groups[0].compute}
+    t = 64 * 2
+    assert (fwd["L0.qkv"].m, fwd["L0.qkv"].n, fwd["L0.qkv"].k) == (t, 3 * 256, 256)
+    assert (fwd["L0.fc2"].m, fwd["L0.fc2"].n, fwd["L0.fc2"].k) == (t, 256, 1024)
+    assert fwd["L0.scores"].batch == 2 * 4 and (fwd["L0.scores"].m, fwd["L0.scores"].n) == (64, 64)
+    bwd = {g.name: g for g in w.groups[1].compute}
+    assert (bwd["L0.fc1.wgrad"].m, bwd["L0.fc1.wgrad"].n, bwd["L0.fc1.wgrad"].k) == (1024, 256, t)
+    # Each gradient all-reduce waits for the GEMM that produced it.
+    for c in w.groups[1].comm[:-1]:
+        assert w.groups[1].compute[c.after].name.endswith(".wgrad")
+
+
+def test_yaml_round_trip(tmp_path):
+    w = build_preset("cpu-demo")
+    w.save(tmp_path / "w.yaml")
+    back = load_workload(tmp_path / "w.yaml")
+    assert back == w and back.digest == w.digest
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["groups"][1]["comm"][0].update(op="allreduce"), "groups[1].comm[0].op"),
+    (lambda d: d["groups"][0]["compute"][2].update(m=-1), "groups[0].compute[2].m"),
+    (lambda d: d["groups"][1]["comm"][3].update(after=10_000), "groups[1].comm[3].after"),
+    (lambda d: d.update(schema_version=9), "schema_version"),
+    (lambda d: d["groups"][0].pop("name"), "groups[0].name"),
+])
+def test_bad_workloads_name_the_field(mutate, message):
+    d = build_preset("cpu-demo").to_dict()
+    mutate(d)
+    with pytest.raises(UserError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Workload.from_dict(d)
+
+
+def test_unknown_workload_name():
+    with pytest.raises(UserError, match="unknown workload"):
+        resolve_workload("gpt-17")
+
+
+def test_bucketing_follows_ddp_rules():
+    mib = 1 << 20
+    comm = tuple(Collective(f"g{i}", "all_reduce", mib // 2, after=i) for i in range(8))
+    buckets = bucket_collectives(comm, 2, "dp")
+    # First bucket closes at 1 MiB, later ones at the cap; each waits for its last tensor.
+    assert [b.nbytes for b in buckets] == [FIRST_BUCKET_BYTES, 2 * mib, mib]
+    assert [b.after for b in buckets] == [1, 5, 7]
+    assert sum(b.nbytes for b in buckets) == sum(c.nbytes for c in comm)
