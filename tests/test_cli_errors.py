@@ -1,0 +1,57 @@
+"""Bad input: one line on stderr, exit code 2, no traceback, nothing written."""
+
+import pytest
+
+from conftest import cli
+
+
+def assert_one_line_error(r, fragment):
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_missing_plan(tmp_path):
+    assert_one_line_error(cli("apply", tmp_path / "nope.yaml", "--", "true"), "plan file not found")
+
+
+def test_garbled_plan(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("kind: lagom-plan\nschema_version: 1\ntarget: {backend: gloo\n")
+    assert_one_line_error(cli("apply", p, "--", "true"), "not valid YAML")
+
+
+def test_plan_with_value_outside_the_domain(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("kind: lagom-plan\nschema_version: 1\ntarget: {backend: gloo, world_size: 2}\nprocess: {threads: 3}\n")
+    assert_one_line_error(cli("apply", p, "--", "true"), "process.threads: 3 is outside")
+
+
+def test_unknown_workload(tmp_path):
+    assert_one_line_error(cli("profile", "--workload", "gpt-17", "--out", tmp_path / "run"), "unknown workload 'gpt-17'")
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_workload_file(tmp_path):
+    w = tmp_path / "w.yaml"
+    w.write_text("schema_version: 1\nname: x\ngroups: [{name: g, compute: [{name: a, m: 1, n: 1}]}]\n")
+    assert_one_line_error(cli("profile", "--workload", w, "--out", tmp_path / "run"), "groups[0].compute[0].k: required")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["profile", "--bogus"], "No such option"),
+    (["search"], "Missing argument"),
+    (["profile", "--ranks", "two", "--out", "x"], "Invalid value for '--ranks'"),
+    (["profile", "--ranks", "1", "--out", "x"], "--ranks must be at least 2"),
+    (["search", "not-a-run-folder", "--out", "p.yaml"], "run folder not found"),
+    (["show", "missing.yaml"], "file not found"),
+])
+def test_bad_flags_and_arguments(args, fragment):
+    assert_one_line_error(cli(*args), fragment)
+
+
+def test_help_on_every_verb():
+    for verb in ("profile", "search", "apply", "show", "workload"):
+        r = cli(verb, "--help")
+        assert r.returncode == 0 and "Usage" in r.stdout

@@ -1,0 +1,62 @@
+"""The real path on CPU: a 2-rank gloo profile, a fit, a search, a plan, and apply to a training run."""
+
+import json
+
+import pytest
+import yaml
+
+from lagom_tune.plan.schema import load_plan
+from lagom_tune.profile.store import RunFolder
+
+from conftest import BIN, ROOT, TINY_ARGS, cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_profile_writes_a_complete_run_folder(tiny_run):
+    run = RunFolder(tiny_run)
+    meta = run.read_meta()
+    assert meta["complete"] and meta["points_done"] == meta["points_total"]
+    assert meta["fingerprint"]["backend"] == "gloo" and meta["fingerprint"]["ranks"] == 2
+    df = run.measurements()
+    assert set(df.kind) == {"gemm", "collective", "overlap"}
+    assert (df.groupby("point").size() == meta["repeats"]).all()  # every raw repeat kept, none twice
+    assert (df[df.kind == "collective"].busbw_GBps > 0).all()
+    model = yaml.safe_load(run.model_path.read_text())
+    assert model["family"] == "cpu-pairwise" and model["simulated"] is False
+    assert {"gemm", "collective", "overlap_window"} <= set(model["accuracy"]["mape"])
+
+
+def test_search_apply_train(tiny_run, tmp_path):
+    plan_path = tmp_path / "plan.yaml"
+    r = cli("search", tiny_run, "--optimizer", "lagom", "--out", plan_path, check=True)
+    assert "predicted iteration time" in r.stdout
+    plan = load_plan(plan_path)
+    assert plan.backend == "gloo" and plan.world_size == 2
+    assert plan.search["optimizer"] == "lagom" and plan.search["evaluations"] >= 1
+    it = plan.predicted["iteration_ms"]
+    assert it["plan"] <= it["default"] and plan.predicted["bound_ms"] <= it["plan"]
+
+    metrics = tmp_path / "m.json"
+    r = cli("apply", plan_path, "--", BIN / "torchrun", "--standalone", "--nproc-per-node", "2",
+            ROOT / "examples" / "train_gpt.py", *TINY_ARGS, "--steps", "2", "--warmup", "1", "--metrics", metrics)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(metrics.read_text())
+    cap = plan.settings.communicators["dp"]["bucket_cap_mb"]
+    assert seen["bucket_cap_bytes"] == int(cap * 1024 * 1024)
+    assert seen["threads"] == plan.settings.process["threads"]
+    assert f"applied bucket_cap_mb={cap}" in r.stderr
+
+
+def test_compare_json_lists_every_optimizer(tiny_run):
+    r = cli("search", tiny_run, "--compare", "--json", "--n-trials", "10", check=True)
+    rows = json.loads(r.stdout)
+    assert {row["optimizer"] for row in rows} == {"lagom", "optuna", "autoccl", "default", "exhaustive"}
+    for row in rows:
+        assert row["iteration_ms"] > 0 and row["evaluations"] >= 1 and row["seconds"] >= 0
+
+
+def test_show_renders_run_plan_and_workload(tiny_run):
+    r = cli("show", tiny_run, check=True)
+    assert "MAPE" in r.stdout and "gloo" in r.stdout
+    assert "group backward" in cli("show", "cpu-demo", check=True).stdout
