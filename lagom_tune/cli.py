@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: one-line errors (exit 2 for bad input, 1 for runtime failures)."""
     try:
         code = app(args=argv, standalone_mode=False)  # an Exit raised inside a command comes back as its code
+        if code == 130:  # typer turns Ctrl-C into Exit(130)
+            raise KeyboardInterrupt
         if isinstance(code, int) and code:
             sys.exit(code)
     except typer.Exit as e:

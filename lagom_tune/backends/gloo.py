@@ -14,6 +14,7 @@ import platform
 import queue
 import socket
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -110,12 +111,15 @@ class GlooBackend:
             return
         ctx = torch.multiprocessing.get_context("spawn")
         results = ctx.Queue()
-        # Ranks wait at this barrier after each point until the parent has persisted it, so the
-        # parent's CSV writing never competes with a measurement for the CPU.
-        persisted = ctx.Barrier(self.options.ranks + 1)
+        # After each point a rank waits for the parent's word that it is persisted, so the
+        # parent's CSV writing never competes with a measurement for the CPU. One queue per rank,
+        # written only by the parent: no lock is shared that a hung rank could hold.
+        persisted = [ctx.Queue() for _ in range(self.options.ranks)]
+        for q in persisted:
+            q.cancel_join_thread()
         port = free_port()
         procs = [
-            ctx.Process(target=_rank_main, args=(r, self.options.ranks, port, points, repeats, self.options.timeout_s, results, persisted), daemon=True)
+            ctx.Process(target=_rank_main, args=(r, self.options.ranks, port, points, repeats, self.options.timeout_s, results, persisted[r]), daemon=True)
             for r in range(self.options.ranks)
         ]
         for p in procs:
@@ -123,32 +127,49 @@ class GlooBackend:
         try:
             _collect(procs, points, results, sink, self.options.timeout_s, persisted)
         finally:
-            persisted.abort()
             for p in procs:
                 if p.is_alive():
                     p.terminate()
             for p in procs:
                 p.join(timeout=5)
+                if p.is_alive():  # stopped or ignoring SIGTERM: a hung rank must not hang us
+                    p.kill()
+                    p.join(timeout=5)
 
 
 def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: float, persisted) -> None:
     """Merge per-rank timings (max over ranks per repeat); end the run if a rank dies or hangs."""
+    # A rank stopped mid-message would block a direct read forever; a daemon thread does the
+    # blocking reads so this loop can always notice the silence and end the run.
+    inbox: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        while True:
+            try:
+                inbox.put(results.get())
+            except (EOFError, OSError, ValueError):
+                return
+
+    threading.Thread(target=pump, daemon=True, name="lagom-results").start()
     pending: dict[int, dict[int, list[dict]]] = {}
     progress = {r: -1 for r in range(len(procs))}
     last_news = time.monotonic()
     done = 0
+    def hung() -> RunError:
+        behind = min(progress, key=progress.get)
+        return RunError(f"rank {behind} made no progress for {timeout_s:.0f} s (stuck at point {progress[behind] + 2} of {len(points)})",
+                        hint="a rank is hung; rerun to resume, or raise --timeout for slow points")
+
     while done < len(points):
         try:
-            msg = results.get(timeout=0.5)
+            msg = inbox.get(timeout=0.5)
         except queue.Empty:
             for r, p in enumerate(procs):
                 if not p.is_alive() and p.exitcode not in (0, None):
-                    raise RunError(f"rank {r} died (exit code {p.exitcode}) while measuring point {progress[r] + 1} of {len(points)}",
+                    raise RunError(f"rank {r} died (exit code {p.exitcode}) while measuring point {progress[r] + 2} of {len(points)}",
                                    hint="rerun the same command to resume from the last completed point")
             if time.monotonic() - last_news > timeout_s:
-                behind = min(progress, key=progress.get)
-                raise RunError(f"rank {behind} made no progress for {timeout_s:.0f} s (stuck at point {progress[behind] + 1} of {len(points)})",
-                               hint="a rank is hung; rerun to resume, or raise --timeout for slow points")
+                raise hung()
             continue
         last_news = time.monotonic()
         if msg[0] == "error":
@@ -160,7 +181,8 @@ def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: floa
             per_rank = pending.pop(idx)
             sink(points[idx], _max_over_ranks(points[idx], per_rank))
             done += 1
-            persisted.wait(timeout=timeout_s)
+            for q in persisted:
+                q.put(idx)
 
 
 def _max_over_ranks(point: Point, per_rank: dict[int, list[dict]]) -> list[dict]:
@@ -194,7 +216,8 @@ def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: i
             torch.set_num_threads(point.settings.get("threads", 1))
             rows = MEASURE[point.kind](point, repeats, dist)
             results.put(("rows", rank, idx, rows))
-            persisted.wait(timeout=timeout_s)
+            # Longer than the parent's own limit, so the parent names a hung peer first.
+            persisted.get(timeout=3 * timeout_s)
         dist.barrier()
         dist.destroy_process_group()
     except Exception as e:  # reported to the parent, which names the rank

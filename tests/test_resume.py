@@ -1,0 +1,93 @@
+"""Interruption: Ctrl-C, a killed rank or a hung rank leave a valid run folder that a rerun completes."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import BIN, ROOT, cli
+
+pytestmark = pytest.mark.slow
+
+
+def start_profile(workload, run, *extra):
+    return subprocess.Popen([str(BIN / "lagom-tune"), "profile", "--workload", str(workload), "--ranks", "2",
+                             "--out", str(run), "--repeats", "3", *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_points(run, n, proc, limit=120):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        meta = run / "meta.yaml"
+        if meta.exists() and (yaml.safe_load(meta.read_text()) or {}).get("points_done", 0) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("profile made no progress")
+
+
+def rank_pids(parent_pid):
+    out = subprocess.run(["pgrep", "-P", str(parent_pid), "-f", "spawn_main"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def assert_complete_without_duplicates(run):
+    meta = yaml.safe_load((run / "meta.yaml").read_text())
+    df = pd.read_csv(run / "measurements.csv")
+    assert meta["complete"] and df.point.nunique() == meta["points_total"]
+    assert (df.groupby("point").size() == 3).all()
+    assert not list(run.glob(".*.tmp"))
+
+
+def test_ctrl_c_then_resume(tiny_workload, tmp_path):
+    run = tmp_path / "run"
+    proc = start_profile(tiny_workload, run)
+    wait_for_points(run, 8, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "rerun the same command to resume" in err
+    meta = yaml.safe_load((run / "meta.yaml").read_text())
+    assert not meta["complete"]
+    done_before = meta["points_done"]
+    assert pd.read_csv(run / "measurements.csv").point.nunique() == done_before
+    r = cli("profile", "--workload", tiny_workload, "--ranks", 2, "--out", run, "--repeats", 3, check=True)
+    assert "profiled" in r.stdout
+    assert_complete_without_duplicates(run)
+
+
+def test_a_killed_rank_ends_the_run_and_a_rerun_resumes(tiny_workload, tmp_path):
+    run = tmp_path / "run"
+    proc = start_profile(tiny_workload, run)
+    wait_for_points(run, 5, proc)
+    victim = rank_pids(proc.pid)[-1]
+    os.kill(victim, signal.SIGKILL)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 1
+    assert "died" in err or "failed" in err or "no progress" in err, err
+    cli("profile", "--workload", tiny_workload, "--ranks", 2, "--out", run, "--repeats", 3, check=True)
+    assert_complete_without_duplicates(run)
+
+
+def test_a_hung_rank_ends_the_run_within_the_timeout_naming_it(tiny_workload, tmp_path):
+    run = tmp_path / "run"
+    proc = start_profile(tiny_workload, run, "--timeout", "5")
+    wait_for_points(run, 5, proc)
+    pids = rank_pids(proc.pid)
+    os.kill(pids[0], signal.SIGSTOP)  # a rank that stops answering without dying
+    t0 = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == 1
+    assert time.monotonic() - t0 < 30
+    assert "rank" in err and ("no progress" in err or "failed" in err), err
