@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/lagom-tune profile --workload cpu-demo --backend gloo --ranks 2 --out runs/demo-cpu
 	$(BIN)/lagom-tune search runs/demo-cpu --optimizer lagom --out plans/demo-cpu.yaml
-	$(BIN)/python bench/cpu_e2e.py --plan plans/demo-cpu.yaml --rounds 2 --steps 12 --out runs/demo-cpu/e2e.md
+	$(BIN)/python bench/cpu_e2e.py --plan plans/demo-cpu.yaml --rounds 3 --steps 10 --out runs/demo-cpu/e2e.md
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -83,6 +83,8 @@ def test_a_hung_rank_ends_the_run_within_the_timeout_naming_it(tiny_workload, tm
     try:
         _, err = proc.communicate(timeout=60)
     finally:
+        if proc.poll() is None:
+            proc.kill()
         for p in pids:
             try:
                 os.kill(p, signal.SIGKILL)
