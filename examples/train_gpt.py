@@ -70,6 +70,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--metrics", help="rank 0 writes its median step time and settings here (JSON)")
+    p.add_argument("--trace", help="rank 0 records its last step with torch.profiler to this Chrome trace (JSON)")
     args = p.parse_args()
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -80,8 +81,13 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(rank)
     times = []
-    for step in range(args.warmup + args.steps):
+    total = args.warmup + args.steps
+    for step in range(total):
         tokens = torch.randint(args.vocab, (args.mbs, args.seq + 1), generator=gen)
+        tracing = args.trace and rank == 0 and step == total - 1
+        if tracing:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+            prof.__enter__()
         dist.barrier()
         t0 = time.perf_counter()
         loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
@@ -89,6 +95,9 @@ def main() -> None:
         loss.backward()
         opt.step()
         elapsed = torch.tensor([time.perf_counter() - t0])
+        if tracing:
+            prof.__exit__(None, None, None)
+            prof.export_chrome_trace(args.trace)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # a step ends when its slowest rank does
         if step >= args.warmup:
             times.append(elapsed.item())

@@ -57,6 +57,7 @@ def profile(
     ranks: int = typer.Option(2, help="Ranks to spawn (gloo)."),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder to create or resume."),
     repeats: int = typer.Option(7, help="Timed repeats per point (every one is kept)."),
+    parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | tp=8,dp=2 | ep=8."),
     seq: Optional[int] = typer.Option(None, help="Sequence length for presets."),
     mbs: Optional[int] = typer.Option(None, help="Micro-batch size for presets."),
     timeout: float = typer.Option(60.0, help="Seconds a rank may go without progress before the run is ended."),
@@ -70,7 +71,7 @@ def profile(
     from lagom_tune.profile.campaign import run_profile
     from lagom_tune.workload.spec import resolve_workload
 
-    w = resolve_workload(workload, seq=seq, mbs=mbs, ranks=ranks)
+    w = resolve_workload(workload, parallel=parallel, seq=seq, mbs=mbs, ranks=ranks)
     b = get_backend(backend, BackendOptions(ranks=ranks, timeout_s=timeout))
     with _progress() as bar:
         task = bar.add_task(f"profile {w.name} on {backend}{' (simulated)' if b.simulated else ''}", total=None)
@@ -224,6 +225,7 @@ def workload_list() -> None:
 @workload_app.command("show")
 def workload_show(
     name: str = typer.Argument(..., help="Preset name or workload YAML."),
+    parallel: Optional[str] = typer.Option(None, help="fsdp=8 | tp=8,dp=2 | ep=8 | ddp=2 (model presets)."),
     seq: Optional[int] = typer.Option(None, help="Sequence length."),
     mbs: Optional[int] = typer.Option(None, help="Micro-batch size."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -231,12 +233,29 @@ def workload_show(
     """Overlap groups of a workload: GEMM shapes and FLOPs, collective ops and bytes, repeats."""
     from lagom_tune.workload.spec import resolve_workload
 
-    w = resolve_workload(name, seq=seq, mbs=mbs)
+    w = resolve_workload(name, parallel=parallel, seq=seq, mbs=mbs)
     if as_json:
         print(json.dumps(w.to_dict(), indent=1))
         return
     for t in render.workload_tables(w):
         render.console.print(t)
+
+
+@workload_app.command("import")
+def workload_import(
+    trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (export_chrome_trace, record_shapes=True)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Workload YAML to write."),
+    name: Optional[str] = typer.Option(None, help="Workload name (default: the trace's file name)."),
+    ranks: Optional[int] = typer.Option(None, help="World size of the collectives (default: from the trace)."),
+) -> None:
+    """Build a workload from a trace: where GEMMs overlap collectives, and what runs alone."""
+    from lagom_tune.workload.trace import import_trace, summary
+
+    w = import_trace(trace, name=name, ranks=ranks)
+    w.save(out)
+    s = summary(w)
+    render.console.print(f"[green]wrote[/] {out}: {s['groups']} groups from {s['gemms']} GEMMs and {s['collectives']} collectives; "
+                         f"groups cover {s['groups_ms']:.1f} of {s['traced_step_ms']:.1f} traced ms, {s['exposed_ms']:.1f} ms exposed")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,10 +31,10 @@ def test_demo_gemm_shapes_are_derived_from_the_architecture():
     fwd = {g.name: g for g in w.groups[0].compute}
     t = 64 * 2
     assert (fwd["L0.qkv"].m, fwd["L0.qkv"].n, fwd["L0.qkv"].k) == (t, 3 * 256, 256)
-    assert (fwd["L0.fc2"].m, fwd["L0.fc2"].n, fwd["L0.fc2"].k) == (t, 256, 1024)
+    assert (fwd["L0.mlp.down"].m, fwd["L0.mlp.down"].n, fwd["L0.mlp.down"].k) == (t, 256, 1024)
     assert fwd["L0.scores"].batch == 2 * 4 and (fwd["L0.scores"].m, fwd["L0.scores"].n) == (64, 64)
     bwd = {g.name: g for g in w.groups[1].compute}
-    assert (bwd["L0.fc1.wgrad"].m, bwd["L0.fc1.wgrad"].n, bwd["L0.fc1.wgrad"].k) == (1024, 256, t)
+    assert (bwd["L0.mlp.up.wgrad"].m, bwd["L0.mlp.up.wgrad"].n, bwd["L0.mlp.up.wgrad"].k) == (1024, 256, t)
     # Each gradient all-reduce waits for the GEMM that produced it.
     for c in w.groups[1].comm[:-1]:
         assert w.groups[1].compute[c.after].name.endswith(".wgrad")

@@ -1,22 +1,52 @@
 """Workloads generated from a model's architecture and a parallelism, never hand-typed numbers.
 
-Each builder derives GEMM shapes from the transformer's dimensions and collective sizes from its
-parameter counts, so a preset can be checked against the model it describes (tests compare the
-``cpu-demo`` preset with ``examples/train_gpt.py``'s real parameter count).
+Every GEMM shape is derived from the transformer's dimensions and the run shape (tokens per
+micro-batch ``T = mbs * seq``); every collective size from parameter or activation counts, in
+the nccl-tests convention (the full buffer: all-gather output, reduce-scatter input, all-reduce
+buffer, all-to-all send buffer). Derivations, per layer:
+
+* attention: QKV projection ``T x (d + 2*kv*hd) x d``; scores ``(mbs*h) x [seq x seq x hd]``;
+  context ``(mbs*h) x [seq x hd x seq]``; output projection ``T x d x d`` (``h``, ``kv`` and the
+  projections' output dimension divided by the tensor-parallel degree).
+* MLP: gated (SwiGLU) ``T x 2f x d`` then ``T x d x f``; plain ``T x f x d`` then ``T x d x f``.
+* MoE: a router ``T x E x d``; each rank runs its ``E/ep`` experts on ``T*top_k*ep/E`` tokens each
+  (uniform routing), as a batched GEMM; shared experts are a dense MLP of ``shared * f_e``.
+* backward: every forward GEMM ``m x n x k`` becomes a data-gradient ``m x k x n`` and a
+  weight-gradient ``n x k x m`` GEMM (attention's two batched GEMMs each become two).
+
+Iteration structure per parallelism (DESIGN.md §4; each an overlap group):
+
+* ``ddp=N``: forward, then backward with one gradient all-reduce per parameter tensor issued when
+  its weight gradient is ready (``bucket_cap_mb`` coalesces them, see bucketing.py).
+* ``fsdp=N``: layer ``l+1``'s all-gather (its parameters, compute dtype) overlaps layer ``l``'s
+  forward; in backward, layer ``l-1``'s all-gather and layer ``l``'s gradient reduce-scatter overlap
+  layer ``l-1``'s backward. Embedding and head run without overlap.
+* ``tp=N,dp=M``: Megatron tensor parallelism with Domino-style overlap: the micro-batch is split in
+  two halves and one half's all-reduce (``T/2 x d`` activations, after attention and after the
+  MLP, forward and backward) overlaps the other half's GEMMs; with ``dp > 1`` each layer's
+  gradient all-reduce on the data-parallel communicator overlaps its backward.
+* ``ep=N``: expert parallelism; a micro-batch's dispatch and combine all-to-alls (``T*top_k x d``
+  per rank) overlap the other micro-batch's expert GEMMs, forward and backward; attention and
+  router are data-parallel and run without overlap.
+
+Element-wise ops, norms, the loss and the optimizer step are not modelled.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from lagom_tune.errors import UserError
 from lagom_tune.workload.spec import DTYPES, Collective, Gemm, OverlapGroup, Workload
 
+GPUS_PER_NODE = 8
+
 
 @dataclass(frozen=True)
 class Arch:
-    """A decoder-only transformer, as a GPT-2-style block (LayerNorm, biased linears, GELU MLP)."""
+    """A decoder-only transformer."""
 
     name: str
     hidden: int
@@ -25,91 +55,303 @@ class Arch:
     layers: int
     vocab: int
     max_seq: int
+    kv_heads: int | None = None  # grouped-query attention; None: same as heads
+    gated: bool = False  # SwiGLU MLP (three matrices)
+    bias: bool = True  # biases on linears
+    tied_embeddings: bool = False
+    experts: int = 0  # routed experts per MoE layer (0: dense)
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0  # leading layers with a dense MLP in an MoE model
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @property
+    def kv(self) -> int:
+        return self.kv_heads or self.heads
 
-def _linear_backward(name: str, tokens: int, fan_in: int, fan_out: int, dtype: str) -> tuple[Gemm, Gemm]:
-    """dX = dY @ W  (tokens x fan_in, reduced over fan_out); dW = dY^T @ X (fan_out x fan_in, reduced over tokens)."""
-    return (
-        Gemm(f"{name}.dgrad", tokens, fan_in, fan_out, dtype),
-        Gemm(f"{name}.wgrad", fan_out, fan_in, tokens, dtype),
-    )
+    def attention_params(self) -> int:
+        d, hd = self.hidden, self.head_dim
+        qkv_out = d + 2 * self.kv * hd
+        return d * qkv_out + d * d + (qkv_out + d if self.bias else 0)
+
+    def mlp_params(self, ffn: int) -> int:
+        mats = 3 if self.gated else 2
+        return mats * self.hidden * ffn + ((2 if self.gated else 1) * ffn + self.hidden if self.bias else 0)
+
+    def norm_params(self) -> int:
+        return 2 * self.hidden if self.bias else self.hidden  # LayerNorm (weight + bias) or RMSNorm
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.experts > 0 and layer >= self.dense_layers
+
+    def layer_params(self, layer: int = 0) -> int:
+        """Parameters of one transformer layer (what FSDP gathers per layer)."""
+        if self.is_moe_layer(layer):
+            mlp = self.experts * self.mlp_params(self.expert_ffn) + self.hidden * self.experts
+            if self.shared_experts:
+                mlp += self.mlp_params(self.shared_experts * self.expert_ffn)
+        else:
+            mlp = self.mlp_params(self.ffn)
+        return self.attention_params() + mlp + 2 * self.norm_params()
+
+
+def _bwd(g: Gemm) -> tuple[Gemm, Gemm]:
+    """Data gradient (m x k, reduced over n) and weight gradient (n x k, reduced over m)."""
+    return (replace(g, name=f"{g.name}.dgrad", n=g.k, k=g.n), replace(g, name=f"{g.name}.wgrad", m=g.n, n=g.k, k=g.m))
+
+
+def _attn_bwd(g: Gemm) -> tuple[Gemm, Gemm]:
+    """A batched attention GEMM's two input gradients."""
+    return (replace(g, name=f"{g.name}.grad_a", n=g.k, k=g.n), replace(g, name=f"{g.name}.grad_b", m=g.k, n=g.n, k=g.m))
+
+
+def attention_gemms(a: Arch, prefix: str, seq: int, mbs: int, dtype: str, tp: int = 1) -> list[Gemm]:
+    t, d, hd = seq * mbs, a.hidden, a.head_dim
+    if a.heads % tp or a.kv % tp and a.kv >= tp:
+        raise UserError(f"{a.name}: {a.heads} heads ({a.kv} KV heads) do not split over tp={tp}")
+    h, kv = a.heads // tp, max(1, a.kv // tp)
+    return [
+        Gemm(f"{prefix}.qkv", t, (h + 2 * kv) * hd, d, dtype),
+        Gemm(f"{prefix}.scores", seq, seq, hd, dtype, batch=mbs * h),
+        Gemm(f"{prefix}.context", seq, hd, seq, dtype, batch=mbs * h),
+        Gemm(f"{prefix}.out", t, d, h * hd, dtype),
+    ]
+
+
+def mlp_gemms(a: Arch, prefix: str, tokens: int, ffn: int, dtype: str, tp: int = 1, batch: int = 1) -> list[Gemm]:
+    f = ffn // tp
+    up = 2 * f if a.gated else f
+    return [Gemm(f"{prefix}.up", tokens, up, a.hidden, dtype, batch), Gemm(f"{prefix}.down", tokens, a.hidden, f, dtype, batch)]
+
+
+def layer_gemms(a: Arch, layer: int, seq: int, mbs: int, dtype: str, tp: int = 1, ep: int = 1) -> list[Gemm]:
+    p = f"L{layer}"
+    gemms = attention_gemms(a, p, seq, mbs, dtype, tp)
+    t = seq * mbs
+    if a.is_moe_layer(layer):
+        gemms.append(Gemm(f"{p}.router", t, a.experts, a.hidden, dtype))
+        gemms += moe_expert_gemms(a, p, t, dtype, ep)
+        if a.shared_experts:
+            gemms += mlp_gemms(a, f"{p}.shared", t, a.shared_experts * a.expert_ffn, dtype)
+    else:
+        gemms += mlp_gemms(a, f"{p}.mlp", t, a.ffn, dtype, tp)
+    return gemms
+
+
+def moe_expert_gemms(a: Arch, prefix: str, tokens: int, dtype: str, ep: int) -> list[Gemm]:
+    if a.experts % ep:
+        raise UserError(f"{a.name}: {a.experts} experts do not split over ep={ep}")
+    per_expert = max(1, tokens * a.top_k * ep // a.experts)
+    return mlp_gemms(a, f"{prefix}.experts", per_expert, a.expert_ffn, dtype, batch=a.experts // ep)
+
+
+def backward_of(gemms: list[Gemm]) -> list[Gemm]:
+    out: list[Gemm] = []
+    for g in reversed(gemms):
+        out.extend(_attn_bwd(g) if g.batch > 1 and (".scores" in g.name or ".context" in g.name) else _bwd(g))
+    return out
+
+
+def _nodes(ranks: int) -> int:
+    return max(1, -(-ranks // GPUS_PER_NODE))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parallelisms
 
 
 def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", grad_dtype: str = "fp32") -> Workload:
-    """Data-parallel (DDP) training of ``arch``: forward, then backward with gradient all-reduces.
+    """Data-parallel (DDP) training: forward, then backward with per-tensor gradient all-reduces.
 
-    One all-reduce per parameter tensor (biases and LayerNorms ride with the weight beside them),
-    issued once its weight-gradient GEMM is done: DDP's bucketing (``bucket_cap_mb``) coalesces
-    these, which the search models as a communicator-level knob.
+    Models a GPT-2-style block (LayerNorm, biased linears, GELU MLP), as examples/train_gpt.py.
     """
-    if seq > arch.max_seq:
-        raise UserError(f"--seq {seq} exceeds {arch.name}'s context of {arch.max_seq}")
+    _check_seq(arch, seq)
     d, f, t, h = arch.hidden, arch.ffn, seq * mbs, arch.heads
     gb = DTYPES[grad_dtype]
 
     fwd: list[Gemm] = []
     for layer in range(arch.layers):
-        p = f"L{layer}"
-        fwd += [
-            Gemm(f"{p}.qkv", t, 3 * d, d, dtype),
-            Gemm(f"{p}.scores", seq, seq, arch.head_dim, dtype, batch=mbs * h),
-            Gemm(f"{p}.context", seq, arch.head_dim, seq, dtype, batch=mbs * h),
-            Gemm(f"{p}.proj", t, d, d, dtype),
-            Gemm(f"{p}.fc1", t, f, d, dtype),
-            Gemm(f"{p}.fc2", t, d, f, dtype),
-        ]
+        fwd += attention_gemms(arch, f"L{layer}", seq, mbs, dtype) + mlp_gemms(arch, f"L{layer}.mlp", t, f, dtype)
     fwd.append(Gemm("head", t, arch.vocab, d, dtype))
 
     bwd: list[Gemm] = []
-    grads: list[tuple[str, int, int]] = []  # (tensor name, parameter count, index of the GEMM that readies it)
+    grads: list[tuple[str, int, int]] = []  # (tensor, parameter count, index of the GEMM that readies it)
 
-    def linear(name: str, fan_in: int, fan_out: int, extra_params: int) -> None:
-        bwd.extend(_linear_backward(name, t, fan_in, fan_out, dtype))
-        grads.append((name, fan_in * fan_out + extra_params, len(bwd) - 1))
+    def linear(g: Gemm, extra_params: int) -> None:
+        bwd.extend(_bwd(g))
+        grads.append((g.name, g.n * g.k + extra_params, len(bwd) - 1))
 
-    linear("head", d, arch.vocab, 2 * d)  # + final LayerNorm
+    linear(Gemm("head", t, arch.vocab, d, dtype), 2 * d)  # + final LayerNorm
     for layer in reversed(range(arch.layers)):
-        p = f"L{layer}"
-        linear(f"{p}.fc2", f, d, d)
-        linear(f"{p}.fc1", d, f, f + 2 * d)  # + fc1 bias + ln2
-        linear(f"{p}.proj", d, d, d)
-        bwd += [
-            Gemm(f"{p}.scores.dgrad_p", seq, seq, arch.head_dim, dtype, batch=mbs * h),
-            Gemm(f"{p}.context.dgrad_v", seq, arch.head_dim, seq, dtype, batch=mbs * h),
-            Gemm(f"{p}.scores.dgrad_q", seq, arch.head_dim, seq, dtype, batch=mbs * h),
-            Gemm(f"{p}.scores.dgrad_k", seq, arch.head_dim, seq, dtype, batch=mbs * h),
-        ]
-        linear(f"{p}.qkv", d, 3 * d, 3 * d + 2 * d)  # + qkv bias + ln1
+        qkv, scores, context, out = attention_gemms(arch, f"L{layer}", seq, mbs, dtype)
+        up, down = mlp_gemms(arch, f"L{layer}.mlp", t, f, dtype)
+        linear(down, d)
+        linear(up, f + 2 * d)  # + bias + ln2
+        linear(out, d)
+        bwd += [*_attn_bwd(context), *_attn_bwd(scores)]
+        linear(qkv, 3 * d + 2 * d)  # + bias + ln1
     # Token and position embeddings have no GEMM: their gradients are ready after the last one.
     grads.append(("embeddings", (arch.vocab + arch.max_seq) * d, len(bwd) - 1))
 
-    comm = tuple(
-        Collective(f"grad.{name}", "all_reduce", n * gb, group="dp", ranks=ranks, after=idx) for name, n, idx in grads
-    )
+    comm = tuple(Collective(f"grad.{name}", "all_reduce", n * gb, group="dp", ranks=ranks, nodes=_nodes(ranks), after=idx)
+                 for name, n, idx in grads)
     return Workload(
         name=f"{arch.name}-ddp{ranks}",
-        groups=(
-            OverlapGroup("forward", tuple(fwd)),
-            OverlapGroup("backward", tuple(bwd), comm),
-        ),
-        meta={
-            "model": arch.name,
-            "parallel": f"ddp={ranks}",
-            "seq": seq,
-            "mbs": mbs,
-            "dtype": dtype,
-            "parameters": sum(n for _, n, _ in grads),
-            "note": "GEMMs and gradient all-reduces only; element-wise ops and the optimizer step are not modelled",
-        },
+        groups=(OverlapGroup("forward", tuple(fwd)), OverlapGroup("backward", tuple(bwd), comm)),
+        meta={"model": arch.name, "parallel": f"ddp={ranks}", "seq": seq, "mbs": mbs, "dtype": dtype,
+              "parameters": sum(n for _, n, _ in grads)},
     )
 
+
+def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "bf16") -> Workload:
+    """FSDP (ZeRO-3): per-layer all-gather prefetch in forward and backward, reduce-scatter of gradients."""
+    _check_seq(arch, seq)
+    b, t, nodes = DTYPES[dtype], seq * mbs, _nodes(ranks)
+    groups = []
+    # Layers differ only in MoE models (dense leading layers); group identical layers.
+    for kind, layers in _layer_kinds(arch).items():
+        lp = arch.layer_params(layers[0])
+        fwd = tuple(layer_gemms(arch, layers[0], seq, mbs, dtype))
+        ag = Collective("all_gather.next_layer", "all_gather", lp * b, group="dp", ranks=ranks, nodes=nodes)
+        rs = Collective("reduce_scatter.grads", "reduce_scatter", lp * b, group="dp", ranks=ranks, nodes=nodes)
+        groups.append(OverlapGroup(f"forward.{kind}", fwd, (ag,), repeat=len(layers)))
+        groups.append(OverlapGroup(f"backward.{kind}", tuple(backward_of(list(fwd))),
+                                   (replace(ag, name="all_gather.prev_layer"), rs), repeat=len(layers)))
+    head = Gemm("head", t, arch.vocab, arch.hidden, dtype)
+    groups.append(OverlapGroup("head", (head, *_bwd(head))))
+    return _workload(arch, f"fsdp{ranks}", groups, seq, mbs, dtype, f"fsdp={ranks}")
+
+
+def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dtype: str = "bf16") -> Workload:
+    """Megatron TP with Domino-style overlap of one half-batch's all-reduce with the other's GEMMs."""
+    _check_seq(arch, seq)
+    if mbs < 2:
+        raise UserError("tensor parallelism with Domino overlap splits the micro-batch in two: --mbs must be >= 2")
+    if arch.experts:
+        raise UserError(f"{arch.name} is an MoE model: use --parallel ep=N")
+    b, half = DTYPES[dtype], mbs // 2
+    act = seq * half * arch.hidden * b  # one half-batch's activations
+    ar = lambda name: Collective(name, "all_reduce", act, group="tp", ranks=tp, nodes=_nodes(tp))
+    attn = attention_gemms(arch, "L", seq, half, dtype, tp)
+    mlp = mlp_gemms(arch, "L.mlp", seq * half, arch.ffn, dtype, tp)
+    groups = [
+        OverlapGroup("forward.attention", tuple(attn), (ar("all_reduce.attn_out.other_half"),), repeat=arch.layers),
+        OverlapGroup("forward.mlp", tuple(mlp), (ar("all_reduce.mlp_out.other_half"),), repeat=arch.layers),
+        OverlapGroup("backward.mlp", tuple(backward_of(mlp)), (ar("all_reduce.mlp_in_grad.other_half"),), repeat=arch.layers),
+    ]
+    bwd_attn_comm = [ar("all_reduce.attn_in_grad.other_half")]
+    if dp > 1:
+        shard = arch.layer_params() // tp
+        bwd_attn_comm.append(Collective("all_reduce.dp_grads", "all_reduce", shard * b, group="dp", ranks=dp, nodes=dp))
+    groups.append(OverlapGroup("backward.attention", tuple(backward_of(attn)), tuple(bwd_attn_comm), repeat=arch.layers))
+    head = Gemm("head", seq * mbs, arch.vocab // tp, arch.hidden, dtype)
+    groups.append(OverlapGroup("head", (head, *_bwd(head))))
+    return _workload(arch, f"tp{tp}-dp{dp}", groups, seq, mbs, dtype, f"tp={tp},dp={dp}")
+
+
+def expert_parallel(arch: Arch, *, seq: int, mbs: int, ep: int, dtype: str = "bf16") -> Workload:
+    """Expert parallelism: one micro-batch's dispatch/combine all-to-alls beside the other's expert GEMMs."""
+    _check_seq(arch, seq)
+    if not arch.experts:
+        raise UserError(f"{arch.name} has no experts: use --parallel fsdp=N or tp=N")
+    b, t = DTYPES[dtype], seq * mbs
+    a2a = lambda name: Collective(name, "all_to_all", t * arch.top_k * arch.hidden * b, group="ep", ranks=ep, nodes=_nodes(ep))
+    moe_layers = sum(arch.is_moe_layer(i) for i in range(arch.layers))
+    experts = moe_expert_gemms(arch, "L", t, dtype, ep)
+    attn = attention_gemms(arch, "L", seq, mbs, dtype) + [Gemm("L.router", t, arch.experts, arch.hidden, dtype)]
+    groups = [
+        OverlapGroup("forward.experts", tuple(experts), (a2a("all_to_all.dispatch.other_mb"), a2a("all_to_all.combine.other_mb")), repeat=moe_layers),
+        OverlapGroup("backward.experts", tuple(backward_of(experts)), (a2a("all_to_all.combine_grad.other_mb"), a2a("all_to_all.dispatch_grad.other_mb")), repeat=moe_layers),
+        OverlapGroup("attention", tuple(attn + backward_of(attn)), repeat=arch.layers),
+    ]
+    if arch.shared_experts:
+        shared = mlp_gemms(arch, "L.shared", t, arch.shared_experts * arch.expert_ffn, dtype)
+        groups.append(OverlapGroup("shared_experts", tuple(shared + backward_of(shared)), repeat=moe_layers))
+    if arch.dense_layers:
+        dense = mlp_gemms(arch, "L.mlp", t, arch.ffn, dtype)
+        groups.append(OverlapGroup("dense_mlp", tuple(dense + backward_of(dense)), repeat=arch.dense_layers))
+    return _workload(arch, f"ep{ep}", groups, seq, mbs, dtype, f"ep={ep}")
+
+
+def _layer_kinds(arch: Arch) -> dict[str, list[int]]:
+    kinds: dict[str, list[int]] = {}
+    for i in range(arch.layers):
+        kinds.setdefault("moe_layer" if arch.is_moe_layer(i) else "layer", []).append(i)
+    return kinds
+
+
+def _check_seq(arch: Arch, seq: int) -> None:
+    if seq > arch.max_seq:
+        raise UserError(f"--seq {seq} exceeds {arch.name}'s context of {arch.max_seq}")
+
+
+def _workload(arch: Arch, suffix: str, groups: list[OverlapGroup], seq: int, mbs: int, dtype: str, parallel: str) -> Workload:
+    return Workload(f"{arch.name}-{suffix}", tuple(groups),
+                    meta={"model": arch.name, "parallel": parallel, "seq": seq, "mbs": mbs, "dtype": dtype,
+                          "layer_parameters": arch.layer_params(arch.dense_layers if arch.experts else 0)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Architectures (public model cards) and presets
+
+ARCHS: dict[str, Arch] = {
+    "phi-2": Arch("phi-2", hidden=2560, ffn=10240, heads=32, layers=32, vocab=51200, max_seq=2048),
+    "llama3-8b": Arch("llama3-8b", hidden=4096, ffn=14336, heads=32, kv_heads=8, layers=32, vocab=128256, max_seq=8192,
+                      gated=True, bias=False),
+    "mpt-7b": Arch("mpt-7b", hidden=4096, ffn=16384, heads=32, layers=32, vocab=50432, max_seq=2048, bias=False,
+                   tied_embeddings=True),
+    "deepseek-moe-16b": Arch("deepseek-moe-16b", hidden=2048, ffn=10944, heads=16, layers=28, vocab=102400, max_seq=4096,
+                             gated=True, bias=False, experts=64, top_k=6, expert_ffn=1408, shared_experts=2, dense_layers=1),
+    "olmoe-1b-7b": Arch("olmoe-1b-7b", hidden=2048, ffn=1024, heads=16, layers=16, vocab=50304, max_seq=4096, gated=True,
+                        bias=False, experts=64, top_k=8, expert_ffn=1024),
+    "llama3-70b": Arch("llama3-70b", hidden=8192, ffn=28672, heads=64, kv_heads=8, layers=80, vocab=128256, max_seq=8192,
+                       gated=True, bias=False),
+    "gpt3-175b": Arch("gpt3-175b", hidden=12288, ffn=49152, heads=96, layers=96, vocab=50257, max_seq=2048),
+}
+
+# The Lagom paper's micro-batch sizes (its Table 2) per model and parallelism family.
+PAPER_MBS = {("phi-2", "fsdp"): 2, ("phi-2", "tp"): 8, ("llama3-8b", "fsdp"): 1, ("llama3-8b", "tp"): 4,
+             ("mpt-7b", "fsdp"): 1, ("mpt-7b", "tp"): 2, ("deepseek-moe-16b", "ep"): 2, ("olmoe-1b-7b", "ep"): 2}
+DEFAULT_SEQ = 2048
 
 # The example training script's model (examples/train_gpt.py defaults); a test keeps them equal.
 CPU_DEMO_ARCH = Arch("tiny-gpt", hidden=256, ffn=1024, heads=4, layers=4, vocab=8192, max_seq=128)
+
+
+def parse_parallel(spec: str) -> dict[str, int]:
+    """``fsdp=8`` | ``tp=8,dp=2`` | ``ep=8`` | ``ddp=2`` -> {"fsdp": 8} ..."""
+    out: dict[str, int] = {}
+    for part in spec.replace(" ", "").split(","):
+        m = re.fullmatch(r"(fsdp|tp|dp|ep|ddp)=(\d+)", part)
+        if not m or int(m.group(2)) < 1:
+            raise UserError(f"--parallel {spec!r}: expected e.g. fsdp=8, tp=8,dp=2, ep=8 or ddp=2")
+        out[m.group(1)] = int(m.group(2))
+    families = {"fsdp", "tp", "ep", "ddp"} & set(out)
+    if len(families) != 1:
+        raise UserError(f"--parallel {spec!r}: name exactly one of fsdp, tp, ep, ddp")
+    if "dp" in out and "tp" not in out:
+        raise UserError(f"--parallel {spec!r}: dp= goes with tp=")
+    return out
+
+
+def build_model(model: str, parallel: str | None = None, seq: int | None = None, mbs: int | None = None,
+                dtype: str = "bf16", **_: Any) -> Workload:
+    arch = ARCHS[model]
+    par = parse_parallel(parallel or ("ep=8" if arch.experts else "fsdp=8"))
+    family = next(iter({"fsdp", "tp", "ep", "ddp"} & set(par)))
+    mbs = mbs or PAPER_MBS.get((model, family), 1)
+    seq = seq or min(DEFAULT_SEQ, arch.max_seq)
+    if family == "fsdp":
+        return fsdp(arch, seq=seq, mbs=mbs, ranks=par["fsdp"], dtype=dtype)
+    if family == "tp":
+        return tensor_parallel(arch, seq=seq, mbs=mbs, tp=par["tp"], dp=par.get("dp", 1), dtype=dtype)
+    if family == "ep":
+        return expert_parallel(arch, seq=seq, mbs=mbs, ep=par["ep"], dtype=dtype)
+    return gpt_ddp(arch, seq=seq, mbs=mbs, ranks=par["ddp"], dtype=dtype, grad_dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -118,14 +360,44 @@ class Preset:
     build: Callable[..., Workload]
 
 
-def _cpu_demo(seq: int | None = None, mbs: int | None = None, ranks: int | None = None, **_: Any) -> Workload:
+def _cpu_demo(seq: int | None = None, mbs: int | None = None, ranks: int | None = None, parallel: str | None = None,
+              **_: Any) -> Workload:
+    if parallel is not None:
+        ranks = parse_parallel(parallel).get("ddp") or _reject(f"cpu-demo is a DDP workload: --parallel ddp=N, not {parallel!r}")
     w = gpt_ddp(CPU_DEMO_ARCH, seq=seq or 128, mbs=mbs or 4, ranks=ranks or 2)
     return Workload("cpu-demo", w.groups, w.exposed_ms, {**w.meta, "preset": "cpu-demo"})
 
 
+def _reject(message: str):
+    raise UserError(message)
+
+
+def _model_preset(model: str, parallel: str | None = None) -> Preset:
+    a = ARCHS[model]
+    kind = f"MoE, {a.experts} experts top-{a.top_k}" if a.experts else f"d={a.hidden}, ffn={a.ffn}"
+    default = parallel or ("ep=8" if a.experts else "fsdp=8")
+
+    def build(parallel: str | None = None, seq: int | None = None, mbs: int | None = None, **kw: Any) -> Workload:
+        return build_model(model, parallel or default, seq, mbs, **kw)
+
+    return Preset(f"{model} ({a.layers} layers, {kind}); --parallel {default} by default", build)
+
+
 PRESETS: dict[str, Preset] = {
     "cpu-demo": Preset("tiny GPT (4 layers, d=256) trained with DDP on 2 gloo ranks: the `make demo` workload", _cpu_demo),
+    **{name: _model_preset(name) for name in ARCHS},
 }
+
+# The Lagom paper's Table 2 configurations, by name.
+TABLE2 = {
+    f"{m}-fsdp{n}": (m, f"fsdp={n}") for m in ("phi-2", "llama3-8b", "mpt-7b") for n in (8, 16)
+} | {
+    f"{m}-tp8-dp{d}": (m, f"tp=8,dp={d}") for m in ("phi-2", "llama3-8b", "mpt-7b") for d in (1, 2)
+} | {f"{m}-ep8": (m, "ep=8") for m in ("deepseek-moe-16b", "olmoe-1b-7b")}
+
+for _name, (_model, _par) in TABLE2.items():
+    PRESETS[_name] = Preset(f"Lagom paper Table 2: {_model} with {_par}, the paper's micro-batch size",
+                            _model_preset(_model, _par).build)
 
 
 def build_preset(name: str, **shape: Any) -> Workload:

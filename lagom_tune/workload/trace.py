@@ -1,0 +1,190 @@
+"""Build a workload from a torch.profiler Chrome trace (``prof.export_chrome_trace``).
+
+Computations are GEMM ops (``aten::mm``/``addmm``/``bmm`` on CPU; GEMM kernels on GPU, shaped by
+the CPU op that launched them through their shared ``External id``); collectives are gloo ops
+(``gloo:all_reduce``...) or NCCL kernels (``ncclDevKernel_*``). Each set of collectives that
+overlap the same GEMMs becomes one overlap group; a collective waits for the GEMM that ended
+last before it started (``after``). GEMMs beside no collective become compute-only groups, and
+the rest of the traced step (element-wise ops, optimizer...) becomes ``exposed_ms``. Shapes need
+``record_shapes=True``. The trace's own times are kept in ``meta`` for comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lagom_tune.errors import UserError
+from lagom_tune.workload.spec import Collective, Gemm, OverlapGroup, Workload
+
+CPU_GEMMS = {"aten::mm", "aten::addmm", "aten::bmm"}
+GPU_GEMM = re.compile(r"gemm|cutlass|sm\d+_xmma|nvjet", re.I)
+COLLECTIVE_OPS = {
+    "all_reduce": "all_reduce", "allreduce": "all_reduce", "allgather": "all_gather", "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter", "alltoall": "all_to_all",
+    "all_to_all": "all_to_all", "broadcast": "broadcast",
+}
+TYPE_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4}
+DTYPE_NAMES = {4: "fp32", 2: "bf16"}
+
+
+@dataclass(frozen=True)
+class _Event:
+    name: str
+    start: float  # µs
+    end: float
+    args: dict
+
+    @property
+    def dur(self) -> float:
+        return self.end - self.start
+
+
+def _collective_op(name: str) -> str | None:
+    m = re.match(r"gloo:(\w+)$", name) or re.match(r"nccl(?:Dev)?Kernel_(\w+?)(?:_|$)", name)
+    if not m:
+        return None
+    return COLLECTIVE_OPS.get(m.group(1).lower())
+
+
+def _gemm_from_dims(name: str, dims: list, types: list) -> Gemm | None:
+    try:
+        if name == "aten::addmm":
+            (m, k), (_, n) = dims[1], dims[2]
+            b = 1
+        elif name == "aten::mm":
+            (m, k), (_, n) = dims[0], dims[1]
+            b = 1
+        else:  # aten::bmm
+            (b, m, k), (_, _, n) = dims[0], dims[1]
+    except (ValueError, TypeError, IndexError):
+        return None
+    size = TYPE_BYTES.get(types[0] if types else "float", 4)
+    return Gemm(name.split("::")[1], int(m), int(n), int(k), DTYPE_NAMES.get(size, "fp32"), int(b))
+
+
+def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None = None) -> Workload:
+    """Read a Chrome trace and return its overlap groups as a workload."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"trace not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is not a JSON Chrome trace: {e}") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else None
+    if not isinstance(events, list):
+        raise UserError(f"{path}: no traceEvents list (export it with prof.export_chrome_trace)")
+    spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+    shapes_by_id = {e["args"]["External id"]: e for e in spans
+                    if e.get("name") in CPU_GEMMS and isinstance(e.get("args"), dict) and "External id" in e["args"]}
+
+    gemms: list[tuple[_Event, Gemm]] = []
+    colls: list[tuple[_Event, Collective]] = []
+    world = ranks or int((data.get("distributedInfo") or {}).get("world_size", 2))
+    gpu_kernels = any(e.get("cat") == "kernel" for e in spans)
+    for e in spans:
+        ev = _Event(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("args") or {})
+        op = _collective_op(ev.name)
+        if op:
+            dims = ev.args.get("Input Dims") or [[0]]
+            nelems = 1
+            for x in (dims[0] if dims and isinstance(dims[0], list) else [0]):
+                nelems *= int(x)
+            size = TYPE_BYTES.get((ev.args.get("Input type") or ["float"])[0], 4)
+            nbytes = nelems * size or int(ev.args.get("In msg nelems", 0)) * size
+            if nbytes > 0:
+                colls.append((ev, Collective(f"{op}.{len(colls)}", op, nbytes, group="dp", ranks=world)))
+            continue
+        source = None
+        if gpu_kernels and e.get("cat") == "kernel" and GPU_GEMM.search(ev.name):
+            source = shapes_by_id.get(ev.args.get("External id"))
+        elif not gpu_kernels and ev.name in CPU_GEMMS:
+            source = e
+        if source is not None:
+            g = _gemm_from_dims(source["name"], source["args"].get("Input Dims", []), source["args"].get("Input type", []))
+            if g is not None:
+                gemms.append((ev, g))
+    if not gemms:
+        raise UserError(f"{path}: no GEMMs with shapes found (record the trace with record_shapes=True)")
+    gemms.sort(key=lambda x: x[0].start)
+    colls.sort(key=lambda x: x[0].start)
+
+    # The step: from the first to the last GEMM or collective (one profiled step per trace).
+    step_start = min(e.start for e, _ in gemms + colls)
+    step_end = max(e.end for e, _ in gemms + colls)
+
+    # Collectives whose windows share GEMMs form one group; windows merge while they overlap.
+    clusters: list[list[tuple[_Event, Collective]]] = []
+    for item in colls:
+        if clusters and item[0].start <= max(e.end for e, _ in clusters[-1]):
+            clusters[-1].append(item)
+        else:
+            clusters.append([item])
+    used: set[int] = set()
+    groups: list[OverlapGroup] = []
+    traced: dict[str, float] = {}
+    for ci, cluster in enumerate(clusters):
+        lo, hi = min(e.start for e, _ in cluster), max(e.end for e, _ in cluster)
+        idx = [i for i, (e, _) in enumerate(gemms) if e.end > lo and e.start < hi]
+        used |= set(idx)
+        compute = [replace_name(gemms[i][1], f"g{i}") for i in idx]
+        comm = []
+        for e, c in cluster:
+            done_before = [j for j, i in enumerate(idx) if gemms[i][0].end <= e.start]
+            comm.append(Collective(c.name, c.op, c.nbytes, c.group, c.ranks, c.nodes, done_before[-1] if done_before else None))
+        label = f"overlap.{ci}"
+        start = min([lo] + [gemms[i][0].start for i in idx])
+        end = max([hi] + [gemms[i][0].end for i in idx])
+        traced[label] = round((end - start) / 1e3, 3)
+        groups.append(OverlapGroup(label, tuple(compute), tuple(comm)))
+    # Runs of GEMMs beside no collective.
+    run: list[int] = []
+    alone_ms = 0.0
+
+    def flush() -> None:
+        nonlocal alone_ms
+        if run:
+            nm = f"compute.{len(groups)}"
+            groups.append(OverlapGroup(nm, tuple(replace_name(gemms[i][1], f"g{i}") for i in run)))
+            traced[nm] = round(sum(gemms[i][0].dur for i in run) / 1e3, 3)
+            alone_ms += traced[nm]
+            run.clear()
+
+    for i in range(len(gemms)):
+        if i in used:
+            flush()
+        else:
+            run.append(i)
+    flush()
+    first_start = {}
+    for g in groups:
+        idx = [int(op.name.split(".")[0][1:]) for op in g.compute]
+        starts = [gemms[i][0].start for i in idx] + [e.start for e, c in colls if any(c.name == x.name for x in g.comm)]
+        first_start[g.name] = min(starts)
+    groups.sort(key=lambda g: first_start[g.name])
+    step_ms = (step_end - step_start) / 1e3
+    covered = sum(traced.values())
+    exposed = max(0.0, step_ms - covered)
+    return Workload(
+        name=name or path.stem,
+        groups=tuple(groups),
+        exposed_ms=round(exposed, 3),
+        meta={"source": str(path), "traced_step_ms": round(step_ms, 3), "traced_group_ms": traced,
+              "gemms": len(gemms), "collectives": len(colls), "device": "gpu" if gpu_kernels else "cpu",
+              "note": "exposed_ms is the traced step time not covered by GEMMs or collectives"},
+    )
+
+
+def replace_name(g: Gemm, name: str) -> Gemm:
+    return Gemm(f"{name}.{g.name}", g.m, g.n, g.k, g.dtype, g.batch)
+
+
+def summary(w: Workload) -> dict[str, Any]:
+    """Traced step time vs the time the imported groups cover (for `workload import`'s report)."""
+    covered = sum(w.meta.get("traced_group_ms", {}).values())
+    return {"traced_step_ms": w.meta.get("traced_step_ms"), "groups_ms": round(covered, 3), "exposed_ms": w.exposed_ms,
+            "groups": len(w.groups), "gemms": w.meta.get("gemms"), "collectives": w.meta.get("collectives")}

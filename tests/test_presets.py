@@ -1,0 +1,88 @@
+"""Presets are derived from architectures: check them against hand-computed shapes and bytes."""
+
+import json
+
+import pytest
+
+from lagom_tune.errors import UserError
+from lagom_tune.workload.presets import ARCHS, PRESETS, TABLE2, build_preset, parse_parallel
+
+from conftest import cli
+
+
+def test_llama3_8b_fsdp8_gathers_one_layer_in_bf16():
+    # Hand count: attention 4096*(4096 + 2*1024) + 4096*4096 = 41,943,040; SwiGLU 3*4096*14336 =
+    # 176,160,768; two RMSNorms 8,192. Total 218,112,000 parameters, 2 bytes each in bf16.
+    r = cli("workload", "show", "llama3-8b", "--parallel", "fsdp=8", "--json", check=True)
+    w = json.loads(r.stdout)
+    fwd = next(g for g in w["groups"] if g["name"] == "forward.layer")
+    bwd = next(g for g in w["groups"] if g["name"] == "backward.layer")
+    assert fwd["repeat"] == 32
+    (ag,) = fwd["comm"]
+    assert ag["op"] == "all_gather" and ag["nbytes"] == 218_112_000 * 2 and ag["ranks"] == 8
+    rs = [c for c in bwd["comm"] if c["op"] == "reduce_scatter"]
+    assert len(rs) == 1 and rs[0]["nbytes"] == ag["nbytes"]
+    shapes = {g["name"]: (g["m"], g["n"], g["k"], g["batch"]) for g in fwd["compute"]}
+    assert shapes["L0.qkv"] == (2048, 4096 + 2 * 8 * 128, 4096, 1)  # mbs 1 x seq 2048 tokens, GQA
+    assert shapes["L0.mlp.up"] == (2048, 2 * 14336, 4096, 1)  # gate and up fused
+    assert shapes["L0.scores"] == (2048, 2048, 128, 32)
+
+
+def test_phi2_tp8_domino_shapes_and_all_reduce_bytes():
+    w = build_preset("phi-2-tp8-dp2")  # the paper's micro-batch 8, split in two halves of 4
+    attn = next(g for g in w.groups if g.name == "forward.attention")
+    shapes = {g.name: (g.m, g.n, g.k, g.batch) for g in attn.compute}
+    assert shapes["L.qkv"] == (4 * 2048, 3 * 2560 // 8, 2560, 1)
+    assert shapes["L.scores"] == (2048, 2048, 80, 4 * 32 // 8)
+    assert attn.comm[0].nbytes == 4 * 2048 * 2560 * 2 and attn.comm[0].group == "tp"
+    bwd = next(g for g in w.groups if g.name == "backward.attention")
+    dp = [c for c in bwd.comm if c.group == "dp"]
+    # Phi-2 layer: attention 4*2560^2 + 4*2560 biases; MLP 2*2560*10240 + 10240 + 2560; 2 LayerNorms.
+    layer = 4 * 2560**2 + 4 * 2560 + 2 * 2560 * 10240 + 10240 + 2560 + 4 * 2560
+    assert dp and dp[0].nbytes == layer // 8 * 2 and dp[0].ranks == 2
+
+
+def test_moe_all_to_all_and_expert_gemms():
+    w = build_preset("olmoe-1b-7b-ep8")
+    fwd = next(g for g in w.groups if g.name == "forward.experts")
+    tokens = 2 * 2048  # the paper's micro-batch 2
+    assert all(c.op == "all_to_all" and c.nbytes == tokens * 8 * 2048 * 2 for c in fwd.comm)
+    up = fwd.compute[0]
+    assert up.batch == 64 // 8 and up.m == tokens * 8 * 8 // 64 and up.n == 2 * 1024
+
+
+def test_backward_gemms_mirror_forward_flops():
+    w = build_preset("mpt-7b-fsdp8")
+    fwd = next(g for g in w.groups if g.name == "forward.layer")
+    bwd = next(g for g in w.groups if g.name == "backward.layer")
+    assert sum(g.flops for g in bwd.compute) == 2 * sum(g.flops for g in fwd.compute)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE2))
+def test_every_table2_configuration_resolves(name):
+    w = build_preset(name)
+    assert w.collectives() and w.world_size in (2, 8, 16)
+
+
+def test_scale_presets():
+    assert build_preset("llama3-70b").meta["layer_parameters"] > 800_000_000
+    assert build_preset("gpt3-175b", parallel="tp=8,dp=2", mbs=2).collectives()
+
+
+@pytest.mark.parametrize("spec", ["fsdp", "tp=8,ep=8", "dp=2", "fsdp=0", "zero=3"])
+def test_bad_parallel_specs(spec):
+    with pytest.raises(UserError, match="--parallel"):
+        parse_parallel(spec)
+
+
+def test_wrong_parallel_for_the_model():
+    with pytest.raises(UserError, match="MoE"):
+        build_preset("olmoe-1b-7b", parallel="tp=8", mbs=2)
+    with pytest.raises(UserError, match="no experts"):
+        build_preset("llama3-8b", parallel="ep=8")
+
+
+def test_workload_list_names_every_preset():
+    out = cli("workload", "list", check=True).stdout
+    for name in PRESETS:
+        assert name in out
