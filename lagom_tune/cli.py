@@ -53,8 +53,13 @@ def _progress() -> Progress:
 @app.command()
 def profile(
     workload: str = typer.Option("cpu-demo", "--workload", "-w", help="Preset name (see `workload list`) or workload YAML file."),
-    backend: str = typer.Option("gloo", help="gloo (CPU ranks)."),
+    backend: str = typer.Option("gloo", help="gloo (real CPU ranks) or sim (a SIMULATED GPU cluster, for what-if questions)."),
     ranks: int = typer.Option(2, help="Ranks to spawn (gloo)."),
+    hardware: Optional[str] = typer.Option(None, help="sim: a40-pcie, a40-nvlink, a100-nvlink, h100-nvlink, h200-nvlink."),
+    nodes: int = typer.Option(1, help="sim: nodes of 8 GPUs, joined by InfiniBand."),
+    ib_gbps: int = typer.Option(400, help="sim: InfiniBand speed per GPU, 100 or 400 Gb/s."),
+    noise: float = typer.Option(0.0, help="sim: multiplicative noise (sigma), e.g. 0.02."),
+    seed: int = typer.Option(0, help="sim: noise seed."),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder to create or resume."),
     repeats: int = typer.Option(7, help="Timed repeats per point (every one is kept)."),
     parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | tp=8,dp=2 | ep=8."),
@@ -72,13 +77,15 @@ def profile(
     from lagom_tune.workload.spec import resolve_workload
 
     w = resolve_workload(workload, parallel=parallel, seq=seq, mbs=mbs, ranks=ranks)
-    b = get_backend(backend, BackendOptions(ranks=ranks, timeout_s=timeout))
+    b = get_backend(backend, BackendOptions(ranks=ranks, timeout_s=timeout, hardware=hardware, nodes=nodes, seed=seed,
+                                            noise=noise, extra={"ib_gbps": ib_gbps}))
     with _progress() as bar:
         task = bar.add_task(f"profile {w.name} on {backend}{' (simulated)' if b.simulated else ''}", total=None)
         run = run_profile(w, b, out, repeats=repeats,
                           progress=lambda done, total, what: bar.update(task, completed=done, total=total))
     fit = fit_run(run)
-    render.console.print(f"[green]profiled[/] {run.path} · model MAPE " + ", ".join(f"{k} {v:.1%}" for k, v in fit.mape.items()))
+    render.console.print(f"[green]profiled[/] {run.path}{render.simulated_tag(b.simulated)} · model MAPE "
+                         + ", ".join(f"{k} {v:.1%}" for k, v in fit.mape.items()))
 
 
 @app.command()

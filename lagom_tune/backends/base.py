@@ -135,4 +135,8 @@ def get_backend(name: str, options: BackendOptions) -> Backend:
         from lagom_tune.backends.gloo import GlooBackend
 
         return GlooBackend(options)
-    raise UserError(f"unknown backend {name!r}; available: gloo")
+    if name == "sim":
+        from lagom_tune.backends.sim import SimBackend
+
+        return SimBackend(options)
+    raise UserError(f"unknown backend {name!r}; available: gloo, sim")

@@ -137,7 +137,10 @@ class CpuPairwiseModel:
         )
 
 
-FAMILIES = {"cpu-pairwise": CpuPairwiseModel}
+def _families() -> dict[str, Any]:
+    from lagom_tune.model.gpu import LagomGpuModel
+
+    return {"cpu-pairwise": CpuPairwiseModel, "lagom-gpu": LagomGpuModel}
 
 
 def model_from_dict(d: Any, path: str = "model") -> CostModel:
@@ -145,8 +148,9 @@ def model_from_dict(d: Any, path: str = "model") -> CostModel:
     version = v.field(d, "schema_version", path, int)
     if version != SCHEMA_VERSION:
         raise UserError(f"{path}.schema_version: unknown version {version} (this lagom-tune reads {SCHEMA_VERSION})")
-    family = v.one_of(v.field(d, "family", path, str), FAMILIES, f"{path}.family")
-    return FAMILIES[family].from_dict(d, path)
+    families = _families()
+    family = v.one_of(v.field(d, "family", path, str), families, f"{path}.family")
+    return families[family].from_dict(d, path)
 
 
 def load_model(path: str | Path) -> tuple[CostModel, dict[str, Any]]:

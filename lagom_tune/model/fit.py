@@ -15,7 +15,7 @@ import pandas as pd
 
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import (
-    COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CpuPairwiseModel, Linear, comm_features, gemm_features,
+    COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, Linear, comm_features, gemm_features,
 )
 from lagom_tune.search.timeline import simulate
 from lagom_tune.workload.spec import Collective, Gemm
@@ -38,7 +38,8 @@ def fit_linear(features: np.ndarray, names: tuple[str, ...], target: np.ndarray)
 def _points(df: pd.DataFrame) -> pd.DataFrame:
     """One row per measured point: medians over repeats."""
     num = [c for c in ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us", "n_compute") if c in df.columns]
-    keys = [c for c in ("point", "kind", "gemm", "m", "n", "k", "batch", "dtype", "op", "nbytes", "threads") if c in df.columns]
+    keys = [c for c in ("point", "kind", "gemm", "m", "n", "k", "batch", "dtype", "op", "nbytes", "ranks", "nodes",
+                        "threads", "algo", "proto", "channels", "buffsize") if c in df.columns]
     return df.groupby("point", sort=True).agg({**{k: "first" for k in keys if k != "point"}, **{c: "median" for c in num}}).reset_index()
 
 
@@ -81,12 +82,24 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
     return CpuPairwiseModel(compute, comm, compute_slow, comm_slow)
 
 
-def _predict(model: CpuPairwiseModel, row: pd.Series) -> dict[str, float]:
+KNOB_COLUMNS = ("threads", "algo", "proto", "channels", "buffsize")
+
+
+def _row_settings(row: pd.Series) -> dict:
+    out = {}
+    for k in KNOB_COLUMNS:
+        if k in row and not pd.isna(row[k]):
+            out[k] = row[k] if isinstance(row[k], str) else int(row[k])
+    return out
+
+
+def _predict(model: CostModel, row: pd.Series) -> dict[str, float]:
     """Predicted microseconds for a point, in the columns it was measured in."""
-    settings = {"threads": int(row["threads"])} if "threads" in row and not pd.isna(row["threads"]) else {"threads": min(model.compute)}
+    settings = _row_settings(row)
     if row["kind"] == "gemm":
         return {"time_us": model.compute_time(_gemm_of(row), settings) * 1e6}
-    coll = Collective("c", str(row["op"]), int(row["nbytes"]), ranks=2)
+    nodes = int(row["nodes"]) if "nodes" in row and not pd.isna(row["nodes"]) else 1
+    coll = Collective("c", str(row["op"]), int(row["nbytes"]), ranks=int(row["ranks"]), nodes=nodes)
     if row["kind"] == "collective":
         return {"time_us": model.comm_time(coll, settings) * 1e6}
     g = _gemm_of(row)
@@ -105,7 +118,7 @@ ACCURACY_NAMES = {("gemm", "time_us"): "gemm", ("collective", "time_us"): "colle
 
 @dataclass(frozen=True)
 class FitResult:
-    model: CpuPairwiseModel
+    model: CostModel
     mape: dict[str, float]
     folds: int
     points: dict[str, int]
@@ -125,12 +138,25 @@ class FitResult:
         }
 
 
-def fit_model(df: pd.DataFrame, *, folds: int = 5, seed: int = 0) -> FitResult:
-    """Fit on all points; report MAPE of ``folds``-fold held-out predictions per op kind."""
+def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulated: bool = False,
+              folds: int = 5, seed: int = 0) -> FitResult:
+    """Fit on all points; report MAPE of ``folds``-fold held-out predictions per op kind.
+
+    ``device`` (with ``sms`` and ``hbm_GBps``) selects the GPU family (Lagom's model); without it
+    the CPU per-pair model is fitted.
+    """
     pts = _points(df)
     if pts.empty:
         raise UserError("the profile holds no measurements to fit")
-    model = _fit_cpu(pts)
+
+    def fit(train: pd.DataFrame) -> CostModel:
+        if device is None:
+            return _fit_cpu(train)
+        from lagom_tune.model.gpu import fit_gpu
+
+        return fit_gpu(train, device, simulated)
+
+    model = fit(pts)
     rng = np.random.default_rng(seed)
     fold_of = pd.Series(0, index=pts.index)
     for _, idx in pts.groupby("kind").groups.items():  # stratified: every fold sees every kind
@@ -142,13 +168,13 @@ def fit_model(df: pd.DataFrame, *, folds: int = 5, seed: int = 0) -> FitResult:
         if test.empty:
             continue
         try:
-            fold_model = _fit_cpu(train)
+            fold_model = fit(train)
         except UserError:
             continue
         for _, row in test.iterrows():
             try:
                 pred = _predict(fold_model, row)
-            except UserError:  # a thread count absent from this fold's training points
+            except UserError:  # e.g. a thread count absent from this fold's training points
                 continue
             for col in ACCURACY_TARGETS[row["kind"]]:
                 measured = float(row[col])
@@ -164,7 +190,10 @@ def fit_run(run) -> FitResult:
     from lagom_tune.artifact_io import write_yaml
 
     df = run.measurements()
-    result = fit_model(df)
-    simulated = bool(run.read_meta().get("simulated", False))
+    meta = run.read_meta()
+    simulated = bool(meta.get("simulated", False))
+    fp = meta["fingerprint"]
+    device = {"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]} if fp.get("backend") in ("sim", "nccl") else None
+    result = fit_model(df, device=device, simulated=simulated)
     write_yaml(run.model_path, result.to_dict(len(df), simulated))
     return result

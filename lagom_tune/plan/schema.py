@@ -31,7 +31,13 @@ def knob_space_for(backend: str, fingerprint: dict[str, Any] | None = None) -> K
         from lagom_tune.backends.gloo import gloo_knob_space
 
         return gloo_knob_space(cores=fingerprint.get("cores", 1 << 10))
-    raise UserError(f"plan.target.backend: unknown backend {backend!r} (known: gloo)")
+    if backend in ("sim", "nccl"):
+        from lagom_tune.backends.nccl_knobs import nccl_knob_space
+        from lagom_tune.backends.sim import CLUSTERS
+
+        cluster = CLUSTERS.get(fingerprint.get("cluster", ""))
+        return nccl_knob_space(cluster.max_channels, cluster.default_channels) if cluster else nccl_knob_space()
+    raise UserError(f"plan.target.backend: unknown backend {backend!r} (known: gloo, sim, nccl)")
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -58,6 +59,18 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
         })
 
     finished = [0]
+    buffer: list[dict] = []
+    last_flush = [time.monotonic()]
+
+    def flush() -> None:
+        # Rows reach the CSV at most a second after their point completes (a simulated backend
+        # completes thousands of points a second; rewriting the CSV per point would be quadratic).
+        if buffer:
+            run.append_rows(buffer)
+            buffer.clear()
+            write_meta(complete=finished[0] == len(todo))
+        last_flush[0] = time.monotonic()
+
     write_meta(complete=not todo)
     if progress:
         progress(len(points) - len(todo), len(points), "resuming" if done else "measuring")
@@ -70,11 +83,15 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
         if point.op is not None:
             base.update(op=point.op, nbytes=point.nbytes, ranks=point.ranks)
         base.update(point.settings)
-        run.append_rows([{**base, **r} for r in rows])
+        buffer.extend({**base, **r} for r in rows)
         finished[0] += 1
-        write_meta(complete=finished[0] == len(todo))
+        if time.monotonic() - last_flush[0] >= 1.0:
+            flush()
         if progress:
             progress(len(points) - len(todo) + finished[0], len(points), point.kind)
 
-    backend.measure(todo, repeats, sink)
+    try:
+        backend.measure(todo, repeats, sink)
+    finally:
+        flush()  # what was measured is kept, whatever ended the run
     return run

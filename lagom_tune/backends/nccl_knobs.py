@@ -1,0 +1,42 @@
+"""NCCL's knobs at the scopes they can really be deployed at (DESIGN.md §9).
+
+* ``algo``, ``proto``, ``channels`` per collective: rules of an NCCL tuner-plugin CSV
+  (``collective,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks``).
+* ``threads`` (``NCCL_NTHREADS``) and ``buffsize`` (``NCCL_BUFFSIZE``) per process: NCCL reads its
+  environment once, so one value for every communicator of a rank.
+
+Per-communicator CTA limits (``ProcessGroupNCCL.Options().config.min_ctas/max_ctas``) are derived
+from the chosen channels when a plan is written, so NCCL never overrides the tuner's choice.
+"""
+
+from __future__ import annotations
+
+from lagom_tune.backends.base import Knob, KnobSpace
+
+ALGOS = ("ring", "tree")
+PROTOS = ("ll", "ll128", "simple")
+CHANNELS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+THREADS = (64, 128, 256, 512)
+BUFFSIZES = (1 << 20, 2 << 20, 4 << 20, 8 << 20)
+MIB = 1 << 20
+
+
+def nccl_knob_space(max_channels: int = 64, default_channels: int = 16) -> KnobSpace:
+    channels = tuple(c for c in CHANNELS if c <= max_channels)
+    default_channels = max(c for c in channels if c <= default_channels)
+    return KnobSpace((
+        Knob("algo", "collective", ALGOS, "ring", comm_direction=0, mechanism="NCCL tuner plugin (NCCL_TUNER_CONFIG_FILE)",
+             description="collective algorithm"),
+        Knob("proto", "collective", PROTOS, "simple", comm_direction=0, mechanism="NCCL tuner plugin",
+             description="protocol: LL (latency), LL128, Simple (bandwidth)"),
+        Knob("channels", "collective", channels, default_channels, mechanism="NCCL tuner plugin; communicator max_ctas",
+             description="channels (one CTA, one SM each)"),
+        Knob("threads", "process", THREADS, 512, mechanism="NCCL_NTHREADS", description="threads per channel CTA"),
+        Knob("buffsize", "process", BUFFSIZES, 4 * MIB, mechanism="NCCL_BUFFSIZE",
+             description="per-channel staging buffer; a step moves buffsize/8 (Simple)"),
+    ))
+
+
+def categorical(knob: Knob) -> bool:
+    """Knobs with no resource order (algorithm, protocol) span subspaces instead of being stepped."""
+    return knob.comm_direction == 0
