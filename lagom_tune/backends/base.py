@@ -30,13 +30,19 @@ class Knob:
     ops: tuple[str, ...] = ()
     mechanism: str = ""
     description: str = ""
+    only_for: tuple[tuple[Any, tuple[str, ...]], ...] = ()  # (value, ops it is valid for)
 
     def __post_init__(self) -> None:
         assert self.scope in SCOPES and self.default in self.domain, self
 
-    def comm_order(self) -> tuple:
+    def comm_order(self, domain: tuple | None = None) -> tuple:
         """The domain ordered from least to most resources for communication."""
-        return tuple(sorted(self.domain, reverse=self.comm_direction < 0))
+        return tuple(sorted(domain or self.domain, reverse=self.comm_direction < 0))
+
+    def domain_for(self, ops: set[str]) -> tuple:
+        """Values valid for every op in ``ops`` (e.g. NCCL's tree algorithm is all-reduce only)."""
+        limits = dict(self.only_for)
+        return tuple(x for x in self.domain if x not in limits or ops <= set(limits[x]))
 
     def check(self, value: Any, path: str) -> Any:
         if value not in self.domain:

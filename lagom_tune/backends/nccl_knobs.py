@@ -26,7 +26,7 @@ def nccl_knob_space(max_channels: int = 64, default_channels: int = 16) -> KnobS
     default_channels = max(c for c in channels if c <= default_channels)
     return KnobSpace((
         Knob("algo", "collective", ALGOS, "ring", comm_direction=0, mechanism="NCCL tuner plugin (NCCL_TUNER_CONFIG_FILE)",
-             description="collective algorithm"),
+             description="collective algorithm", only_for=(("tree", ("all_reduce",)),)),
         Knob("proto", "collective", PROTOS, "simple", comm_direction=0, mechanism="NCCL tuner plugin",
              description="protocol: LL (latency), LL128, Simple (bandwidth)"),
         Knob("channels", "collective", channels, default_channels, mechanism="NCCL tuner plugin; communicator max_ctas",

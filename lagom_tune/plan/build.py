@@ -12,12 +12,12 @@ from lagom_tune.workload.spec import Workload
 
 def collective_rules(workload: Workload, outcome: SearchOutcome) -> tuple[CollectiveRule, ...]:
     """One exact-size rule per collective that carries collective-scope settings."""
-    rules = []
+    rules = {}
     for c in workload.collectives():
-        s = outcome.chosen.settings.collectives.get(c.name)
+        s = outcome.chosen.settings.collectives.get(c.rule_key)
         if s:
-            rules.append(CollectiveRule(c.op, c.group, c.nbytes, c.nbytes, dict(s)))
-    return tuple(dict.fromkeys(rules))  # identical rules (same op, group, size, settings) once
+            rules[c.rule_key] = CollectiveRule(c.op, c.group, c.nbytes, c.nbytes, dict(s))
+    return tuple(rules.values())
 
 
 def build_plan(workload: Workload, run_dir: Path, meta: dict[str, Any], accuracy: dict[str, Any], family: str,

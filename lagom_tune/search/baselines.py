@@ -33,7 +33,7 @@ def autoccl_search(evaluate: ModelEvaluator, vars_: list[Var], rounds: int = 2, 
             def own_time(value, _var=var):
                 return comm_of(_var, evaluate(Settings.from_assignment({**state, _var.key: value}, vars_)))
 
-            best = min(var.knob.domain, key=own_time)
+            best = min(var.domain, key=own_time)
             if best != state[var.key] and own_time(best) < own_time(state[var.key]):
                 state[var.key], changed = best, True
         if not changed:
@@ -44,12 +44,12 @@ def autoccl_search(evaluate: ModelEvaluator, vars_: list[Var], rounds: int = 2, 
 
 def exhaustive_search(evaluate: ModelEvaluator, vars_: list[Var], max_points: int = 20000, **_) -> SearchResult:
     """Every combination: ground truth for small spaces."""
-    size = math.prod(len(v.knob.domain) for v in vars_)
+    size = math.prod(len(v.domain) for v in vars_)
     if size > max_points:
         raise UserError(f"the space has {size} combinations; exhaustive search is limited to {max_points}")
     t0, start = time.perf_counter(), evaluate.evaluations
     best = None
-    for values in itertools.product(*(v.knob.domain for v in vars_)):
+    for values in itertools.product(*(v.domain for v in vars_)):
         settings = Settings.from_assignment({v.key: x for v, x in zip(vars_, values)}, vars_)
         ev = evaluate(settings)
         if best is None or ev.iteration_s < best[1].iteration_s:

@@ -23,6 +23,7 @@ class Evaluation:
     bound_s: float  # contention-free bound of these settings: sum of max(sum y_alone, sum x_alone)
     comm_by_group: dict[str, float]  # communication seconds per communicator
     comm_by_collective: dict[str, float]
+    comm_by_rule: dict[str, float]  # by Collective.rule_key: what a collective-scope variable controls
     timelines: tuple[tuple[OverlapGroup, Timeline], ...]
 
 
@@ -48,6 +49,7 @@ class ModelEvaluator:
         total = y_tot = x_tot = bound = 0.0
         by_group: dict[str, float] = {}
         by_coll: dict[str, float] = {}
+        by_rule: dict[str, float] = {}
         timelines = []
         for group in self.workload.groups:
             g = bucket_group(group, caps) if caps else group
@@ -70,5 +72,6 @@ class ModelEvaluator:
             for span, coll in zip((s for s in tl.spans if s.stream == "comm"), g.comm):
                 by_group[coll.group] = by_group.get(coll.group, 0.0) + g.repeat * span.duration
                 by_coll[coll.name] = by_coll.get(coll.name, 0.0) + g.repeat * span.duration
+                by_rule[coll.rule_key] = by_rule.get(coll.rule_key, 0.0) + g.repeat * span.duration
         exposed = self.workload.exposed_ms / 1e3
-        return Evaluation(total + exposed, y_tot, x_tot, bound + exposed, by_group, by_coll, tuple(timelines))
+        return Evaluation(total + exposed, y_tot, x_tot, bound + exposed, by_group, by_coll, by_rule, tuple(timelines))

@@ -11,7 +11,9 @@ search is linear in the number of variables.
 
 from __future__ import annotations
 
+import itertools
 import time
+from typing import Any
 
 from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
 from lagom_tune.search.result import SearchResult
@@ -23,7 +25,7 @@ INITIAL_PRIORITY = 0.01
 def comm_of(var: Var, ev: Evaluation) -> float:
     """The communication time a variable controls: its collective's, its communicator's, or all."""
     if var.scope == "collective":
-        return ev.comm_by_collective.get(var.target, 0.0)
+        return ev.comm_by_rule.get(var.target, 0.0)
     if var.scope == "communicator":
         return ev.comm_by_group.get(var.target, 0.0)
     return ev.comm_s
@@ -31,7 +33,7 @@ def comm_of(var: Var, ev: Evaluation) -> float:
 
 def next_value(var: Var, current, lr: float):
     """Step ``current`` up its comm-ordered domain by ``lr`` (relative), at least one position."""
-    order = var.knob.comm_order()
+    order = var.comm_order()
     i = order.index(current)
     if i + 1 >= len(order):
         return None
@@ -43,16 +45,15 @@ def next_value(var: Var, current, lr: float):
     return order[i + step]
 
 
-def lagom_search(evaluate: ModelEvaluator, vars_: list[Var], **_) -> SearchResult:
-    t0 = time.perf_counter()
-    start = evaluate.evaluations
-    state = min_comm_assignment(vars_)
+def _priority_search(evaluate: ModelEvaluator, vars_: list[Var], fixed: dict[str, Any], trace: list) -> tuple[dict, Evaluation]:
+    """Algorithms 1-2 over the resource variables, the categorical ones held at ``fixed``."""
+    resources = [v for v in vars_ if not v.categorical]
+    state = {**min_comm_assignment(resources), **fixed}
     ev = evaluate(Settings.from_assignment(state, vars_))
     best_state, best_ev = dict(state), ev
-    priority = {v.key: INITIAL_PRIORITY for v in vars_}
-    lr = {v.key: 1.0 for v in vars_}
-    active = [v for v in vars_ if len(v.knob.domain) > 1]
-    trace = []
+    priority = {v.key: INITIAL_PRIORITY for v in resources}
+    lr = {v.key: 1.0 for v in resources}
+    active = [v for v in resources if len(v.domain) > 1]
     while active:
         var = min(active, key=lambda v: priority[v.key])
         value = next_value(var, state[var.key], lr[var.key])
@@ -73,5 +74,56 @@ def lagom_search(evaluate: ModelEvaluator, vars_: list[Var], **_) -> SearchResul
         state, ev = cand, ev2
         if ev.comm_s < ev.compute_s:  # communication hidden: more resources cannot help it
             active.remove(var)
+    return best_state, best_ev
+
+
+def _polish(evaluate: ModelEvaluator, vars_: list[Var], state: dict, ev: Evaluation, rounds: int = 4) -> tuple[dict, Evaluation]:
+    """Local refinement of the priority search's answer: each collective tries the other
+    subspaces, and each resource variable its neighbouring values, while the iteration gets faster."""
+    cats = [v for v in vars_ if v.categorical]
+    for _ in range(rounds):
+        improved = False
+        for target in dict.fromkeys(v.target for v in cats):
+            own = [v for v in cats if v.target == target]
+            for combo in itertools.product(*(v.domain for v in own)):
+                cand = {**state, **{v.key: x for v, x in zip(own, combo)}}
+                ev2 = evaluate(Settings.from_assignment(cand, vars_))
+                if ev2.iteration_s < ev.iteration_s * (1 - 1e-9):
+                    state, ev, improved = cand, ev2, True
+        for var in (v for v in vars_ if not v.categorical):
+            order = var.comm_order()
+            i = order.index(state[var.key])
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(order):
+                    cand = {**state, var.key: order[j]}
+                    ev2 = evaluate(Settings.from_assignment(cand, vars_))
+                    if ev2.iteration_s < ev.iteration_s * (1 - 1e-9):
+                        state, ev, improved = cand, ev2, True
+                        break
+        if not improved:
+            break
+    return state, ev
+
+
+def lagom_search(evaluate: ModelEvaluator, vars_: list[Var], **_) -> SearchResult:
+    """Priority search inside each (algorithm, protocol, ...) subspace, as AutoCCL does, keeping the
+    best; then a local polish (each collective's best subspace, neighbouring resource values)."""
+    t0, start = time.perf_counter(), evaluate.evaluations
+    cats = [v for v in vars_ if v.categorical]
+    knobs = list(dict.fromkeys(v.knob.name for v in cats))
+    domains = {name: next(v.knob.domain for v in cats if v.knob.name == name) for name in knobs}
+    subspaces = []
+    for combo in itertools.product(*(domains[n] for n in knobs)):
+        chosen = dict(zip(knobs, combo))
+        fixed = {v.key: chosen[v.knob.name] if chosen[v.knob.name] in v.domain else v.knob.default for v in cats}
+        if fixed not in subspaces:
+            subspaces.append(fixed)
+    trace: list = []
+    best_state, best_ev = None, None
+    for fixed in subspaces or [{}]:
+        state, ev = _priority_search(evaluate, vars_, fixed, trace)
+        if best_ev is None or ev.iteration_s < best_ev.iteration_s:
+            best_state, best_ev = state, ev
+    best_state, best_ev = _polish(evaluate, vars_, best_state, best_ev)
     return SearchResult("lagom", Settings.from_assignment(best_state, vars_), best_ev,
-                        evaluate.evaluations - start, time.perf_counter() - t0, {"trace": trace})
+                        evaluate.evaluations - start, time.perf_counter() - t0, {"trace": trace, "subspaces": len(subspaces)})

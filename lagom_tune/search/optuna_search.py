@@ -34,7 +34,7 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
         study.enqueue_trial(_assignment_of(seed_lagom.settings, vars_))
 
     def objective(trial: optuna.Trial) -> float:
-        assignment = {v.key: trial.suggest_categorical(v.key, list(v.knob.domain)) for v in vars_}
+        assignment = {v.key: trial.suggest_categorical(v.key, list(v.domain)) for v in vars_}
         return evaluate(Settings.from_assignment(assignment, vars_)).iteration_s
 
     callbacks = [lambda st, tr: on_trial(len(st.trials), n_trials)] if on_trial else []

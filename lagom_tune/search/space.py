@@ -18,6 +18,19 @@ class Var:
     scope: str  # "process" | "communicator" | "collective"
     target: str  # "" for process, the communicator's or the collective's name otherwise
     knob: Knob
+    domain: tuple = ()  # the knob's values valid for every collective this variable covers
+
+    def __post_init__(self) -> None:
+        if not self.domain:
+            object.__setattr__(self, "domain", self.knob.domain)
+
+    @property
+    def categorical(self) -> bool:
+        """No resource order (algorithm, protocol): searched as subspaces, not stepped."""
+        return self.knob.comm_direction == 0
+
+    def comm_order(self) -> tuple:
+        return self.knob.comm_order(self.domain)
 
     @property
     def key(self) -> str:
@@ -28,7 +41,7 @@ class Var:
         if self.knob.ops and coll.op not in self.knob.ops:
             return False
         return self.scope == "process" or (self.scope == "communicator" and coll.group == self.target) or (
-            self.scope == "collective" and coll.name == self.target)
+            self.scope == "collective" and coll.rule_key == self.target)
 
 
 def variables(workload: Workload, space: KnobSpace) -> list[Var]:
@@ -37,12 +50,16 @@ def variables(workload: Workload, space: KnobSpace) -> list[Var]:
     out: list[Var] = []
     for k in space.knobs:
         relevant = [c for c in colls if not k.ops or c.op in k.ops]
+        if not relevant:
+            continue
         if k.scope == "process":
-            out.append(Var("process", "", k))
+            out.append(Var("process", "", k, k.domain_for({c.op for c in relevant})))
         elif k.scope == "communicator":
-            out += [Var("communicator", g, k) for g in dict.fromkeys(c.group for c in relevant)]
+            for g in dict.fromkeys(c.group for c in relevant):
+                out.append(Var("communicator", g, k, k.domain_for({c.op for c in relevant if c.group == g})))
         else:
-            out += [Var("collective", c.name, k) for c in relevant]
+            for key in dict.fromkeys(c.rule_key for c in relevant):  # one variable per deployable rule
+                out.append(Var("collective", key, k, k.domain_for({c.op for c in relevant if c.rule_key == key})))
     return out
 
 
@@ -55,7 +72,7 @@ class Settings:
     collectives: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def for_collective(self, coll: Collective) -> dict[str, Any]:
-        return {**self.process, **self.communicators.get(coll.group, {}), **self.collectives.get(coll.name, {})}
+        return {**self.process, **self.communicators.get(coll.group, {}), **self.collectives.get(coll.rule_key, {})}
 
     @property
     def key(self) -> tuple:
@@ -86,4 +103,4 @@ def default_assignment(vars_: list[Var]) -> dict[str, Any]:
 
 def min_comm_assignment(vars_: list[Var]) -> dict[str, Any]:
     """Every knob at communication's minimum: where the Lagom search starts."""
-    return {v.key: v.knob.comm_order()[0] for v in vars_}
+    return {v.key: (v.knob.default if v.categorical else v.comm_order()[0]) for v in vars_}

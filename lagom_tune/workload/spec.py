@@ -58,6 +58,13 @@ class Collective:
     nodes: int = 1
     after: int | None = None
 
+    @property
+    def rule_key(self) -> str:
+        """What a per-collective setting can be keyed on at run time: NCCL's tuner sees the op,
+        the communicator and the size, never the caller's name, so collectives alike in all three
+        share one setting."""
+        return f"{self.op}@{self.group}:{self.nbytes}"
+
 
 @dataclass(frozen=True)
 class OverlapGroup:
