@@ -139,6 +139,7 @@ def apply(
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the plan and print what would be set; run nothing."),
     print_env: bool = typer.Option(False, "--print-env", help="Print shell export lines (for Slurm and other launchers)."),
     applied: Optional[Path] = typer.Option(None, help="Where to write applied.json (default: beside the plan)."),
+    tuner_plugin: Optional[str] = typer.Option(None, help="NCCL tuner plugin library to load (sets NCCL_TUNER_PLUGIN)."),
 ) -> None:
     """Run `-- CMD [ARGS...]` with the plan in effect in every Python rank it starts; exit with its code."""
     from lagom_tune.plan.schema import load_plan
@@ -149,17 +150,22 @@ def apply(
     if dry_run or print_env:
         import os
 
-        notes = launch.check_fit(plan, cmd, dict(os.environ)) if cmd else ["no command given: world size not checked"]
-        env = launch.plan_environment(plan, plan_file, "<temporary folder>", dict(os.environ))
+        env = launch.plan_environment(plan, plan_file, "<temporary folder>", dict(os.environ), tuner_plugin)
         if print_env:
+            launch.write_tuner_file(plan, plan_file)
             print(launch.export_lines(env))
             return
         render.console.print(render.plan_table(plan))
-        render.console.print("[bold]environment[/]\n" + launch.export_lines(env))
+        for line in render.deployment_lines(plan, env):
+            render.console.print(line, highlight=False)
+        if plan.simulated:  # a what-if plan: shown, never run
+            render.console.print("check: simulated plan; `apply` will refuse to run it (profile the real cluster)")
+            return
+        notes = launch.check_fit(plan, cmd, dict(os.environ)) if cmd else ["no command given: world size not checked"]
         for n in notes:
             render.console.print(f"check: {n}")
         return
-    result = launch.apply(plan, plan_file, cmd, applied)
+    result = launch.apply(plan, plan_file, cmd, applied, tuner_plugin)
     applied_n = sum(r["applied"] for rank in result.ranks.values() for r in rank["records"])
     missed = [f"rank {k}: {r['setting']} ({r['how']})" for k, rank in result.ranks.items() for r in rank["records"] if not r["applied"]]
     render.console.print(f"[lagom-tune] {len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; see {result.applied_json}",

@@ -126,3 +126,18 @@ def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | 
             m.add_row(name, f"{val:.1%}")
         out.append(m)
     return out
+
+
+def deployment_lines(plan: Plan, env: dict[str, str]) -> list[str]:
+    """What `apply` would set: environment, NCCL communicator Options, tuner CSV."""
+    from lagom_tune.runtime.launch import export_lines
+    from lagom_tune.runtime.nccl import communicator_configs, tuner_csv
+
+    out = ["[bold]environment[/]", export_lines(env)]
+    if plan.backend in ("nccl", "sim"):
+        for cfg in communicator_configs(plan).values():
+            out.append(f"[bold]ProcessGroupNCCL.Options[/] for {cfg.role} ({cfg.ranks} ranks): "
+                       f"config.min_ctas={cfg.min_ctas}, config.max_ctas={cfg.max_ctas}")
+        if plan.rules:
+            out += ["[bold]NCCL tuner CSV[/] (NCCL_TUNER_CONFIG_FILE)", tuner_csv(plan).rstrip()]
+    return out

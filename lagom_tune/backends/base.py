@@ -31,6 +31,7 @@ class Knob:
     mechanism: str = ""
     description: str = ""
     only_for: tuple[tuple[Any, tuple[str, ...]], ...] = ()  # (value, ops it is valid for)
+    env: str = ""  # process-scope knobs deployed through an environment variable
 
     def __post_init__(self) -> None:
         assert self.scope in SCOPES and self.default in self.domain, self

@@ -36,6 +36,7 @@ def gloo_knob_space(cores: int | None = None, ranks: int = 2) -> KnobSpace:
         (
             Knob(
                 "threads", "process", threads, 1, comm_direction=-1, mechanism="torch.set_num_threads + OMP_NUM_THREADS",
+                env="OMP_NUM_THREADS",
                 description="intra-op threads per rank (torchrun's default is 1 per rank)",
             ),
             Knob(

@@ -31,8 +31,9 @@ def nccl_knob_space(max_channels: int = 64, default_channels: int = 16) -> KnobS
              description="protocol: LL (latency), LL128, Simple (bandwidth)"),
         Knob("channels", "collective", channels, default_channels, mechanism="NCCL tuner plugin; communicator max_ctas",
              description="channels (one CTA, one SM each)"),
-        Knob("threads", "process", THREADS, 512, mechanism="NCCL_NTHREADS", description="threads per channel CTA"),
-        Knob("buffsize", "process", BUFFSIZES, 4 * MIB, mechanism="NCCL_BUFFSIZE",
+        Knob("threads", "process", THREADS, 512, mechanism="NCCL_NTHREADS", env="NCCL_NTHREADS",
+             description="threads per channel CTA"),
+        Knob("buffsize", "process", BUFFSIZES, 4 * MIB, mechanism="NCCL_BUFFSIZE", env="NCCL_BUFFSIZE",
              description="per-channel staging buffer; a step moves buffsize/8 (Simple)"),
     ))
 

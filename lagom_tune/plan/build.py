@@ -31,6 +31,7 @@ def build_plan(workload: Workload, run_dir: Path, meta: dict[str, Any], accuracy
         world_size=int(fp.get("ranks", workload.world_size)),
         nodes=int(fp.get("nodes", 1)),
         hardware=hardware,
+        groups={c.group: c.ranks for c in workload.collectives()},
         settings=chosen.settings,
         rules=collective_rules(workload, outcome),
         workload={"name": workload.name, "digest": workload.digest},

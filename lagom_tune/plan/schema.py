@@ -63,6 +63,7 @@ class Plan:
     search: dict[str, Any] = field(default_factory=dict)
     predicted: dict[str, Any] = field(default_factory=dict)
     validated: dict[str, Any] | None = None
+    groups: dict[str, int] = field(default_factory=dict)  # communicator role -> ranks in it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,7 +71,7 @@ class Plan:
             "kind": KIND,
             "tool": {"name": "lagom-tune", "version": __version__},
             "target": {"backend": self.backend, "simulated": self.simulated, "hardware": dict(self.hardware),
-                       "world_size": self.world_size, "nodes": self.nodes},
+                       "world_size": self.world_size, "nodes": self.nodes, "groups": dict(self.groups)},
             "workload": dict(self.workload),
             "model": dict(self.model),
             "search": dict(self.search),
@@ -123,6 +124,9 @@ class Plan:
                 set=knobs(v.field(r, "set", rp, dict), f"{rp}.set", "collective"),
             ))
         hardware = v.mapping(v.field(target, "hardware", f"{path}.target", dict, {}), f"{path}.target.hardware")
+        groups = v.mapping(v.field(target, "groups", f"{path}.target", dict, {}), f"{path}.target.groups")
+        for role in groups:
+            v.field(groups, role, f"{path}.target.groups", int, minimum=1)
         validated = d.get("validated")
         if validated is not None:
             v.mapping(validated, f"{path}.validated")
@@ -139,6 +143,7 @@ class Plan:
             search=v.mapping(v.field(d, "search", path, dict, {}), f"{path}.search"),
             predicted=v.mapping(v.field(d, "predicted", path, dict, {}), f"{path}.predicted"),
             validated=validated,
+            groups={str(k): int(val) for k, val in groups.items()},
         )
 
 

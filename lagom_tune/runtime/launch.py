@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.errors import UserError
-from lagom_tune.plan.schema import Plan
+from lagom_tune.plan.schema import Plan, knob_space_for
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -68,7 +68,7 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
         want, have = plan.hardware.get("gpu"), torch.cuda.get_device_name()
         if want and want != have:
             raise UserError(f"the plan was made on {want}, this machine has {have}")
-    threads = plan.settings.process.get("threads")
+    threads = plan.settings.process.get("threads") if plan.backend == "gloo" else None
     cores = os.cpu_count() or 1
     if threads is not None and int(threads) > cores:
         raise UserError(f"the plan asks for {threads} threads per rank but this machine has {cores} cores")
@@ -82,12 +82,32 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
     return notes
 
 
-def plan_environment(plan: Plan, plan_path: Path, applied_dir: str, base: dict[str, str]) -> dict[str, str]:
-    """The variables `apply` sets: process-level settings, the plan's location, the shim's path."""
+def tuner_path(plan_path: Path) -> Path:
+    return plan_path.with_name(plan_path.stem + ".tuner.csv")
+
+
+def write_tuner_file(plan: Plan, plan_path: Path) -> Path | None:
+    """Render the plan's collective rules for NCCL's tuner plugin, beside the plan."""
+    if plan.backend != "nccl" or not plan.rules:
+        return None
+    from lagom_tune.runtime.nccl import tuner_csv
+
+    return atomic_write_text(tuner_path(plan_path), tuner_csv(plan))
+
+
+def plan_environment(plan: Plan, plan_path: Path, applied_dir: str, base: dict[str, str],
+                     tuner_plugin: str | None = None) -> dict[str, str]:
+    """The variables `apply` sets: process-level settings, the plan's location, the shim's path,
+    and for NCCL the tuner file (and plugin, when one is named)."""
     env = {"LAGOM_TUNE_PLAN": str(plan_path.resolve()), "LAGOM_TUNE_APPLIED_DIR": applied_dir}
-    threads = plan.settings.process.get("threads")
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)  # also stops torchrun from forcing its own value
+    if plan.backend == "nccl" and plan.rules:
+        env["NCCL_TUNER_CONFIG_FILE"] = str(tuner_path(plan_path).resolve())
+        if tuner_plugin:
+            env["NCCL_TUNER_PLUGIN"] = tuner_plugin
+    space = knob_space_for(plan.backend)
+    for name, value in plan.settings.process.items():
+        if space[name].env:  # e.g. OMP_NUM_THREADS (which also stops torchrun forcing 1), NCCL_NTHREADS
+            env[space[name].env] = str(value)
     paths = [str(SITE_DIR)] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
@@ -112,22 +132,37 @@ def merge_applied(applied_dir: str, out: Path) -> dict[str, dict]:
     return ranks
 
 
-def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None = None) -> ApplyResult:
+def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None = None,
+          tuner_plugin: str | None = None) -> ApplyResult:
     """Run ``cmd`` with the plan in effect; return its exit code and what each rank applied."""
     if not cmd:
         raise UserError("nothing to run: give the command after `--`, e.g. `lagom-tune apply plan.yaml -- torchrun ...`")
     check_fit(plan, cmd, dict(os.environ))
     applied_json = applied_json or plan_path.with_name("applied.json")
+    write_tuner_file(plan, plan_path)
     with tempfile.TemporaryDirectory(prefix="lagom-applied-") as applied_dir:
-        env = {**os.environ, **plan_environment(plan, plan_path, applied_dir, dict(os.environ))}
+        env = {**os.environ, **plan_environment(plan, plan_path, applied_dir, dict(os.environ), tuner_plugin)}
         try:
-            code = subprocess.call(cmd, env=env)
+            code = _run(cmd, env)
         except FileNotFoundError:
             raise UserError(f"command not found: {cmd[0]}") from None
         except PermissionError:
             raise UserError(f"command not executable: {cmd[0]}") from None
         ranks = merge_applied(applied_dir, applied_json)
     return ApplyResult(code, applied_json, ranks)
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the command; on Ctrl-C (which the command's process group also receives) wait for it to end."""
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
 
 
 def export_lines(env: dict[str, str]) -> str:

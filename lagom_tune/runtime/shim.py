@@ -21,6 +21,7 @@ from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.plan.schema import Plan, load_plan
 
 DDP_MODULE = "torch.nn.parallel.distributed"
+C10D_MODULE = "torch.distributed.distributed_c10d"
 DDP_ROLE = "dp"  # the plan communicator whose settings DDP's gradient reduction takes
 
 
@@ -139,11 +140,74 @@ class Shim:
         ddp.__init__ = __init__
 
 
+    # -- NCCL plans: environment, tuner rules, per-communicator Options ------------------------
+
+    def on_torch_nccl(self, torch) -> None:
+        tuner = os.environ.get("NCCL_TUNER_CONFIG_FILE")
+        if self.plan.rules:
+            ok = bool(tuner) and os.path.isfile(tuner)
+            self.record("collective_rules", len(self.plan.rules), ok,
+                        f"NCCL_TUNER_CONFIG_FILE={tuner}" + ("" if os.environ.get("NCCL_TUNER_PLUGIN") else
+                                                             " (NCCL reads it only with a tuner plugin: set NCCL_TUNER_PLUGIN)")
+                        if ok else "no tuner file in the environment (run under `lagom-tune apply`)")
+        for name, value in self.plan.settings.process.items():
+            var = {"threads": "NCCL_NTHREADS", "buffsize": "NCCL_BUFFSIZE"}.get(name)
+            if var:
+                self.record(name, value, os.environ.get(var) == str(value), f"{var} in the environment")
+
+    def on_c10d(self, c10d) -> None:
+        from lagom_tune.runtime import nccl
+
+        configs = nccl.communicator_configs(self.plan)
+        if not configs:
+            return
+        overridden = nccl.overriding_env(os.environ)
+        shim = self
+
+        def options_for(size: int, existing: Any):
+            cfg = nccl.role_for(configs, size)
+            if cfg is None:
+                return existing
+            if overridden:
+                shim.record(f"ctas[{cfg.role}]", f"{cfg.min_ctas}..{cfg.max_ctas}", False,
+                            f"{', '.join(overridden)} in the environment silently override every communicator's config")
+                return existing
+            opts = nccl.build_options(c10d.ProcessGroupNCCL.Options, cfg, existing)
+            shim.record(f"ctas[{cfg.role}]", f"{cfg.min_ctas}..{cfg.max_ctas}", True,
+                        f"ProcessGroupNCCL.Options for a group of {size} ranks")
+            return opts
+
+        def wrap(fn, size_of):
+            signature = inspect.signature(fn)
+
+            def wrapper(*args, **kwargs):
+                bound = signature.bind_partial(*args, **kwargs)
+                backend = str(bound.arguments.get("backend") or "")
+                if "nccl" in backend or (not backend and _cuda_available()):
+                    bound.arguments["pg_options"] = options_for(size_of(bound.arguments), bound.arguments.get("pg_options"))
+                return fn(*bound.args, **bound.kwargs)
+
+            wrapper.__wrapped__ = fn
+            return wrapper
+
+        world = lambda a: int(a.get("world_size") if a.get("world_size", -1) != -1 else os.environ.get("WORLD_SIZE", 0) or 0)
+        c10d.init_process_group = wrap(c10d.init_process_group, world)
+        c10d.new_group = wrap(c10d.new_group, lambda a: len(a["ranks"]) if a.get("ranks") else int(c10d.get_world_size()))
+
+
+def _cuda_available() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available())
+
+
 def install(plan_path: str, applied_dir: str | None = None) -> Shim:
     """Install the plan's settings in this process; returns the shim (its ``records`` say what happened)."""
     plan = load_plan(plan_path)
     shim = Shim(plan, plan_path, applied_dir)
-    hooks = {"torch": shim.on_torch, DDP_MODULE: shim.on_ddp}
+    if plan.backend == "nccl":
+        hooks = {"torch": shim.on_torch_nccl, C10D_MODULE: shim.on_c10d}
+    else:
+        hooks = {"torch": shim.on_torch, DDP_MODULE: shim.on_ddp}
     for name, hook in list(hooks.items()):
         if name in sys.modules:  # already imported (an explicit install() late in a script)
             hook(sys.modules[name])

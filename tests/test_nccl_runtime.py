@@ -1,0 +1,110 @@
+"""The NCCL deployment path, tested on CPU with fakes of the torch classes."""
+
+import types
+
+import pytest
+
+from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
+from lagom_tune.runtime import nccl
+from lagom_tune.runtime.shim import Shim
+from lagom_tune.search.space import Settings
+
+from conftest import cli
+
+PLAN = Plan(
+    backend="nccl", world_size=16, nodes=2, hardware={"gpu": "NVIDIA H100 80GB HBM3"}, groups={"dp": 16, "tp": 8},
+    settings=Settings({"threads": 256, "buffsize": 2 << 20}),
+    rules=(CollectiveRule("all_gather", "dp", 1 << 20, 1 << 28, {"algo": "ring", "proto": "simple", "channels": 2}),
+           CollectiveRule("reduce_scatter", "dp", 1 << 20, 1 << 28, {"algo": "ring", "proto": "ll128", "channels": 4}),
+           CollectiveRule("all_reduce", "tp", 1, 1 << 26, {"algo": "tree", "proto": "ll", "channels": 8})),
+)
+
+
+class FakeOptions:
+    def __init__(self):
+        self.config = types.SimpleNamespace(min_ctas=-1, max_ctas=-1)
+
+
+def fake_c10d():
+    calls = []
+    mod = types.SimpleNamespace(ProcessGroupNCCL=types.SimpleNamespace(Options=FakeOptions), calls=calls)
+
+    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None,
+                           group_name="", pg_options=None):
+        calls.append(("init", backend, world_size, pg_options))
+
+    def new_group(ranks=None, timeout=None, backend=None, pg_options=None):
+        calls.append(("new_group", backend, len(ranks or []), pg_options))
+
+    mod.init_process_group, mod.new_group, mod.get_world_size = init_process_group, new_group, lambda: 16
+    return mod
+
+
+def test_tuner_csv_has_one_line_per_rule():
+    lines = nccl.tuner_csv(PLAN).splitlines()
+    assert lines[0].startswith("# collective,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks")
+    assert lines[1:] == ["allgather,1048576,268435456,ring,simple,2,2,16",
+                         "reducescatter,1048576,268435456,ring,ll128,4,2,16",
+                         "allreduce,1,67108864,tree,ll,8,1,8"]
+
+
+def test_communicator_bounds_cover_every_rule_of_the_role():
+    cfgs = nccl.communicator_configs(PLAN)
+    assert (cfgs["dp"].min_ctas, cfgs["dp"].max_ctas, cfgs["dp"].ranks) == (2, 4, 16)
+    assert nccl.role_for(cfgs, 8).role == "tp" and nccl.role_for(cfgs, 3) is None
+
+
+def test_shim_injects_options_into_process_groups(tmp_path, monkeypatch):
+    monkeypatch.delenv("NCCL_MAX_CTAS", raising=False)
+    shim = Shim(PLAN, str(tmp_path / "p.yaml"), None)
+    c10d = fake_c10d()
+    shim.on_c10d(c10d)
+    c10d.init_process_group("nccl", world_size=16, rank=0)
+    c10d.new_group(ranks=list(range(8)), backend="nccl")
+    c10d.new_group(ranks=[0, 1, 2], backend="nccl")  # no role of 3 ranks: left alone
+    c10d.init_process_group("gloo", world_size=16)  # not NCCL: left alone
+    (_, _, _, world_opts), (_, _, _, tp_opts), (_, _, _, none), (_, _, _, gloo) = c10d.calls
+    assert (world_opts.config.min_ctas, world_opts.config.max_ctas) == (2, 4)
+    assert (tp_opts.config.min_ctas, tp_opts.config.max_ctas) == (8, 8)
+    assert none is None and gloo is None
+    assert [r["setting"] for r in shim.records] == ["ctas[dp]", "ctas[tp]"]
+
+
+def test_the_users_own_options_are_kept_and_bounded(tmp_path):
+    shim = Shim(PLAN, str(tmp_path / "p.yaml"), None)
+    c10d = fake_c10d()
+    shim.on_c10d(c10d)
+    mine = FakeOptions()
+    mine.is_high_priority_stream = True
+    c10d.init_process_group(backend="nccl", world_size=16, pg_options=mine)
+    assert c10d.calls[0][3] is mine and mine.config.max_ctas == 4 and mine.is_high_priority_stream
+
+
+def test_environment_overrides_are_reported_not_hidden(tmp_path, monkeypatch):
+    monkeypatch.setenv("NCCL_MAX_CTAS", "32")
+    shim = Shim(PLAN, str(tmp_path / "p.yaml"), None)
+    c10d = fake_c10d()
+    shim.on_c10d(c10d)
+    c10d.init_process_group("nccl", world_size=16)
+    assert c10d.calls[0][3] is None
+    (rec,) = shim.records
+    assert not rec["applied"] and "NCCL_MAX_CTAS" in rec["how"]
+
+
+def test_dry_run_shows_options_environment_and_tuner_csv(tmp_path):
+    plan = PLAN.save(tmp_path / "nccl.yaml")
+    assert load_plan(plan).to_dict() == PLAN.to_dict()
+    r = cli("apply", plan, "--dry-run", "--tuner-plugin", "libnccl-tuner.so", "--", "torchrun", "--nnodes", "2",
+            "--nproc-per-node", "8", "train.py")
+    out = r.stdout + r.stderr
+    assert "NCCL_NTHREADS=256" in out and "NCCL_BUFFSIZE=2097152" in out and "NCCL_TUNER_PLUGIN=libnccl-tuner.so" in out
+    assert "config.min_ctas=2, config.max_ctas=4" in out and "allgather,1048576,268435456,ring,simple,2,2,16" in out
+
+
+def test_an_nccl_plan_is_refused_without_a_gpu(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    plan = PLAN.save(tmp_path / "nccl.yaml")
+    r = cli("apply", plan, "--", "true")
+    assert r.returncode == 2 and "no CUDA GPU" in r.stderr
