@@ -196,4 +196,7 @@ def fit_run(run) -> FitResult:
     device = {"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]} if fp.get("backend") in ("sim", "nccl") else None
     result = fit_model(df, device=device, simulated=simulated)
     write_yaml(run.model_path, result.to_dict(len(df), simulated))
+    from lagom_tune.model.plots import write_fit_plots
+
+    write_fit_plots(run.path, df, result.model, simulated)
     return result

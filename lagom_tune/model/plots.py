@@ -1,0 +1,53 @@
+"""Pictures of a fit, written into the run folder: measured vs predicted, and GEMM slowdown vs channels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from lagom_tune.model.contention import CostModel
+
+
+def write_fit_plots(run_dir: Path, df: pd.DataFrame, model: CostModel, simulated: bool) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lagom_tune.model.fit import _points, _predict
+
+    tag = " (SIMULATED)" if simulated else ""
+    pts = _points(df)
+    out = []
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for kind, rows in pts.groupby("kind"):
+        col = "window_us" if kind == "overlap" else "time_us"
+        pred = [_predict(model, r)[col] for _, r in rows.iterrows()]
+        ax.scatter(rows[col], pred, s=8, alpha=0.6, label=f"{kind} ({col})")
+    lo, hi = pts["time_us"].min() * 0.8, pts[["time_us"] + (["window_us"] if "window_us" in pts else [])].max().max() * 1.2
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="measured µs", ylabel="predicted µs", title=f"fit: measured vs predicted{tag}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = run_dir / "fit.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    out.append(path)
+
+    over = pts[pts["kind"] == "overlap"]
+    x_col = "channels" if "channels" in over and over["channels"].notna().any() else "threads"
+    if not over.empty and x_col in over:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        over = over.assign(slowdown=over["time_us"] / over["compute_alone_us"])
+        for shape, rows in over.groupby("gemm"):
+            series = rows.groupby(x_col)["slowdown"].median()
+            ax.plot(series.index, series.values, marker="o", ms=3, lw=1, label=shape)
+        ax.set(xlabel=x_col, ylabel="GEMM stream time, overlapped / alone", title=f"computation slowdown beside a collective{tag}")
+        ax.legend(fontsize=6, ncol=2)
+        fig.tight_layout()
+        path = run_dir / "slowdown.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        out.append(path)
+    return out
