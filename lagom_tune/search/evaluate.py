@@ -35,6 +35,9 @@ class ModelEvaluator:
         self.model = model
         self.evaluations = 0
         self._cache: dict[tuple, Evaluation] = {}
+        # Per-group timelines, keyed by what the group's time depends on: a change to one
+        # collective's settings replays only the groups that hold it.
+        self._groups: dict[tuple, Timeline] = {}
 
     def __call__(self, settings: Settings) -> Evaluation:
         key = settings.key
@@ -42,6 +45,18 @@ class ModelEvaluator:
             self.evaluations += 1
             self._cache[key] = self._evaluate(settings)
         return self._cache[key]
+
+    def _play(self, g: OverlapGroup, proc: dict, cfg: list[dict]) -> Timeline:
+        model = self.model
+        y = [model.compute_time(op, proc) for op in g.compute]
+        x = [model.comm_time(c, s) for c, s in zip(g.comm, cfg)]
+        cfg_of = {c.name: s for c, s in zip(g.comm, cfg)}
+
+        def slowdowns(gemm, coll):
+            s = cfg_of[coll.name]
+            return model.compute_slowdown(gemm, coll, s), model.comm_slowdown(coll, gemm, s)
+
+        return simulate(g.compute, y, g.comm, x, slowdowns)
 
     def _evaluate(self, settings: Settings) -> Evaluation:
         model = self.model
@@ -54,16 +69,11 @@ class ModelEvaluator:
         for group in self.workload.groups:
             g = bucket_group(group, caps) if caps else group
             proc = dict(settings.process)
-            y = [model.compute_time(op, proc) for op in g.compute]
             cfg = [settings.for_collective(c) for c in g.comm]
-            x = [model.comm_time(c, s) for c, s in zip(g.comm, cfg)]
-            cfg_of = {c.name: s for c, s in zip(g.comm, cfg)}
-
-            def slowdowns(gemm, coll, _cfg=cfg_of):
-                s = _cfg[coll.name]
-                return model.compute_slowdown(gemm, coll, s), model.comm_slowdown(coll, gemm, s)
-
-            tl = simulate(g.compute, y, g.comm, x, slowdowns)
+            key = (id(group), tuple(sorted(proc.items())), tuple((c, tuple(sorted(s.items()))) for c, s in zip(g.comm, cfg)))
+            tl = self._groups.get(key)
+            if tl is None:
+                tl = self._groups[key] = self._play(g, proc, cfg)
             timelines.append((g, tl))
             total += g.repeat * tl.makespan
             y_tot += g.repeat * tl.compute_time

@@ -76,10 +76,9 @@ class Settings:
 
     @property
     def key(self) -> tuple:
-        def freeze(m: Mapping) -> tuple:
-            return tuple(sorted((k, freeze(v) if isinstance(v, Mapping) else v) for k, v in m.items()))
-
-        return freeze(self.process), freeze(self.communicators), freeze(self.collectives)
+        """Hashable identity (evaluation cache key); flat, since it is computed per evaluation."""
+        nested = lambda m: tuple(sorted((k, tuple(sorted(v.items()))) for k, v in m.items()))  # noqa: E731
+        return tuple(sorted(self.process.items())), nested(self.communicators), nested(self.collectives)
 
     @classmethod
     def from_assignment(cls, assignment: Mapping[str, Any], vars_: list[Var]) -> "Settings":

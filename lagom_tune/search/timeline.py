@@ -9,6 +9,7 @@ collective with ``after = i`` waits until computation ``i`` has finished.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Sequence
 
 from lagom_tune.workload.spec import Collective, Gemm
@@ -36,12 +37,12 @@ class Timeline:
     y_alone: float  # sum of computation times alone
     x_alone: float  # sum of collective times alone
 
-    @property
+    @cached_property
     def compute_time(self) -> float:
         """Y: total time computations took, contention included."""
         return sum(s.duration for s in self.spans if s.stream == "compute")
 
-    @property
+    @cached_property
     def comm_time(self) -> float:
         """X: total time collectives took, contention included."""
         return sum(s.duration for s in self.spans if s.stream == "comm")

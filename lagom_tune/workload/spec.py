@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ class Collective:
     nodes: int = 1
     after: int | None = None
 
-    @property
+    @cached_property
     def rule_key(self) -> str:
         """What a per-collective setting can be keyed on at run time: NCCL's tuner sees the op,
         the communicator and the size, never the caller's name, so collectives alike in all three
