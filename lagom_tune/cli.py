@@ -100,11 +100,14 @@ def search(
     seed: int = typer.Option(0, help="Optuna sampler seed."),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL, e.g. sqlite:///study.db (resumable)."),
     study_name: Optional[str] = typer.Option(None, help="Optuna study name (resume with the same name)."),
+    multi_objective: bool = typer.Option(False, "--multi-objective",
+                                         help="Optuna: iteration time vs SMs for communication; the plan records the Pareto front."),
+    validate: int = typer.Option(0, "--validate", help="Measure default and plan on the backend, N interleaved repeats each."),
 ) -> None:
     """Search the fitted model for the settings that finish an iteration first; write a plan."""
     from lagom_tune.plan.build import plan_from_run
 
-    opts = dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name)
+    opts = dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name, multi_objective=multi_objective)
     if compare:
         from lagom_tune.model.contention import load_model
         from lagom_tune.plan.schema import knob_space_for
@@ -122,7 +125,9 @@ def search(
         return
     if out is None:
         raise UserError("--out PLAN.yaml is required (or use --compare)")
-    plan, _ = plan_from_run(run_dir, optimizer, **opts)
+    if validate < 0:
+        raise UserError("--validate must be >= 0")
+    plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, **opts)
     plan.save(out)
     if as_json:
         print(json.dumps({"plan": str(out), **plan.to_dict()}, indent=1))

@@ -71,8 +71,10 @@ def prediction_table(plan: Plan) -> Table:
     if "bound_ms" in plan.predicted:
         t.add_row("contention-free bound", f"{plan.predicted['bound_ms']:.2f}", "")
     if plan.validated:
+        kind = "simulated" if plan.validated.get("simulated") else "measured"
+        vbase = plan.validated.get("iteration_ms", {}).get("default")
         for name, ms in plan.validated.get("iteration_ms", {}).items():
-            t.add_row(f"measured {name}", f"{ms:.2f}", "")
+            t.add_row(f"{kind} {name} (replay)", f"{ms:.2f}", f"{vbase / ms:.3f}×" if vbase and ms else "")
     return t
 
 

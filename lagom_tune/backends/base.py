@@ -75,12 +75,13 @@ class KnobSpace:
 class Point:
     """One thing to measure: an isolated GEMM, an isolated collective, or the two overlapped."""
 
-    kind: str  # "gemm" | "collective" | "overlap"
+    kind: str  # "gemm" | "collective" | "overlap" | "iteration" (a whole workload replayed)
     config: tuple[tuple[str, Any], ...]
     gemm: Gemm | None = None
     op: str | None = None
     nbytes: int = 0
     ranks: int = 1
+    workload: Workload | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:

@@ -301,4 +301,45 @@ def _overlap_rows(point: Point, repeats: int, dist) -> list[dict]:
     return rows
 
 
-MEASURE = {"gemm": _gemm_rows, "collective": _coll_rows, "overlap": _overlap_rows}
+def _iteration_rows(point: Point, repeats: int, dist) -> list[dict]:
+    """Replay the whole workload under the point's settings: GEMMs on this thread, collectives in
+    order on another, each waiting for the GEMM that readies it. Returns iteration times."""
+    import threading
+
+    from lagom_tune.search.space import settings_from_items
+
+    settings = settings_from_items(point.config)
+    caps = {g: kv["bucket_cap_mb"] for g, kv in settings.communicators.items() if "bucket_cap_mb" in kv}
+    groups = [bucket_group(g, caps) for g in point.workload.groups]
+    operands = {g.shape_key: _operands(g) for grp in groups for g in grp.compute}
+    buffers = {c.nbytes: _buffer(c.nbytes) for grp in groups for c in grp.comm}
+
+    def play(grp) -> float:
+        ready = [threading.Event() for _ in grp.compute]
+
+        def communicate() -> None:
+            for c in grp.comm:
+                if c.after is not None:
+                    ready[c.after].wait()
+                dist.all_reduce(buffers[c.nbytes]) if c.op == "all_reduce" else dist.broadcast(buffers[c.nbytes], 0)
+
+        dist.barrier()
+        t0 = time.perf_counter()
+        comm = threading.Thread(target=communicate)
+        comm.start()
+        for i, g in enumerate(grp.compute):
+            torch.matmul(*operands[g.shape_key])
+            ready[i].set()
+        comm.join()
+        return time.perf_counter() - t0
+
+    for grp in groups:  # warm-up
+        play(grp)
+    rows = []
+    for _ in range(repeats):
+        total = sum(grp.repeat * play(grp) for grp in groups) + point.workload.exposed_ms / 1e3
+        rows.append({"time_us": total * 1e6})
+    return rows
+
+
+MEASURE = {"gemm": _gemm_rows, "collective": _coll_rows, "overlap": _overlap_rows, "iteration": _iteration_rows}

@@ -37,7 +37,8 @@ def build_plan(workload: Workload, run_dir: Path, meta: dict[str, Any], accuracy
         workload={"name": workload.name, "digest": workload.digest},
         model={"run": str(run_dir), "family": family, "mape": accuracy.get("mape", {})},
         search={"optimizer": chosen.optimizer, "evaluations": chosen.evaluations, "seconds": round(chosen.seconds, 4),
-                **({"kept_default": chosen.extra["kept_default"]} if "kept_default" in chosen.extra else {})},
+                **({"kept_default": chosen.extra["kept_default"]} if "kept_default" in chosen.extra else {}),
+                **({"pareto": chosen.extra["pareto"]} if "pareto" in chosen.extra else {})},
         predicted={
             "iteration_ms": {
                 "default": round(outcome.default.evaluation.iteration_s * 1e3, 3),
@@ -50,7 +51,7 @@ def build_plan(workload: Workload, run_dir: Path, meta: dict[str, Any], accuracy
     )
 
 
-def plan_from_run(run_dir: str | Path, optimizer: str, **options: Any) -> tuple[Plan, SearchOutcome]:
+def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0, **options: Any) -> tuple[Plan, SearchOutcome]:
     """Read a profiled run folder (workload, fingerprint, fitted model) and search it."""
     from lagom_tune.errors import UserError
     from lagom_tune.model.contention import load_model
@@ -65,4 +66,13 @@ def plan_from_run(run_dir: str | Path, optimizer: str, **options: Any) -> tuple[
     model, accuracy = load_model(run.model_path)
     workload = run.workload()
     outcome = search(workload, model, knob_space_for(meta["fingerprint"]["backend"], meta["fingerprint"]), optimizer, **options)
-    return build_plan(workload, run.path, meta, accuracy, model.family, outcome), outcome
+    plan = build_plan(workload, run.path, meta, accuracy, model.family, outcome)
+    if validate_repeats:
+        from dataclasses import replace
+
+        from lagom_tune.plan.validate import validate
+
+        measured = validate(workload, meta["fingerprint"], {"default": outcome.default.settings, "plan": outcome.chosen.settings},
+                            validate_repeats)
+        plan = replace(plan, validated=measured)
+    return plan, outcome

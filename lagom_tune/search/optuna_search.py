@@ -18,14 +18,27 @@ from lagom_tune.search.result import SearchResult
 from lagom_tune.search.space import Settings, Var, default_assignment
 
 
+def comm_sms(settings: Settings) -> int:
+    """SMs given to communication: the most channels any collective may hold at once."""
+    return max((int(s.get("channels", 0)) for s in settings.collectives.values()), default=0)
+
+
 def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int = 200, timeout: float | None = None,
-                  seed: int = 0, storage: str | None = None, study_name: str | None = None,
+                  seed: int = 0, storage: str | None = None, study_name: str | None = None, multi_objective: bool = False,
                   on_trial: Callable[[int, int], None] | None = None, **_) -> SearchResult:
+    """TPE over every variable; with ``multi_objective``, NSGA-II over (iteration time, SMs given to
+    communication), returning the fastest plan and the Pareto front in ``extra["pareto"]``."""
     t0, start = time.perf_counter(), evaluate.evaluations
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if multi_objective and not any(v.knob.name == "channels" for v in vars_):
+        raise UserError("--multi-objective trades iteration time against SMs for communication: it needs a GPU backend (sim or nccl)")
     try:
-        study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed),
-                                    storage=storage, study_name=study_name, load_if_exists=True)
+        if multi_objective:
+            study = optuna.create_study(directions=["minimize", "minimize"], sampler=optuna.samplers.NSGAIISampler(seed=seed),
+                                        storage=storage, study_name=study_name, load_if_exists=True)
+        else:
+            study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed),
+                                        storage=storage, study_name=study_name, load_if_exists=True)
     except (ValueError, ImportError) as e:
         raise UserError(f"cannot open the Optuna storage {storage!r}: {e}") from None
     if not study.trials:  # a resumed study already holds its seeds
@@ -33,15 +46,24 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
         seed_lagom = lagom_search(evaluate, vars_)
         study.enqueue_trial(_assignment_of(seed_lagom.settings, vars_))
 
-    def objective(trial: optuna.Trial) -> float:
+    def objective(trial: optuna.Trial):
         assignment = {v.key: trial.suggest_categorical(v.key, list(v.domain)) for v in vars_}
-        return evaluate(Settings.from_assignment(assignment, vars_)).iteration_s
+        settings = Settings.from_assignment(assignment, vars_)
+        seconds = evaluate(settings).iteration_s
+        return (seconds, comm_sms(settings)) if multi_objective else seconds
 
     callbacks = [lambda st, tr: on_trial(len(st.trials), n_trials)] if on_trial else []
     study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks)
-    best = Settings.from_assignment({v.key: study.best_params[v.key] for v in vars_}, vars_)
-    return SearchResult("optuna", best, evaluate(best), evaluate.evaluations - start, time.perf_counter() - t0,
-                        {"trials": len(study.trials), "study": study.study_name})
+    extra: dict = {"trials": len(study.trials), "study": study.study_name}
+    if multi_objective:
+        front = sorted(study.best_trials, key=lambda t: t.values[0])
+        points = {(round(t.values[0] * 1e3, 4), int(t.values[1])) for t in front}
+        extra["pareto"] = [{"iteration_ms": ms, "comm_sms": sms} for ms, sms in sorted(points)]
+        params = front[0].params
+    else:
+        params = study.best_params
+    best = Settings.from_assignment({v.key: params[v.key] for v in vars_}, vars_)
+    return SearchResult("optuna", best, evaluate(best), evaluate.evaluations - start, time.perf_counter() - t0, extra)
 
 
 def _assignment_of(settings: Settings, vars_: list[Var]) -> dict:

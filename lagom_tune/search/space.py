@@ -103,3 +103,23 @@ def default_assignment(vars_: list[Var]) -> dict[str, Any]:
 def min_comm_assignment(vars_: list[Var]) -> dict[str, Any]:
     """Every knob at communication's minimum: where the Lagom search starts."""
     return {v.key: (v.knob.default if v.categorical else v.comm_order()[0]) for v in vars_}
+
+
+def settings_items(s: Settings) -> tuple[tuple[str, Any], ...]:
+    """Flat ``(scope.target.knob, value)`` pairs: settings as a measurement point's config."""
+    items = [(f"process..{k}", v) for k, v in sorted(s.process.items())]
+    items += [(f"communicator.{g}.{k}", v) for g, kv in sorted(s.communicators.items()) for k, v in sorted(kv.items())]
+    items += [(f"collective.{c}.{k}", v) for c, kv in sorted(s.collectives.items()) for k, v in sorted(kv.items())]
+    return tuple(items)
+
+
+def settings_from_items(items) -> Settings:
+    out: dict[str, dict] = {"process": {}, "communicator": {}, "collective": {}}
+    for name, value in items:
+        scope, rest = name.split(".", 1)
+        target, knob = rest.rsplit(".", 1)
+        if scope == "process":
+            out["process"][knob] = value
+        else:
+            out[scope].setdefault(target, {})[knob] = value
+    return Settings(out["process"], out["communicator"], out["collective"])

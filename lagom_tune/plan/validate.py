@@ -1,0 +1,42 @@
+"""`search --validate N`: measure the default settings and the plan on the backend, interleaved."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from lagom_tune.backends.base import BackendOptions, Point, get_backend
+from lagom_tune.search.space import Settings, settings_items
+from lagom_tune.workload.spec import Workload
+
+
+def backend_from_fingerprint(fp: dict[str, Any]):
+    """The backend that produced a run folder, rebuilt from its fingerprint."""
+    return get_backend(fp["backend"], BackendOptions(
+        ranks=int(fp.get("ranks", 2)) if fp["backend"] == "gloo" else 2, hardware=fp.get("cluster"),
+        nodes=int(fp.get("nodes", 1)), seed=int(fp.get("seed") or 0), noise=float(fp.get("noise") or 0.0),
+        extra={"ib_gbps": fp.get("ib_gbps") or 400}))
+
+
+def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[str, Settings], repeats: int) -> dict[str, Any]:
+    """Iteration time of each candidate, ``repeats`` rounds interleaved (d, p, d, p, ...)."""
+    backend = backend_from_fingerprint(fingerprint)
+    ranks = workload.world_size
+    points = [Point("iteration", settings_items(s), ranks=ranks, workload=workload)
+              for _ in range(repeats) for s in candidates.values()]
+    names = [name for _ in range(repeats) for name in candidates]
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    order = iter(names)
+    backend.measure(points, 1, lambda p, rows: times[next(order)].append(rows[0]["time_us"] / 1e3))
+    med = {name: round(statistics.median(t), 3) for name, t in times.items()}
+    out = {
+        "method": f"{'simulated' if backend.simulated else 'measured'} replay of the workload on {backend.name}, "
+                  f"{repeats} interleaved repeats",
+        "simulated": backend.simulated,
+        "repeats": repeats,
+        "iteration_ms": med,
+        "spread_ms": {name: [round(min(t), 3), round(max(t), 3)] for name, t in times.items()},
+    }
+    if "default" in med and "plan" in med and med["plan"] > 0:
+        out["speedup"] = round(med["default"] / med["plan"], 4)
+    return out
