@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU wheel of torch lies on this machine; an unpinned torch would pull a CUDA build.
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,bench]"
 	touch $(STAMP)
 
 demo: $(STAMP)

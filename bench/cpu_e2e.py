@@ -39,6 +39,25 @@ def run_once(plan: Path | None, steps: int, ranks: int, extra_env: dict[str, str
     return out
 
 
+def measure_grid(plan_path: Path, steps: int, ranks: int) -> dict[int, float]:
+    """Median step time for each bucket cap of the gloo knob space, the plan's other settings kept."""
+    import dataclasses
+
+    from lagom_tune.backends.gloo import BUCKET_CAPS_MB
+    from lagom_tune.plan.schema import load_plan
+    from lagom_tune.search.space import Settings
+
+    plan = load_plan(plan_path)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for cap in BUCKET_CAPS_MB:
+            variant = dataclasses.replace(plan, settings=Settings(plan.settings.process, {"dp": {"bucket_cap_mb": cap}}))
+            path = variant.save(Path(tmp) / f"cap{cap}.yaml")
+            out[cap] = run_once(path, steps, ranks, {})["median_step_ms"]
+            print(f"grid bucket_cap_mb={cap:3d}: {out[cap]:.2f} ms", flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--plan", type=Path, required=True)
@@ -46,6 +65,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu_e2e.md")
+    p.add_argument("--grid", action="store_true", help="also measure every bucket cap (plan's threads), to show the plan's gap to the measured best")
     args = p.parse_args()
 
     runs: dict[str, list[dict]] = {"default": [], "plan": []}
@@ -80,6 +100,13 @@ def main() -> None:
     if same:
         lines += ["The plan keeps the default settings (the model predicts no gain), so the two rows run the same",
                   "configuration and their difference is run-to-run noise on this machine.", ""]
+    if args.grid:
+        grid = measure_grid(args.plan, args.steps, args.ranks)
+        best_cap, best_ms = min(grid.items(), key=lambda kv: kv[1])
+        lines += ["## Measured grid (one run each, same steps)", "", "| bucket_cap_mb | median step ms |", "|---:|---:|"]
+        lines += [f"| {cap} | {ms:.2f} |" for cap, ms in grid.items()]
+        lines += ["", f"Best measured: bucket_cap_mb={best_cap} at {best_ms:.2f} ms; the plan's median is "
+                      f"{p_[0] / best_ms:.3f}× that (1.000 = the plan found the measured optimum; single runs are noisy).", ""]
     text = "\n".join(lines)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

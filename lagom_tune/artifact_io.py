@@ -22,6 +22,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make shared plans unreadable to others
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -83,7 +83,8 @@ def profile(
         task = bar.add_task(f"profile {w.name} on {backend}{' (simulated)' if b.simulated else ''}", total=None)
         run = run_profile(w, b, out, repeats=repeats,
                           progress=lambda done, total, what: bar.update(task, completed=done, total=total))
-    fit = fit_run(run)
+        fitting = bar.add_task("fit model (k-fold)", total=None)
+        fit = fit_run(run, progress=lambda done, total: bar.update(fitting, completed=done, total=total))
     render.console.print(f"[green]profiled[/] {run.path}{render.simulated_tag(b.simulated)} · model MAPE "
                          + ", ".join(f"{k} {v:.1%}" for k, v in fit.mape.items()))
 
@@ -107,7 +108,14 @@ def search(
     """Search the fitted model for the settings that finish an iteration first; write a plan."""
     from lagom_tune.plan.build import plan_from_run
 
-    opts = dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name, multi_objective=multi_objective)
+    bar = _progress()
+    trials = bar.add_task("optuna trials", total=n_trials, visible=False)
+
+    def on_trial(done: int, total: int) -> None:
+        bar.update(trials, completed=min(done, total), visible=True)
+
+    opts = dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name,
+                multi_objective=multi_objective, on_trial=None if as_json else on_trial)
     if compare:
         from lagom_tune.model.contention import load_model
         from lagom_tune.plan.schema import knob_space_for
@@ -117,7 +125,8 @@ def search(
         run = open_run(run_dir)
         meta = run.read_meta()
         model, _ = load_model(run.model_path)
-        rows = render.compare_rows(compare_all(run.workload(), model, knob_space_for(meta["fingerprint"]["backend"], meta["fingerprint"]), **opts))
+        with bar:
+            rows = render.compare_rows(compare_all(run.workload(), model, knob_space_for(meta["fingerprint"]["backend"], meta["fingerprint"]), **opts))
         if as_json:
             print(json.dumps([{**r, "simulated": bool(meta.get("simulated"))} for r in rows], indent=1))
         else:
@@ -127,7 +136,8 @@ def search(
         raise UserError("--out PLAN.yaml is required (or use --compare)")
     if validate < 0:
         raise UserError("--validate must be >= 0")
-    plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, **opts)
+    with bar:
+        plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, **opts)
     plan.save(out)
     if as_json:
         print(json.dumps({"plan": str(out), **plan.to_dict()}, indent=1))
@@ -223,6 +233,17 @@ def show(
         print(json.dumps(w.to_dict(), indent=1)) if as_json else [render.console.print(t) for t in render.workload_tables(w)]
     else:
         raise UserError(f"{path}: not a plan, workload or run folder (kind: {kind!r})")
+
+
+@app.command()
+def report(
+    target: Path = typer.Argument(..., help="A run folder or a plan YAML."),
+    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write."),
+) -> None:
+    """One self-contained HTML page: fit pictures, accuracy, and for a plan a before/after timeline."""
+    from lagom_tune.report import write_report
+
+    render.console.print(f"[green]wrote[/] {write_report(target, out)}")
 
 
 @workload_app.command("list")

@@ -8,7 +8,7 @@ point that was also in the training set.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -98,8 +98,10 @@ def _predict(model: CostModel, row: pd.Series) -> dict[str, float]:
     settings = _row_settings(row)
     if row["kind"] == "gemm":
         return {"time_us": model.compute_time(_gemm_of(row), settings) * 1e6}
-    nodes = int(row["nodes"]) if "nodes" in row and not pd.isna(row["nodes"]) else 1
-    coll = Collective("c", str(row["op"]), int(row["nbytes"]), ranks=int(row["ranks"]), nodes=nodes)
+    def col(name: str, default: int) -> int:
+        return int(row[name]) if name in row and not pd.isna(row[name]) else default
+
+    coll = Collective("c", str(row["op"]), int(row["nbytes"]), ranks=col("ranks", 2), nodes=col("nodes", 1))
     if row["kind"] == "collective":
         return {"time_us": model.comm_time(coll, settings) * 1e6}
     g = _gemm_of(row)
@@ -139,7 +141,7 @@ class FitResult:
 
 
 def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulated: bool = False,
-              folds: int = 5, seed: int = 0) -> FitResult:
+              folds: int = 5, seed: int = 0, progress: Callable[[int, int], None] | None = None) -> FitResult:
     """Fit on all points; report MAPE of ``folds``-fold held-out predictions per op kind.
 
     ``device`` (with ``sms`` and ``hbm_GBps``) selects the GPU family (Lagom's model); without it
@@ -156,7 +158,10 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
 
         return fit_gpu(train, device, simulated)
 
+    tick = progress or (lambda done, total: None)
+    tick(0, folds + 1)
     model = fit(pts)
+    tick(1, folds + 1)
     rng = np.random.default_rng(seed)
     fold_of = pd.Series(0, index=pts.index)
     for _, idx in pts.groupby("kind").groups.items():  # stratified: every fold sees every kind
@@ -171,6 +176,8 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
             fold_model = fit(train)
         except UserError:
             continue
+        finally:
+            tick(f + 2, folds + 1)
         for _, row in test.iterrows():
             try:
                 pred = _predict(fold_model, row)
@@ -185,7 +192,7 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     return FitResult(model, mape, folds, counts)
 
 
-def fit_run(run) -> FitResult:
+def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResult:
     """Fit the run folder's measurements and write ``model.yaml`` beside them."""
     from lagom_tune.artifact_io import write_yaml
 
@@ -194,7 +201,7 @@ def fit_run(run) -> FitResult:
     simulated = bool(meta.get("simulated", False))
     fp = meta["fingerprint"]
     device = {"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]} if fp.get("backend") in ("sim", "nccl") else None
-    result = fit_model(df, device=device, simulated=simulated)
+    result = fit_model(df, device=device, simulated=simulated, progress=progress)
     write_yaml(run.model_path, result.to_dict(len(df), simulated))
     from lagom_tune.model.plots import write_fit_plots
 

@@ -25,6 +25,7 @@ def comm_sms(settings: Settings) -> int:
 
 def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int = 200, timeout: float | None = None,
                   seed: int = 0, storage: str | None = None, study_name: str | None = None, multi_objective: bool = False,
+                  enqueue_lagom: bool = True,
                   on_trial: Callable[[int, int], None] | None = None, **_) -> SearchResult:
     """TPE over every variable; with ``multi_objective``, NSGA-II over (iteration time, SMs given to
     communication), returning the fastest plan and the Pareto front in ``extra["pareto"]``."""
@@ -43,8 +44,8 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
         raise UserError(f"cannot open the Optuna storage {storage!r}: {e}") from None
     if not study.trials:  # a resumed study already holds its seeds
         study.enqueue_trial(default_assignment(vars_))
-        seed_lagom = lagom_search(evaluate, vars_)
-        study.enqueue_trial(_assignment_of(seed_lagom.settings, vars_))
+        if enqueue_lagom:
+            study.enqueue_trial(_assignment_of(lagom_search(evaluate, vars_).settings, vars_))
 
     def objective(trial: optuna.Trial):
         assignment = {v.key: trial.suggest_categorical(v.key, list(v.domain)) for v in vars_}

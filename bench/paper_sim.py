@@ -1,0 +1,166 @@
+"""Reproduce the Lagom evaluation (its Table 2 workloads) on SIMULATED clusters.
+
+For each cluster and workload: profile the simulator (2% noise), fit the model, search with the
+default, AutoCCL-style and Lagom optimizers, and replay default and plan on the simulator's own
+ground truth. Also: how many evaluations each optimizer needs to get within 1% of the best plan
+known (the best of all optimizers, Optuna run long). Every number here is SIMULATED.
+
+    python bench/paper_sim.py [--clusters a40-nvlink a40-pcie h100-nvlink h200-nvlink] [--optuna-trials 1500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from lagom_tune.backends.base import BackendOptions, get_backend
+from lagom_tune.model.fit import fit_run
+from lagom_tune.plan.schema import knob_space_for
+from lagom_tune.plan.validate import validate
+from lagom_tune.profile.campaign import run_profile
+from lagom_tune.search.evaluate import ModelEvaluator
+from lagom_tune.search.run import OPTIMIZERS
+from lagom_tune.search.space import variables
+from lagom_tune.workload.presets import TABLE2, build_preset
+
+ROOT = Path(__file__).resolve().parents[1]
+# The paper's clusters were 2 nodes x 8 GPUs; FSDP and TP+DP workloads use all 16, EP uses one node.
+WORKLOADS = ["phi-2-fsdp16", "llama3-8b-fsdp16", "mpt-7b-fsdp16", "phi-2-tp8-dp2", "llama3-8b-tp8-dp2", "mpt-7b-tp8-dp2",
+             "deepseek-moe-16b-ep8", "olmoe-1b-7b-ep8"]
+PAPER = "Lagom paper: 1.07-1.33x over NCCL, 1.03-1.27x over AutoCCL (measured on 16 A40s)"
+
+
+def within_1pct(history: list[float], best: float) -> int | None:
+    """First evaluation count at which the best-so-far is within 1% of ``best``."""
+    so_far = float("inf")
+    for i, t in enumerate(history, 1):
+        so_far = min(so_far, t)
+        if so_far <= best * 1.01:
+            return i
+    return None
+
+
+class Recording(ModelEvaluator):
+    """An evaluator that remembers the iteration time of each new evaluation, in order."""
+
+    def __init__(self, workload, model):
+        super().__init__(workload, model)
+        self.history: list[float] = []
+
+    def _evaluate(self, settings):
+        ev = super()._evaluate(settings)
+        self.history.append(ev.iteration_s)
+        return ev
+
+
+def run_one(cluster: str, name: str, trials: int, work: Path) -> dict:
+    w = build_preset(name)
+    backend = get_backend("sim", BackendOptions(hardware=cluster, nodes=max(1, w.world_size // 8), noise=0.02, seed=0))
+    t0 = time.perf_counter()
+    run = run_profile(w, backend, work / f"{cluster}-{name}", repeats=3)
+    fit = fit_run(run)
+    fit_s = time.perf_counter() - t0
+    fp = run.read_meta()["fingerprint"]
+    vars_ = variables(w, knob_space_for("sim", fp))
+    res, hist = {}, {}
+    for opt in ("default", "autoccl", "lagom", "optuna"):
+        ev = Recording(w, fit.model)
+        # Optuna unseeded here, so its count is its own (the CLI seeds it with the Lagom result).
+        res[opt] = OPTIMIZERS[opt](ev, vars_, n_trials=trials, seed=0, enqueue_lagom=False)
+        hist[opt] = ev.history
+    best = min(r.evaluation.iteration_s for r in res.values())
+    replay = validate(w, fp, {"default": res["default"].settings, "autoccl": res["autoccl"].settings, "plan": res["lagom"].settings}, 3)
+    d = res["default"].evaluation.iteration_s
+    row = {
+        "cluster": cluster, "workload": name, "fit_s": round(fit_s, 1),
+        "mape_window": round(fit.mape.get("overlap_window", float("nan")), 4),
+        "default_ms": round(d * 1e3, 2),
+        "autoccl_x": round(d / res["autoccl"].evaluation.iteration_s, 3),
+        "lagom_x": round(d / res["lagom"].evaluation.iteration_s, 3),
+        "lagom_vs_autoccl_x": round(res["autoccl"].evaluation.iteration_s / res["lagom"].evaluation.iteration_s, 3),
+        "optuna_x": round(d / res["optuna"].evaluation.iteration_s, 3),
+        "bound_x": round(d / res["lagom"].evaluation.bound_s, 3),
+        "replay_lagom_x": round(replay["iteration_ms"]["default"] / replay["iteration_ms"]["plan"], 3),
+        "replay_autoccl_x": round(replay["iteration_ms"]["default"] / replay["iteration_ms"]["autoccl"], 3),
+    }
+    for opt in ("lagom", "autoccl", "optuna"):
+        row[f"{opt}_evals"] = res[opt].evaluations
+        row[f"{opt}_s"] = round(res[opt].seconds, 3)
+        reached = res[opt].evaluation.iteration_s <= best * 1.01  # counted only if its answer gets there
+        row[f"{opt}_evals_to_1pct"] = within_1pct(hist[opt], best) if reached else None
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--clusters", nargs="+", default=["a40-nvlink", "a40-pcie", "h100-nvlink", "h200-nvlink"])
+    p.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=sorted(TABLE2))
+    p.add_argument("--optuna-trials", type=int, default=1500)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for cluster in args.clusters:
+            for name in args.workloads:
+                row = run_one(cluster, name, args.optuna_trials, Path(tmp))
+                rows.append(row)
+                print(f"{cluster:12s} {name:22s} default {row['default_ms']:9.2f} ms | autoccl {row['autoccl_x']:.3f}x "
+                      f"lagom {row['lagom_x']:.3f}x ({row['lagom_evals']} ev) optuna {row['optuna_x']:.3f}x "
+                      f"({row['optuna_evals']} ev) | replay lagom {row['replay_lagom_x']:.3f}x", flush=True)
+    df = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out / "paper_sim.csv", index=False)
+    speed = df[["cluster", "workload", "mape_window", "default_ms", "autoccl_x", "lagom_x", "lagom_vs_autoccl_x", "optuna_x",
+                "bound_x", "replay_autoccl_x", "replay_lagom_x"]]
+    eff = df[["cluster", "workload", "lagom_evals", "lagom_evals_to_1pct", "lagom_s", "autoccl_evals", "autoccl_evals_to_1pct",
+              "optuna_evals", "optuna_evals_to_1pct", "optuna_s"]]
+    lo, hi = df["lagom_x"].min(), df["lagom_x"].max()
+    lo_a, hi_a = df["lagom_vs_autoccl_x"].min(), df["lagom_vs_autoccl_x"].max()
+    text = "\n".join([
+        "# Lagom evaluation on SIMULATED clusters",
+        "",
+        f"{datetime.date.today()} · {platform.node()} · every number below is **simulated** (lagom-tune's sim backend, "
+        f"2% noise, seed 0); `*_x` columns are speedups over NCCL's defaults, predicted by the fitted model, "
+        f"except `replay_*` which replay the plans on the simulator's ground truth.",
+        "",
+        f"Lagom over NCCL defaults: **{lo:.3f}–{hi:.3f}×** (replayed: {df['replay_lagom_x'].min():.3f}–{df['replay_lagom_x'].max():.3f}×); "
+        f"over AutoCCL-style tuning: **{lo_a:.3f}–{hi_a:.3f}×**. {PAPER}.",
+        "",
+        "## Predicted iteration time, side by side",
+        "",
+        speed.to_markdown(index=False),
+        "",
+        "## Optimizer efficiency: evaluations to reach within 1% of the best plan known",
+        "",
+        eff.to_markdown(index=False),
+        "",
+        "## Where the simulation and the paper disagree",
+        "",
+        f"- AutoCCL-style tuning (minimise each collective's own time) is predicted slower than NCCL's defaults in "
+        f"{int((df['autoccl_x'] < 1).sum())} of {len(df)} cases (replayed: {int((df['replay_autoccl_x'] < 1).sum())}): it takes",
+        "  the most channels, and the simulator charges each channel a whole SM and HBM bandwidth that the overlapped",
+        "  GEMMs then lack. The paper measured AutoCCL ahead of NCCL on average; on real GPUs extra channels cost",
+        "  compute less than the simulator assumes when GEMMs are not SM-bound.",
+        f"- Lagom's gains over NCCL here ({lo:.3f}–{hi:.3f}×) are "
+        + ("smaller than" if hi < 1.07 else "in the range of" if lo >= 1.07 else "partly below")
+        + " the paper's 1.07–1.33×: the simulated defaults (8–16 channels of 84–132 SMs) leave computation most of",
+        "  the GPU, and the workloads model GEMMs and collectives only.",
+        f"- Model vs simulator ground truth: the fitted model's predicted gains and the replayed gains differ by up to "
+        f"{(df['replay_lagom_x'] - df['lagom_x']).abs().max():.3f}× (held-out window MAPE ≤ {df['mape_window'].max():.1%}).",
+        "",
+        f"Reproduce: `python bench/paper_sim.py --optuna-trials {args.optuna_trials}`",
+        "",
+    ])
+    (args.out / "paper_sim.md").write_text(text)
+    print(f"-> {args.out / 'paper_sim.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""`lagom-tune report`: one self-contained HTML page for a run folder or a plan.
+
+It holds the fit's pictures (measured vs predicted, computation slowdown beside collectives),
+the model's held-out accuracy, and for a plan a before/after timeline (Gantt) of the overlap
+group that costs the iteration most, under the default settings and under the plan.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+from lagom_tune.artifact_io import atomic_write_text, read_yaml
+from lagom_tune.errors import UserError
+from lagom_tune.model.contention import load_model
+from lagom_tune.plan.schema import Plan
+from lagom_tune.profile.store import open_run
+from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _img(data: str, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def gantt(default: Evaluation, plan: Evaluation, simulated: bool) -> str:
+    """Both timelines of the most expensive group, one above the other, as a PNG (base64)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    idx = max(range(len(default.timelines)), key=lambda i: default.timelines[i][0].repeat * default.timelines[i][1].makespan)
+    fig, axes = plt.subplots(2, 1, figsize=(10, 3.6), sharex=True)
+    for ax, (label, ev) in zip(axes, (("default", default), ("plan", plan))):
+        group, tl = ev.timelines[min(idx, len(ev.timelines) - 1)]
+        for lane, stream, color in ((1, "compute", "tab:blue"), (0, "comm", "tab:orange")):
+            spans = [(s.start * 1e3, s.duration * 1e3) for s in tl.spans if s.stream == stream]
+            ax.broken_barh(spans, (lane - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.3)
+        ax.set_yticks([0, 1], ["collectives", "GEMMs"])
+        ax.set_title(f"{label}: group {group.name} × {group.repeat}, makespan {tl.makespan * 1e3:.2f} ms", fontsize=9, loc="left")
+    axes[-1].set_xlabel("ms" + (" (SIMULATED)" if simulated else " (predicted by the fitted model)"))
+    fig.tight_layout()
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def build_report(target: str | Path) -> str:
+    """The HTML page for a run folder or a plan file."""
+    path = Path(target)
+    plan = None
+    if path.is_file():
+        data = read_yaml(path, "plan file")
+        plan = Plan.from_dict(data, str(path))
+        run_dir = Path(plan.model.get("run", ""))
+        if not (run_dir / "meta.yaml").is_file():
+            raise UserError(f"{path}: its run folder {run_dir} is not here; the report needs the plan's run folder")
+    else:
+        run_dir = path
+    run = open_run(run_dir)
+    meta = run.read_meta()
+    simulated = bool(meta.get("simulated"))
+    model_doc: dict[str, Any] = read_yaml(run.model_path, "model file") if run.model_path.is_file() else {}
+    title = f"lagom-tune report · {meta.get('workload', {}).get('name', '?')}" + (" · SIMULATED" if simulated else "")
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    if simulated:
+        parts.append('<p class="sim">Every number on this page comes from a <b>simulated</b> GPU cluster: a what-if result, not a measurement.</p>')
+    fp = meta.get("fingerprint", {})
+    parts.append("<h2>Environment</h2><table>" + "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in fp.items()) + "</table>")
+    mape = model_doc.get("accuracy", {}).get("mape", {})
+    if mape:
+        parts.append("<h2>Model accuracy (held-out)</h2><table><tr><th>quantity</th><th>MAPE</th></tr>"
+                     + "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.1%}</td></tr>" for k, v in mape.items()) + "</table>"
+                     + f"<p>{html.escape(model_doc.get('accuracy', {}).get('method', ''))}</p>")
+    for name, alt in (("fit.png", "measured vs predicted"), ("slowdown.png", "computation slowdown vs communication resources")):
+        f = run.path / name
+        if f.is_file():
+            parts.append(f"<h2>{html.escape(alt.capitalize())}</h2>" + _img(base64.b64encode(f.read_bytes()).decode(), alt))
+    if plan is not None:
+        model, _ = load_model(run.model_path)
+        from lagom_tune.search.space import Settings, default_assignment, variables
+        from lagom_tune.plan.schema import knob_space_for
+
+        workload = run.workload()
+        vars_ = variables(workload, knob_space_for(plan.backend, fp))
+        default = Settings.from_assignment(default_assignment(vars_), vars_)
+        chosen = Settings(plan.settings.process, plan.settings.communicators,
+                          {c.rule_key: r.set for c in workload.collectives() for r in plan.rules
+                           if r.op == c.op and r.group == c.group and r.min_bytes <= c.nbytes <= r.max_bytes})
+        ev = ModelEvaluator(workload, model)
+        d, p = ev(default), ev(chosen)
+        parts.append(f"<h2>Before / after: predicted iteration {d.iteration_s * 1e3:.2f} → {p.iteration_s * 1e3:.2f} ms "
+                     f"({d.iteration_s / p.iteration_s:.3f}×)</h2>" + _img(gantt(d, p, simulated), "timeline under default settings and under the plan"))
+        if plan.validated:
+            parts.append("<h2>Validation</h2><pre>" + html.escape(str(plan.validated)) + "</pre>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}img{max-width:100%}.sim{background:#fde;padding:.5em}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"
+
+
+def write_report(target: str | Path, out: str | Path) -> Path:
+    return atomic_write_text(out, build_report(target))

@@ -1,0 +1,98 @@
+"""Property-based fuzzing of every artifact loader: bad input is a UserError, never a crash."""
+
+import copy
+import os
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lagom_tune.errors import UserError
+from lagom_tune.model.contention import model_from_dict
+from lagom_tune.plan.schema import Plan, load_plan
+from lagom_tune.profile.store import RunFolder
+from lagom_tune.workload.presets import build_preset
+from lagom_tune.workload.spec import Workload
+
+from conftest import cli
+from test_plan import BASE
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 40), st.floats(allow_nan=True), st.text(max_size=12))
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                      max_leaves=12)
+
+
+def mutate(doc, data):
+    """Replace one randomly chosen node of a valid document with an arbitrary value."""
+    paths = []
+
+    def walk(node, path):
+        paths.append(path)
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, path + [k])
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, path + [i])
+
+    doc = copy.deepcopy(doc)  # never mutate shared state between examples
+    walk(doc, [])
+    path = data.draw(st.sampled_from(paths[1:]))
+    node = doc
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = data.draw(values)
+    return doc
+
+
+def only_user_errors(fn, *args):
+    try:
+        fn(*args)
+    except UserError as e:
+        assert "\n" not in str(e)
+
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(st.data())
+def test_plan_loader(data):
+    only_user_errors(Plan.from_dict, mutate(BASE.to_dict(), data))
+
+
+@FUZZ
+@given(st.data())
+def test_workload_loader(data):
+    only_user_errors(Workload.from_dict, mutate(build_preset("cpu-demo").to_dict(), data))
+
+
+@FUZZ
+@given(values)
+def test_any_yaml_value_as_plan_or_workload(value):
+    only_user_errors(Plan.from_dict, value)
+    only_user_errors(Workload.from_dict, value)
+    only_user_errors(model_from_dict, value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=300))
+def test_measurements_csv_loader(tmp_path_factory, text):
+    run = RunFolder(tmp_path_factory.mktemp("run"))
+    run.csv_path.write_text(text)
+    only_user_errors(run.measurements)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.data())
+def test_cli_refuses_fuzzed_plans_without_writing(tmp_path_factory, data):
+    d = tmp_path_factory.mktemp("cli")
+    plan = d / "plan.yaml"
+    plan.write_text(yaml.safe_dump(mutate(BASE.to_dict(), data)))
+    before = sorted(os.listdir(d))
+    r = cli("apply", plan, "--", "true")
+    assert "Traceback" not in r.stderr
+    if r.returncode == 2:
+        assert len(r.stderr.strip().splitlines()) == 1
+        assert sorted(os.listdir(d)) == before  # nothing written, nothing overwritten

@@ -1,0 +1,55 @@
+"""`lagom-tune report`: one self-contained HTML page, checked in headless Chromium when it is installed."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import cli
+
+
+@pytest.fixture(scope="module")
+def sim_plan(tmp_path_factory):
+    d = tmp_path_factory.mktemp("report")
+    cli("profile", "--backend", "sim", "--hardware", "a100-nvlink", "--workload", "olmoe-1b-7b-ep8", "--noise", "0.02",
+        "--out", d / "run", "--repeats", "2", check=True)
+    cli("search", d / "run", "--out", d / "plan.yaml", check=True)
+    return d
+
+
+def test_report_is_self_contained_and_labelled(sim_plan):
+    out = sim_plan / "report.html"
+    cli("report", sim_plan / "plan.yaml", "--out", out, check=True)
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and "SIMULATED" in page
+    assert page.count("data:image/png;base64,") == 3  # fit, slowdown, before/after timeline
+    assert "http://" not in page and "https://" not in page  # nothing fetched when opened
+    assert "Before / after" in page and "overlap_window" in page
+
+
+def test_report_of_a_run_folder(sim_plan):
+    out = sim_plan / "run.html"
+    cli("report", sim_plan / "run", "--out", out, check=True)
+    assert out.read_text().count("data:image/png;base64,") == 2
+
+
+def test_report_renders_in_headless_chromium(sim_plan, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not browser:
+        pytest.skip("headless Chromium is not installed (bench/check_report.sh documents the check)")
+    out = sim_plan / "report.html"
+    cli("report", sim_plan / "plan.yaml", "--out", out, check=True)
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,2000", f"--screenshot={shot}",
+                    out.as_uri()], capture_output=True, timeout=90)
+    assert shot.is_file() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def test_report_needs_the_plans_run_folder(tmp_path):
+    from test_plan import BASE
+
+    plan = BASE.save(tmp_path / "p.yaml")
+    r = cli("report", plan, "--out", tmp_path / "r.html")
+    assert r.returncode == 2 and "run folder" in r.stderr and not (tmp_path / "r.html").exists()
