@@ -77,3 +77,22 @@ def test_the_commands_exit_code_passes_through(tmp_path):
     assert r.returncode == 3
     r = cli("apply", plan, "--", "no-such-program-xyz")
     assert r.returncode == 2 and "command not found" in r.stderr
+
+
+@pytest.mark.slow
+def test_chunking_is_applied_to_ddp_and_to_direct_all_reduce(tmp_path):
+    import dataclasses
+
+    plan_obj = dataclasses.replace(BASE, groups={"dp": 2}, settings=Settings({"threads": 1}, {"dp": {"chunk_bytes": 1 << 20}}))
+    plan = plan_obj.save(tmp_path / "p.yaml")
+    out = tmp_path / "report"
+    r = cli("apply", plan, "--", BIN / "torchrun", "--standalone", "--nproc-per-node", "2",
+            ROOT / "tests" / "scripts" / "plain_allreduce.py", out)
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        seen = json.loads(out.with_name(f"report.rank{rank}").read_text())
+        assert "chunked_allreduce_hook" in seen["comm_hook"]  # the DDP model runs the plan's hook
+        assert seen["grads_equal"] and seen["all_reduce_ok"]  # and the results are still right
+    applied = json.loads((tmp_path / "applied.json").read_text())
+    settings = {r["setting"] for r in applied["ranks"]["0"]["records"] if r["applied"]}
+    assert {"chunk_bytes", "chunk_bytes[all_reduce]", "threads"} <= settings

@@ -27,6 +27,7 @@ from lagom_tune.workload.spec import DTYPES, Gemm, Workload
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BUCKET_CAPS_MB = (1, 2, 4, 8, 16, 25, 50)
+CHUNKS = (0, 1 << 18, 1 << 20, 1 << 22)  # 0: the whole tensor in one call
 
 
 def gloo_knob_space(cores: int | None = None, ranks: int = 2) -> KnobSpace:
@@ -43,6 +44,11 @@ def gloo_knob_space(cores: int | None = None, ranks: int = 2) -> KnobSpace:
                 "bucket_cap_mb", "communicator", BUCKET_CAPS_MB, 25, comm_direction=1, ops=("all_reduce",),
                 mechanism="DistributedDataParallel(bucket_cap_mb=...)",
                 description="DDP gradient bucket size: smaller buckets start communicating earlier",
+            ),
+            Knob(
+                "chunk_bytes", "communicator", CHUNKS, 0, comm_direction=0, ops=("all_reduce",),
+                mechanism="DDP comm hook / dist.all_reduce wrapper: all-reduce in chunks, all in flight",
+                description="split each all-reduce into chunks of this size (0: one call)",
             ),
         )
     )
@@ -97,7 +103,9 @@ class GlooBackend:
         sizes |= {1 << p for p in range(14, 40, 2) if 1 << p < largest}
         for op in sorted({c.op for c in workload.collectives()}):
             for n in sorted(sizes):
-                points.append(Point("collective", (), op=op, nbytes=n, ranks=ranks))
+                for chunk in self.knob_space["chunk_bytes"].domain if op == "all_reduce" else (0,):
+                    if chunk == 0 or chunk < n:  # a chunk as large as the tensor is the whole tensor
+                        points.append(Point("collective", (("chunk_bytes", chunk),), op=op, nbytes=n, ranks=ranks))
         # Overlapped pairs: small, middle and large backward GEMMs beside three message sizes.
         backward = sorted({g.shape_key: g for grp in workload.groups if grp.comm for g in grp.compute}.values(), key=lambda g: g.flops)
         picks = list({id(g): g for g in (backward[0], backward[len(backward) // 2], backward[-1])}.values()) if backward else []
@@ -256,14 +264,28 @@ def _buffer(nbytes: int) -> torch.Tensor:
     return torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
 
 
+def chunked_all_reduce(all_reduce, buf: torch.Tensor, chunk_bytes: int, **kwargs) -> list:
+    """All-reduce a contiguous ``buf`` in chunks of ``chunk_bytes``, all in flight at once; returns
+    the works. The one chunking used by the profile, the DDP comm hook and the all_reduce wrapper."""
+    step = max(1, chunk_bytes // buf.element_size()) if chunk_bytes else buf.numel()
+    flat = buf.view(-1)
+    return [all_reduce(flat[i:i + step], async_op=True, **kwargs) for i in range(0, flat.numel(), step)]
+
+
 def _coll_rows(point: Point, repeats: int, dist) -> list[dict]:
     buf = _buffer(point.nbytes)
-    dist.all_reduce(buf)
+    chunk = point.settings.get("chunk_bytes", 0)
+
+    def once() -> None:
+        for work in chunked_all_reduce(dist.all_reduce, buf, chunk):
+            work.wait()
+
+    once()
     rows = []
     for _ in range(repeats):
         dist.barrier()
         t0 = time.perf_counter()
-        dist.all_reduce(buf)
+        once()
         rows.append({"time_us": (time.perf_counter() - t0) * 1e6})
     return rows
 

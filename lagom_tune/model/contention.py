@@ -56,7 +56,7 @@ class Linear:
 
 
 GEMM_FEATURES = ("per_gflop", "per_mb", "per_m_outputs")
-COMM_FEATURES = ("per_mb",)
+COMM_FEATURES = ("per_mb", "per_call")
 
 
 def gemm_features(g: Gemm) -> dict[str, float]:
@@ -65,8 +65,10 @@ def gemm_features(g: Gemm) -> dict[str, float]:
     return {"per_gflop": g.flops / 1e9, "per_mb": g.nbytes / 1e6, "per_m_outputs": g.m * g.n * g.batch / 1e6}
 
 
-def comm_features(nbytes: int) -> dict[str, float]:
-    return {"per_mb": nbytes / 1e6}
+def comm_features(nbytes: int, chunk_bytes: int = 0) -> dict[str, float]:
+    """Bytes, and the number of calls a chunked all-reduce makes (each pays a latency)."""
+    calls = -(-nbytes // chunk_bytes) if chunk_bytes else 1
+    return {"per_mb": nbytes / 1e6, "per_call": float(calls)}
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class CpuPairwiseModel:
         fit = self.comm.get(coll.op) or self.comm.get("all_reduce")
         if fit is None:
             raise UserError(f"the model has no fit for {coll.op}")
-        return max(fit(**comm_features(coll.nbytes)), 1.0) / 1e6
+        return max(fit(**comm_features(coll.nbytes, int(settings.get("chunk_bytes", 0)))), 1.0) / 1e6
 
     def compute_slowdown(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
         return self.compute_slow[self._threads(settings, self.compute_slow)]
@@ -105,7 +107,7 @@ class CpuPairwiseModel:
         return {
             "family": self.family,
             "simulated": self.simulated,
-            "units": {"*_us": "microseconds per unit of the named feature (GFLOP; MB = 1e6 bytes; m_outputs = 1e6 output elements)", "slowdown": "time ratio, overlapped / alone"},
+            "units": {"*_us": "microseconds per unit of the named feature (GFLOP; MB = 1e6 bytes; m_outputs = 1e6 output elements; call = one collective call of a chunked all-reduce)", "slowdown": "time ratio, overlapped / alone"},
             "params": {
                 "compute": {f"threads={t}": f.to_dict() for t, f in sorted(self.compute.items())},
                 "comm": {op: f.to_dict() for op, f in sorted(self.comm.items())},

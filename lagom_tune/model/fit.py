@@ -39,7 +39,7 @@ def _points(df: pd.DataFrame) -> pd.DataFrame:
     """One row per measured point: medians over repeats."""
     num = [c for c in ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us", "n_compute") if c in df.columns]
     keys = [c for c in ("point", "kind", "gemm", "m", "n", "k", "batch", "dtype", "op", "nbytes", "ranks", "nodes",
-                        "threads", "algo", "proto", "channels", "buffsize") if c in df.columns]
+                        "threads", "algo", "proto", "channels", "buffsize", "chunk_bytes") if c in df.columns]
     return df.groupby("point", sort=True).agg({**{k: "first" for k in keys if k != "point"}, **{c: "median" for c in num}}).reset_index()
 
 
@@ -47,8 +47,9 @@ def _gemm_of(row: pd.Series) -> Gemm:
     return Gemm("g", int(row["m"]), int(row["n"]), int(row["k"]), str(row["dtype"]), int(row["batch"]))
 
 
-def _slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
-    """Solve the two-rate model for one overlapped measurement (both streams start at 0)."""
+def two_rate_slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
+    """Solve the two-rate model for one overlapped measurement (both streams start at 0): the
+    factors by which computation and communication ran slower while both were running."""
     w, x, ty, tc = row["compute_alone_us"], row["comm_alone_us"], row["time_us"], row["comm_us"]
     if tc <= ty:
         w1 = w - (ty - tc)
@@ -69,12 +70,13 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
         compute[int(t)] = fit_linear(feats, GEMM_FEATURES, rows["time_us"].to_numpy(float))
     comm = {}
     for op, rows in coll.groupby("op"):
-        feats = np.array([[comm_features(int(b))[n] for n in COMM_FEATURES] for b in rows["nbytes"]])
+        chunks = rows["chunk_bytes"].fillna(0) if "chunk_bytes" in rows else pd.Series(0, index=rows.index)
+        feats = np.array([[comm_features(int(b), int(c))[n] for n in COMM_FEATURES] for b, c in zip(rows["nbytes"], chunks)])
         comm[str(op)] = fit_linear(feats, COMM_FEATURES, rows["time_us"].to_numpy(float))
     compute_slow, comm_slow = {}, {}
     for t in compute:
         rows = over[over["threads"] == t] if not over.empty else over
-        pairs = [_slowdowns(r) for _, r in rows.iterrows()]
+        pairs = [two_rate_slowdowns(r) for _, r in rows.iterrows()]
         sy = [s for s, _ in pairs if s is not None]
         sx = [s for _, s in pairs if s is not None]
         compute_slow[t] = float(np.clip(np.median(sy), 1.0, 20.0)) if sy else 1.0
@@ -82,7 +84,7 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
     return CpuPairwiseModel(compute, comm, compute_slow, comm_slow)
 
 
-KNOB_COLUMNS = ("threads", "algo", "proto", "channels", "buffsize")
+KNOB_COLUMNS = ("threads", "algo", "proto", "channels", "buffsize", "chunk_bytes")
 
 
 def _row_settings(row: pd.Series) -> dict:

@@ -198,17 +198,9 @@ def fit_comm(coll: pd.DataFrame, steps: int = 400) -> dict[str, dict[str, float]
     return out
 
 
-def _two_rate(row: pd.Series) -> tuple[float | None, float | None]:
-    w, x, ty, tc = row["compute_alone_us"], row["comm_alone_us"], row["time_us"], row["comm_us"]
-    if tc <= ty:
-        w1 = w - (ty - tc)
-        return (tc / w1 if w1 > 0 else None), tc / x
-    x1 = x - (tc - ty)
-    return ty / w, (ty / x1 if x1 > 0 else None)
-
-
 def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, iterations: int = 8) -> LagomGpuModel:
     """Fit from point medians (one row per measured point)."""
+    from lagom_tune.model.fit import two_rate_slowdowns
     sms, hbm = int(device["sms"]), float(device["hbm_GBps"]) * 1e9
     gemm = pts[pts["kind"] == "gemm"]
     coll = pts[pts["kind"] == "collective"]
@@ -217,7 +209,7 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, iteratio
         raise UserError("the profile has no GEMM or no collective measurements to fit")
     alone = {r["gemm"]: r["time_us"] / 1e6 for _, r in gemm.iterrows()}
     shapes = {r["gemm"]: _gemm(r) for _, r in pts[pts["gemm"].notna()].iterrows()}
-    slow = over.apply(_two_rate, axis=1) if not over.empty else pd.Series(dtype=object)
+    slow = over.apply(two_rate_slowdowns, axis=1) if not over.empty else pd.Series(dtype=object)
     over["s_y"] = [s[0] for s in slow] if len(over) else []
     over["s_x"] = [s[1] for s in slow] if len(over) else []
     # Contended per-GEMM observations: (shape, channels, buffsize, seconds)

@@ -69,8 +69,9 @@ class Shim:
         self.logged = 0
         self.built_ddp = False
         self.pending = {}
-        if "bucket_cap_mb" in plan.settings.communicators.get(DDP_ROLE, {}):
-            self.pending["bucket_cap_mb"] = "no DistributedDataParallel model was built in this process"
+        for knob in ("bucket_cap_mb", "chunk_bytes"):
+            if plan.settings.communicators.get(DDP_ROLE, {}).get(knob):
+                self.pending[knob] = "no DistributedDataParallel model was built in this process"
 
     @property
     def rank(self) -> str:
@@ -118,8 +119,9 @@ class Shim:
             self.record("threads", int(threads), torch.get_num_threads() == int(threads), "torch.set_num_threads")
 
     def on_ddp(self, module) -> None:
-        cap = self.plan.settings.communicators.get(DDP_ROLE, {}).get("bucket_cap_mb")
-        if cap is None:
+        role = self.plan.settings.communicators.get(DDP_ROLE, {})
+        cap, chunk = role.get("bucket_cap_mb"), int(role.get("chunk_bytes") or 0)
+        if cap is None and not chunk:
             return
         ddp = module.DistributedDataParallel
         original = ddp.__init__
@@ -129,16 +131,47 @@ class Shim:
         def __init__(self, *args, **kwargs):
             bound = signature.bind_partial(self, *args, **kwargs)
             previous = bound.arguments.get("bucket_cap_mb")
-            bound.arguments["bucket_cap_mb"] = cap
+            if cap is not None:
+                bound.arguments["bucket_cap_mb"] = cap
             original(*bound.args, **bound.kwargs)
             shim.built_ddp = True
-            in_effect = getattr(self, "bucket_bytes_cap", None)
-            how = "DistributedDataParallel(bucket_cap_mb=...)" + (f", replacing the script's {previous}" if previous is not None else "")
-            shim.record("bucket_cap_mb", cap, in_effect == int(cap * 1024 * 1024), how)
+            if cap is not None:
+                in_effect = getattr(self, "bucket_bytes_cap", None)
+                how = "DistributedDataParallel(bucket_cap_mb=...)" + (f", replacing the script's {previous}" if previous is not None else "")
+                shim.record("bucket_cap_mb", cap, in_effect == int(cap * 1024 * 1024), how)
+            if chunk:
+                try:
+                    self.register_comm_hook(self.process_group, chunked_allreduce_hook(chunk))
+                    shim.record("chunk_bytes", chunk, True, "DDP comm hook: each bucket all-reduced in chunks, all in flight")
+                except RuntimeError as e:  # the script registered its own hook first
+                    shim.record("chunk_bytes", chunk, False, f"DDP comm hook not registered: {e}")
 
         __init__.__wrapped__ = original
         ddp.__init__ = __init__
 
+
+    def on_c10d_gloo(self, c10d) -> None:
+        """Chunk synchronous ``all_reduce`` calls on the plan's communicator (its size matches)."""
+        chunk = int(self.plan.settings.communicators.get(DDP_ROLE, {}).get("chunk_bytes") or 0)
+        size = self.plan.groups.get(DDP_ROLE, self.plan.world_size)
+        if not chunk:
+            return
+        original = c10d.all_reduce
+
+        def all_reduce(tensor, op=c10d.ReduceOp.SUM, group=None, async_op=False):
+            if (async_op or not tensor.is_contiguous() or tensor.numel() * tensor.element_size() <= chunk
+                    or c10d.get_world_size(group) != size):
+                return original(tensor, op=op, group=group, async_op=async_op)
+            from lagom_tune.backends.gloo import chunked_all_reduce
+
+            for work in chunked_all_reduce(original, tensor, chunk, op=op, group=group):
+                work.wait()
+            return None
+
+        all_reduce.__wrapped__ = original
+        c10d.all_reduce = all_reduce
+        self.record("chunk_bytes[all_reduce]", chunk, True,
+                    f"dist.all_reduce wrapper: synchronous calls above {chunk} B on groups of {size} ranks, in chunks")
 
     # -- NCCL plans: environment, tuner rules, per-communicator Options ------------------------
 
@@ -195,6 +228,24 @@ class Shim:
         c10d.new_group = wrap(c10d.new_group, lambda a: len(a["ranks"]) if a.get("ranks") else int(c10d.get_world_size()))
 
 
+def chunked_allreduce_hook(chunk_bytes: int):
+    """A DDP comm hook that averages each gradient bucket in chunks of ``chunk_bytes``."""
+
+    def hook(process_group, bucket):
+        import torch
+        import torch.distributed as dist
+
+        from lagom_tune.backends.gloo import chunked_all_reduce
+
+        group = process_group if process_group is not None else dist.group.WORLD
+        buf = bucket.buffer()
+        buf.div_(dist.get_world_size(group))
+        futures = [w.get_future() for w in chunked_all_reduce(dist.all_reduce, buf, chunk_bytes, group=group)]
+        return torch.futures.collect_all(futures).then(lambda _: buf)
+
+    return hook
+
+
 def _cuda_available() -> bool:
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_available())
@@ -207,7 +258,7 @@ def install(plan_path: str, applied_dir: str | None = None) -> Shim:
     if plan.backend == "nccl":
         hooks = {"torch": shim.on_torch_nccl, C10D_MODULE: shim.on_c10d}
     else:
-        hooks = {"torch": shim.on_torch, DDP_MODULE: shim.on_ddp}
+        hooks = {"torch": shim.on_torch, DDP_MODULE: shim.on_ddp, C10D_MODULE: shim.on_c10d_gloo}
     for name, hook in list(hooks.items()):
         if name in sys.modules:  # already imported (an explicit install() late in a script)
             hook(sys.modules[name])
