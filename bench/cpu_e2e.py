@@ -84,7 +84,7 @@ def main() -> None:
     ratio = d[0] / p_[0]
     ratios = [a["median_step_ms"] / b["median_step_ms"] for a, b in zip(runs["default"], runs["plan"])]
     lines = [
-        f"# CPU end to end: example training, default vs plan (measured)",
+        "# CPU end to end: example training, default vs plan (measured)",
         "",
         f"{datetime.date.today()} · {platform.node()} · {os.cpu_count()} cores · {args.ranks} gloo ranks · "
         f"{args.rounds} interleaved rounds × {args.steps} steps · plan `{args.plan}`",

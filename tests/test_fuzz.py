@@ -3,14 +3,13 @@
 import copy
 import os
 
-import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import model_from_dict
-from lagom_tune.plan.schema import Plan, load_plan
+from lagom_tune.plan.schema import Plan
 from lagom_tune.profile.store import RunFolder
 from lagom_tune.workload.presets import build_preset
 from lagom_tune.workload.spec import Workload

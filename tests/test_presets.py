@@ -5,7 +5,7 @@ import json
 import pytest
 
 from lagom_tune.errors import UserError
-from lagom_tune.workload.presets import ARCHS, PRESETS, TABLE2, build_preset, parse_parallel
+from lagom_tune.workload.presets import PRESETS, TABLE2, build_preset, parse_parallel
 
 from conftest import cli
 

@@ -9,7 +9,6 @@ from lagom_tune.model.contention import load_model
 from lagom_tune.plan.schema import knob_space_for
 from lagom_tune.profile.store import open_run
 from lagom_tune.search.run import OPTIMIZERS, compare, search
-from lagom_tune.workload.presets import build_preset
 from lagom_tune.workload.spec import Collective, OverlapGroup, Workload
 
 from conftest import cli

@@ -23,7 +23,7 @@ import torch
 from lagom_tune.backends.base import BackendOptions, Knob, KnobSpace, Point, RowSink, bandwidth_columns
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.workload.bucketing import bucket_group
-from lagom_tune.workload.spec import DTYPES, Gemm, Workload
+from lagom_tune.workload.spec import Gemm, Workload
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BUCKET_CAPS_MB = (1, 2, 4, 8, 16, 25, 50)
@@ -307,7 +307,7 @@ def _overlap_rows(point: Point, repeats: int, dist) -> list[dict]:
         stamp: list[float] = []
         t0 = time.perf_counter()
         work = dist.all_reduce(buf, async_op=True)
-        work.get_future().then(lambda _f: stamp.append(time.perf_counter()))
+        work.get_future().then(lambda _f, _stamp=stamp: _stamp.append(time.perf_counter()))
         for _ in range(n):
             torch.matmul(a, b)
         t_compute = time.perf_counter()

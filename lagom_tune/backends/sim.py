@@ -165,7 +165,7 @@ def _ground_truth_iteration(sim: "SimCluster", workload: Workload, items) -> flo
         y = [sim.gemm_time(g) for g in grp.compute]
         x = [sim.comm_time(c.op, c.nbytes, c.ranks, c.nodes, cfg[c.name]) for c in grp.comm]
 
-        def slowdowns(g, c):
+        def slowdowns(g, c, cfg=cfg):
             s = cfg[c.name]
             contended = sim.gemm_time(g, s["channels"], sim.comm_hbm_demand(c.op, c.nbytes, c.ranks, c.nodes, s))
             return contended / sim.gemm_time(g), 1 + 0.25 * sim.gemm_hbm_pressure(g)

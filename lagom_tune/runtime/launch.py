@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path

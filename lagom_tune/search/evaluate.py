@@ -59,7 +59,6 @@ class ModelEvaluator:
         return simulate(g.compute, y, g.comm, x, slowdowns)
 
     def _evaluate(self, settings: Settings) -> Evaluation:
-        model = self.model
         caps = {g: c["bucket_cap_mb"] for g, c in settings.communicators.items() if "bucket_cap_mb" in c}
         total = y_tot = x_tot = bound = 0.0
         by_group: dict[str, float] = {}

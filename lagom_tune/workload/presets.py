@@ -170,7 +170,7 @@ def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", 
     Models a GPT-2-style block (LayerNorm, biased linears, GELU MLP), as examples/train_gpt.py.
     """
     _check_seq(arch, seq)
-    d, f, t, h = arch.hidden, arch.ffn, seq * mbs, arch.heads
+    d, f, t = arch.hidden, arch.ffn, seq * mbs
     gb = DTYPES[grad_dtype]
 
     fwd: list[Gemm] = []
