@@ -21,13 +21,13 @@ def demo():
 
 def test_variables_tie_knobs_to_their_scope(demo):
     keys = [v.key for v in variables(demo, SPACE)]
-    # threads is one value per process; bucket_cap_mb one per communicator, never per collective.
-    assert keys == ["process:threads", "communicator:dp:bucket_cap_mb"]
+    # threads is one value per process; bucket_cap_mb and chunk_bytes one per communicator.
+    assert keys == ["process:threads", "communicator:dp:bucket_cap_mb", "communicator:dp:chunk_bytes"]
 
 
 def test_settings_resolve_per_collective(demo):
-    s = Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 4}})
-    assert s.for_collective(demo.collectives()[0]) == {"threads": 1, "bucket_cap_mb": 4}
+    s = Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 4, "chunk_bytes": 0}})
+    assert s.for_collective(demo.collectives()[0]) == {"threads": 1, "bucket_cap_mb": 4, "chunk_bytes": 0}
 
 
 def test_bucket_cap_changes_the_evaluated_collectives(demo):
@@ -42,6 +42,7 @@ def test_bucket_cap_changes_the_evaluated_collectives(demo):
 
 def test_next_value_steps_by_relative_improvement():
     var = variables(build_preset("cpu-demo"), SPACE)[1]
+    assert var.knob.name == "bucket_cap_mb"
     assert next_value(var, 1, 0.0) == 2  # at least one position
     assert next_value(var, 2, 3.0) == 8  # 2 * (1 + 3) = 8
     assert next_value(var, 50, 1.0) is None
