@@ -103,6 +103,8 @@ def search(
     study_name: Optional[str] = typer.Option(None, help="Optuna study name (resume with the same name)."),
     multi_objective: bool = typer.Option(False, "--multi-objective",
                                          help="Optuna: iteration time vs SMs for communication; the plan records the Pareto front."),
+    min_gain: float = typer.Option(0.02, "--min-gain", help="Keep the defaults unless the plan is predicted faster by more "
+                                   "than this fraction (smaller gains are within the model's error)."),
     validate: int = typer.Option(0, "--validate", help="Measure default and plan on the backend, N interleaved repeats each."),
 ) -> None:
     """Search the fitted model for the settings that finish an iteration first; write a plan."""
@@ -144,6 +146,8 @@ def search(
         return
     render.console.print(render.plan_table(plan))
     render.console.print(render.prediction_table(plan))
+    if plan.search.get("kept_default"):
+        render.console.print(f"[yellow]the plan keeps the defaults:[/] {plan.search['kept_default']}")
     render.console.print(f"[green]wrote[/] {out}")
 
 

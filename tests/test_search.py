@@ -79,3 +79,12 @@ def test_search_never_hands_out_a_plan_predicted_slower_than_default(demo):
     outcome = search(demo, TRUE, SPACE, "lagom")
     assert outcome.chosen.evaluation.iteration_s <= outcome.default.evaluation.iteration_s
     assert outcome.bound_s <= outcome.chosen.evaluation.iteration_s
+
+
+def test_gains_within_the_models_error_keep_the_defaults(demo):
+    raw = search(demo, TRUE, SPACE, "exhaustive")
+    gain = raw.default.evaluation.iteration_s / raw.chosen.evaluation.iteration_s - 1
+    assert gain > 0  # on this model the best settings are predicted faster than the defaults
+    kept = search(demo, TRUE, SPACE, "exhaustive", min_gain=gain + 0.01)
+    assert kept.chosen.settings == kept.default.settings
+    assert "not more than --min-gain" in kept.chosen.extra["kept_default"]

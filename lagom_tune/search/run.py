@@ -33,10 +33,13 @@ class SearchOutcome:
     bound_s: float
 
 
-def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: str, **options: Any) -> SearchOutcome:
+def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: str, min_gain: float = 0.0,
+           **options: Any) -> SearchOutcome:
     """Run ``optimizer`` plus the default and AutoCCL baselines the plan is compared against.
 
-    Each runs on its own evaluator, so its evaluation count is its own.
+    Each runs on its own evaluator, so its evaluation count is its own. The plan keeps the
+    defaults unless the optimizer's settings are predicted faster by more than ``min_gain``
+    (a fraction): a gain smaller than the model's error is a coin flip, not a plan.
     """
     if optimizer not in OPTIMIZERS:
         raise UserError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
@@ -45,10 +48,12 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
                for name in dict.fromkeys(["default", "autoccl", optimizer])}
     bound = min(r.evaluation.bound_s for r in results.values())
     chosen, default = results[optimizer], results["default"]
-    if chosen.evaluation.iteration_s > default.evaluation.iteration_s:
-        # Never hand out a plan the model itself predicts to be slower than doing nothing.
+    gain = default.evaluation.iteration_s / chosen.evaluation.iteration_s - 1
+    if gain <= min_gain and chosen.settings.key != default.settings.key:
+        why = (f"{optimizer}'s best was predicted slower than the defaults" if gain < 0 else
+               f"{optimizer}'s best was predicted {gain:.1%} faster, not more than --min-gain {min_gain:.1%}")
         chosen = replace(chosen, settings=default.settings, evaluation=default.evaluation,
-                         extra={**chosen.extra, "kept_default": f"{optimizer}'s best was predicted slower than the defaults"})
+                         extra={**chosen.extra, "kept_default": why})
     return SearchOutcome(chosen, default, results["autoccl"], bound)
 
 
