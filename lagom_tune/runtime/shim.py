@@ -61,6 +61,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 class Shim:
+    """One process's appliers, and its record of what was applied and what could not be, and why."""
+
     def __init__(self, plan: Plan, plan_path: str, applied_dir: str | None):
         self.plan = plan
         self.plan_path = plan_path
