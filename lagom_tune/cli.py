@@ -138,8 +138,10 @@ def search(
         raise UserError("--out PLAN.yaml is required (or use --compare)")
     if validate < 0:
         raise UserError("--validate must be >= 0")
+    if not 0 <= min_gain < 1:
+        raise UserError("--min-gain must be a fraction in [0, 1), e.g. 0.02")
     with bar:
-        plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, **opts)
+        plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, min_gain=min_gain, **opts)
     plan.save(out)
     if as_json:
         print(json.dumps({"plan": str(out), **plan.to_dict()}, indent=1))

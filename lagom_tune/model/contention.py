@@ -7,7 +7,7 @@ over bandwidth), and per-pair slowdown factors while the two overlap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
@@ -73,7 +73,13 @@ def comm_features(nbytes: int, chunk_bytes: int = 0) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class CpuPairwiseModel:
-    """Fitted per thread count (compute) and per op (communication)."""
+    """Fitted per thread count (compute) and per op (communication).
+
+    GEMM shapes that were measured are predicted by their measured medians; the fitted line
+    serves shapes never measured (and is what the held-out GEMM error describes). On an
+    oversubscribed CPU a line through noisy medians can be badly wrong for a measured shape,
+    and the search must not trust it over the measurement.
+    """
 
     compute: dict[int, Linear]
     comm: dict[str, Linear]
@@ -81,6 +87,7 @@ class CpuPairwiseModel:
     comm_slow: dict[int, float]
     simulated: bool = False
     family: str = "cpu-pairwise"
+    measured: dict[tuple[str, int], float] = field(default_factory=dict)  # (shape, threads) -> median µs
 
     def _threads(self, settings: Mapping[str, Any], table: dict[int, Any]) -> int:
         t = int(settings.get("threads", 1))
@@ -89,7 +96,10 @@ class CpuPairwiseModel:
         return t
 
     def compute_time(self, gemm: Gemm, settings: Mapping[str, Any]) -> float:
-        return max(self.compute[self._threads(settings, self.compute)](**gemm_features(gemm)), 1.0) / 1e6
+        t = self._threads(settings, self.compute)
+        if (gemm.shape_key, t) in self.measured:
+            return self.measured[(gemm.shape_key, t)] / 1e6
+        return max(self.compute[t](**gemm_features(gemm)), 1.0) / 1e6
 
     def comm_time(self, coll: Collective, settings: Mapping[str, Any]) -> float:
         fit = self.comm.get(coll.op) or self.comm.get("all_reduce")
@@ -113,6 +123,8 @@ class CpuPairwiseModel:
                 "comm": {op: f.to_dict() for op, f in sorted(self.comm.items())},
                 "compute_slowdown": {f"threads={t}": s for t, s in sorted(self.compute_slow.items())},
                 "comm_slowdown": {f"threads={t}": s for t, s in sorted(self.comm_slow.items())},
+                "measured_gemms_us": {f"threads={t}": {k: us for (k, tt), us in sorted(self.measured.items()) if tt == t}
+                                      for t in sorted({tt for _, tt in self.measured})},
             },
         }
 
@@ -136,6 +148,9 @@ class CpuPairwiseModel:
             compute_slow={t: float(x) for t, x in by_threads("compute_slowdown").items()},
             comm_slow={t: float(x) for t, x in by_threads("comm_slowdown").items()},
             simulated=bool(d.get("simulated", False)),
+            measured=({(k, t): float(us) for t, table in by_threads("measured_gemms_us").items()
+                       for k, us in v.mapping(table, f"{path}.params.measured_gemms_us").items()}
+                      if "measured_gemms_us" in p else {}),
         )
 
 

@@ -81,7 +81,8 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
         sx = [s for _, s in pairs if s is not None]
         compute_slow[t] = float(np.clip(np.median(sy), 1.0, 20.0)) if sy else 1.0
         comm_slow[t] = float(np.clip(np.median(sx), 1.0, 20.0)) if sx else 1.0
-    return CpuPairwiseModel(compute, comm, compute_slow, comm_slow)
+    measured = {(str(r["gemm"]), int(r["threads"])): float(r["time_us"]) for _, r in gemm.iterrows()}
+    return CpuPairwiseModel(compute, comm, compute_slow, comm_slow, measured=measured)
 
 
 KNOB_COLUMNS = ("threads", "algo", "proto", "channels", "buffsize", "chunk_bytes")
