@@ -105,9 +105,10 @@ def _polish(evaluate: ModelEvaluator, vars_: list[Var], state: dict, ev: Evaluat
     return state, ev
 
 
-def lagom_search(evaluate: ModelEvaluator, vars_: list[Var], **_) -> SearchResult:
-    """Priority search inside each (algorithm, protocol, ...) subspace, as AutoCCL does, keeping the
-    best; then a local polish (each collective's best subspace, neighbouring resource values)."""
+def lagom_search(evaluate: ModelEvaluator, vars_: list[Var], top_subspaces: int = 2, **_) -> SearchResult:
+    """Priority search inside the (algorithm, protocol, ...) subspaces, as AutoCCL does (the
+    ``top_subspaces`` best at the default resources), keeping the best; then a local polish (each
+    collective's best subspace, neighbouring resource values)."""
     t0, start = time.perf_counter(), evaluate.evaluations
     cats = [v for v in vars_ if v.categorical]
     knobs = list(dict.fromkeys(v.knob.name for v in cats))
@@ -119,8 +120,13 @@ def lagom_search(evaluate: ModelEvaluator, vars_: list[Var], **_) -> SearchResul
         if fixed not in subspaces:
             subspaces.append(fixed)
     trace: list = []
+    # Screen the subspaces at the default resources (one evaluation each) and run the priority
+    # search only in the most promising ones; the polish still lets each collective switch.
+    resources = [v for v in vars_ if not v.categorical]
+    defaults = {v.key: v.knob.default for v in resources}
+    ranked = sorted(subspaces or [{}], key=lambda f: evaluate(Settings.from_assignment({**defaults, **f}, vars_)).iteration_s)
     best_state, best_ev = None, None
-    for fixed in subspaces or [{}]:
+    for fixed in ranked[:top_subspaces]:
         state, ev = _priority_search(evaluate, vars_, fixed, trace)
         if best_ev is None or ev.iteration_s < best_ev.iteration_s:
             best_state, best_ev = state, ev
