@@ -119,20 +119,16 @@ def search(
     opts = dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name,
                 multi_objective=multi_objective, on_trial=None if as_json else on_trial)
     if compare:
-        from lagom_tune.model.contention import load_model
-        from lagom_tune.plan.schema import knob_space_for
-        from lagom_tune.profile.store import open_run
+        from lagom_tune.plan.build import load_search_inputs
         from lagom_tune.search.run import compare as compare_all
 
-        run = open_run(run_dir)
-        meta = run.read_meta()
-        model, _ = load_model(run.model_path)
+        inputs = load_search_inputs(run_dir)
         with bar:
-            rows = render.compare_rows(compare_all(run.workload(), model, knob_space_for(meta["fingerprint"]["backend"], meta["fingerprint"]), **opts))
+            rows = render.compare_rows(compare_all(inputs.workload, inputs.model, inputs.space, **opts))
         if as_json:
-            print(json.dumps([{**r, "simulated": bool(meta.get("simulated"))} for r in rows], indent=1))
+            print(json.dumps([{**r, "simulated": inputs.simulated} for r in rows], indent=1))
         else:
-            render.console.print(render.compare_table(rows, bool(meta.get("simulated"))))
+            render.console.print(render.compare_table(rows, inputs.simulated))
         return
     if out is None:
         raise UserError("--out PLAN.yaml is required (or use --compare)")

@@ -53,15 +53,20 @@ def test_dry_run_prints_what_it_would_set(tmp_path):
     assert r.stdout.startswith("export ")
 
 
-@pytest.mark.slow
-def test_plain_ddp_script_runs_with_the_plan_in_effect(tmp_path):
-    plan = BASE.save(tmp_path / "p.yaml")
+def run_under_plan(plan_obj, script: str, tmp_path):
+    """`lagom-tune apply` a plan to a 2-rank torchrun script; returns the result and each rank's report."""
+    plan = plan_obj.save(tmp_path / "p.yaml")
     out = tmp_path / "report"
     r = cli("apply", plan, "--", BIN / "torchrun", "--standalone", "--nproc-per-node", "2",
-            ROOT / "tests" / "scripts" / "plain_ddp.py", out)
+            ROOT / "tests" / "scripts" / script, out)
     assert r.returncode == 0, r.stderr
-    for rank in (0, 1):
-        seen = json.loads(out.with_name(f"report.rank{rank}").read_text())
+    return r, [json.loads(out.with_name(f"report.rank{rank}").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.slow
+def test_plain_ddp_script_runs_with_the_plan_in_effect(tmp_path):
+    r, reports = run_under_plan(BASE, "plain_ddp.py", tmp_path)
+    for seen in reports:
         assert seen["bucket_bytes_cap"] == 8 * 1024 * 1024  # the plan's DDP setting, inside the script's DDP
         assert seen["threads"] == 1
     applied = json.loads((tmp_path / "applied.json").read_text())
@@ -84,13 +89,8 @@ def test_chunking_is_applied_to_ddp_and_to_direct_all_reduce(tmp_path):
     import dataclasses
 
     plan_obj = dataclasses.replace(BASE, groups={"dp": 2}, settings=Settings({"threads": 1}, {"dp": {"chunk_bytes": 1 << 20}}))
-    plan = plan_obj.save(tmp_path / "p.yaml")
-    out = tmp_path / "report"
-    r = cli("apply", plan, "--", BIN / "torchrun", "--standalone", "--nproc-per-node", "2",
-            ROOT / "tests" / "scripts" / "plain_allreduce.py", out)
-    assert r.returncode == 0, r.stderr
-    for rank in (0, 1):
-        seen = json.loads(out.with_name(f"report.rank{rank}").read_text())
+    _, reports = run_under_plan(plan_obj, "plain_allreduce.py", tmp_path)
+    for seen in reports:
         assert "chunked_allreduce_hook" in seen["comm_hook"]  # the DDP model runs the plan's hook
         assert seen["grads_equal"] and seen["all_reduce_ok"]  # and the results are still right
     applied = json.loads((tmp_path / "applied.json").read_text())

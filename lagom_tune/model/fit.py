@@ -35,7 +35,7 @@ def fit_linear(features: np.ndarray, names: tuple[str, ...], target: np.ndarray)
     return Linear(float(coef[0]), tuple((names[c], float(slopes.get(c, 0.0))) for c in range(len(names))))
 
 
-def _points(df: pd.DataFrame) -> pd.DataFrame:
+def point_medians(df: pd.DataFrame) -> pd.DataFrame:
     """One row per measured point: medians over repeats."""
     num = [c for c in ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us", "n_compute") if c in df.columns]
     keys = [c for c in ("point", "kind", "gemm", "m", "n", "k", "batch", "dtype", "op", "nbytes", "ranks", "nodes",
@@ -43,7 +43,8 @@ def _points(df: pd.DataFrame) -> pd.DataFrame:
     return df.groupby("point", sort=True).agg({**{k: "first" for k in keys if k != "point"}, **{c: "median" for c in num}}).reset_index()
 
 
-def _gemm_of(row: pd.Series) -> Gemm:
+def gemm_of_row(row: pd.Series) -> Gemm:
+    """The GEMM a measurement row describes."""
     return Gemm("g", int(row["m"]), int(row["n"]), int(row["k"]), str(row["dtype"]), int(row["batch"]))
 
 
@@ -66,7 +67,7 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
         raise UserError("the profile has no GEMM or no collective measurements to fit")
     compute = {}
     for t, rows in gemm.groupby("threads"):
-        feats = np.array([[gemm_features(_gemm_of(r))[n] for n in GEMM_FEATURES] for _, r in rows.iterrows()])
+        feats = np.array([[gemm_features(gemm_of_row(r))[n] for n in GEMM_FEATURES] for _, r in rows.iterrows()])
         compute[int(t)] = fit_linear(feats, GEMM_FEATURES, rows["time_us"].to_numpy(float))
     comm = {}
     for op, rows in coll.groupby("op"):
@@ -96,18 +97,18 @@ def _row_settings(row: pd.Series) -> dict:
     return out
 
 
-def _predict(model: CostModel, row: pd.Series) -> dict[str, float]:
+def predict_point(model: CostModel, row: pd.Series) -> dict[str, float]:
     """Predicted microseconds for a point, in the columns it was measured in."""
     settings = _row_settings(row)
     if row["kind"] == "gemm":
-        return {"time_us": model.compute_time(_gemm_of(row), settings) * 1e6}
+        return {"time_us": model.compute_time(gemm_of_row(row), settings) * 1e6}
     def col(name: str, default: int) -> int:
         return int(row[name]) if name in row and not pd.isna(row[name]) else default
 
     coll = Collective("c", str(row["op"]), int(row["nbytes"]), ranks=col("ranks", 2), nodes=col("nodes", 1))
     if row["kind"] == "collective":
         return {"time_us": model.comm_time(coll, settings) * 1e6}
-    g = _gemm_of(row)
+    g = gemm_of_row(row)
     n = int(row["n_compute"])
     tl = simulate([g] * n, [model.compute_time(g, settings)] * n, [coll], [model.comm_time(coll, settings)],
                   lambda a, b: (model.compute_slowdown(a, b, settings), model.comm_slowdown(b, a, settings)))
@@ -150,7 +151,7 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     ``device`` (with ``sms`` and ``hbm_GBps``) selects the GPU family (Lagom's model); without it
     the CPU per-pair model is fitted.
     """
-    pts = _points(df)
+    pts = point_medians(df)
     if pts.empty:
         raise UserError("the profile holds no measurements to fit")
 
@@ -183,7 +184,7 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
             tick(f + 2, folds + 1)
         for _, row in test.iterrows():
             try:
-                pred = _predict(fold_model, row)
+                pred = predict_point(fold_model, row)
             except UserError:  # e.g. a thread count absent from this fold's training points
                 continue
             for col in ACCURACY_TARGETS[row["kind"]]:

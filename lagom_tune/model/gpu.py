@@ -169,10 +169,6 @@ def _comm_formula(xp, lat_us, link, per_ch, tau, pipe, bus_bytes, channels, thre
 # Fitting
 
 
-def _gemm(row: pd.Series) -> Gemm:
-    return Gemm("g", int(row["m"]), int(row["n"]), int(row["k"]), str(row["dtype"]), int(row["batch"]))
-
-
 def fit_comm(coll: pd.DataFrame, steps: int = 400) -> dict[str, dict[str, float]]:
     """Fit each (op, algo, proto, nodes) group's bandwidth curve on relative error with torch."""
     out = {}
@@ -200,7 +196,7 @@ def fit_comm(coll: pd.DataFrame, steps: int = 400) -> dict[str, dict[str, float]
 
 def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, iterations: int = 8) -> LagomGpuModel:
     """Fit from point medians (one row per measured point)."""
-    from lagom_tune.model.fit import two_rate_slowdowns
+    from lagom_tune.model.fit import gemm_of_row, two_rate_slowdowns
     sms, hbm = int(device["sms"]), float(device["hbm_GBps"]) * 1e9
     gemm = pts[pts["kind"] == "gemm"]
     coll = pts[pts["kind"] == "collective"]
@@ -208,7 +204,7 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, iteratio
     if gemm.empty or coll.empty:
         raise UserError("the profile has no GEMM or no collective measurements to fit")
     alone = {r["gemm"]: r["time_us"] / 1e6 for _, r in gemm.iterrows()}
-    shapes = {r["gemm"]: _gemm(r) for _, r in pts[pts["gemm"].notna()].iterrows()}
+    shapes = {r["gemm"]: gemm_of_row(r) for _, r in pts[pts["gemm"].notna()].iterrows()}
     slow = over.apply(two_rate_slowdowns, axis=1) if not over.empty else pd.Series(dtype=object)
     over["s_y"] = [s[0] for s in slow] if len(over) else []
     over["s_x"] = [s[1] for s in slow] if len(over) else []

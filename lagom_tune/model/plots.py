@@ -15,15 +15,15 @@ def write_fit_plots(run_dir: Path, df: pd.DataFrame, model: CostModel, simulated
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lagom_tune.model.fit import _points, _predict
+    from lagom_tune.model.fit import point_medians, predict_point
 
     tag = " (SIMULATED)" if simulated else ""
-    pts = _points(df)
+    pts = point_medians(df)
     out = []
     fig, ax = plt.subplots(figsize=(6, 6))
     for kind, rows in pts.groupby("kind"):
         col = "window_us" if kind == "overlap" else "time_us"
-        pred = [_predict(model, r)[col] for _, r in rows.iterrows()]
+        pred = [predict_point(model, r)[col] for _, r in rows.iterrows()]
         ax.scatter(rows[col], pred, s=8, alpha=0.6, label=f"{kind} ({col})")
     lo, hi = pts["time_us"].min() * 0.8, pts[["time_us"] + (["window_us"] if "window_us" in pts else [])].max().max() * 1.2
     ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)

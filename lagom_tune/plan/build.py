@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,22 +52,45 @@ def build_plan(workload: Workload, run_dir: Path, meta: dict[str, Any], accuracy
     )
 
 
-def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0, **options: Any) -> tuple[Plan, SearchOutcome]:
-    """Read a profiled run folder (workload, fingerprint, fitted model) and search it."""
+@dataclass(frozen=True)
+class SearchInputs:
+    """What a search reads from a profiled run folder, and nothing else."""
+
+    run_dir: Path
+    meta: dict[str, Any]
+    workload: Workload
+    model: Any  # CostModel
+    accuracy: dict[str, Any]
+    space: Any  # KnobSpace
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.meta.get("simulated", False))
+
+
+def load_search_inputs(run_dir: str | Path) -> SearchInputs:
     from lagom_tune.errors import UserError
     from lagom_tune.model.contention import load_model
     from lagom_tune.plan.schema import knob_space_for
     from lagom_tune.profile.store import open_run
-    from lagom_tune.search.run import search
 
     run = open_run(run_dir)
     meta = run.read_meta()
     if not run.model_path.is_file():
         raise UserError(f"{run.path} has no model.yaml: the profile did not finish; rerun `lagom-tune profile` to resume")
     model, accuracy = load_model(run.model_path)
-    workload = run.workload()
-    outcome = search(workload, model, knob_space_for(meta["fingerprint"]["backend"], meta["fingerprint"]), optimizer, **options)
-    plan = build_plan(workload, run.path, meta, accuracy, model.family, outcome)
+    fp = meta["fingerprint"]
+    return SearchInputs(run.path, meta, run.workload(), model, accuracy, knob_space_for(fp["backend"], fp))
+
+
+def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0, **options: Any) -> tuple[Plan, SearchOutcome]:
+    """Read a profiled run folder (workload, fingerprint, fitted model) and search it."""
+    from lagom_tune.search.run import search
+
+    inputs = load_search_inputs(run_dir)
+    workload, meta = inputs.workload, inputs.meta
+    outcome = search(workload, inputs.model, inputs.space, optimizer, **options)
+    plan = build_plan(workload, inputs.run_dir, meta, inputs.accuracy, inputs.model.family, outcome)
     if validate_repeats:
         from dataclasses import replace
 
