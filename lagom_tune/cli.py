@@ -53,7 +53,8 @@ def _progress() -> Progress:
 @app.command()
 def profile(
     workload: str = typer.Option("cpu-demo", "--workload", "-w", help="Preset name (see `workload list`) or workload YAML file."),
-    backend: str = typer.Option("gloo", help="gloo (real CPU ranks) or sim (a SIMULATED GPU cluster, for what-if questions)."),
+    backend: str = typer.Option("gloo", help="gloo (real CPU ranks), nccl (GPUs; launch with torchrun, or one process for "
+                                "the single-GPU contention probe) or sim (a SIMULATED GPU cluster, for what-if questions)."),
     ranks: int = typer.Option(2, help="Ranks to spawn (gloo)."),
     hardware: Optional[str] = typer.Option(None, help="sim: a40-pcie, a40-nvlink, a100-nvlink, h100-nvlink, h200-nvlink."),
     nodes: int = typer.Option(1, help="sim: nodes of 8 GPUs, joined by InfiniBand."),
@@ -79,6 +80,9 @@ def profile(
     w = resolve_workload(workload, parallel=parallel, seq=seq, mbs=mbs, ranks=ranks)
     b = get_backend(backend, BackendOptions(ranks=ranks, timeout_s=timeout, hardware=hardware, nodes=nodes, seed=seed,
                                             noise=noise, extra={"ib_gbps": ib_gbps}))
+    if not b.writer:  # another rank of a torchrun job: measure, and leave the run folder to rank 0
+        run_profile(w, b, out, repeats=repeats)
+        return
     with _progress() as bar:
         task = bar.add_task(f"profile {w.name} on {backend}{' (simulated)' if b.simulated else ''}", total=None)
         run = run_profile(w, b, out, repeats=repeats,

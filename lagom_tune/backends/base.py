@@ -99,14 +99,41 @@ class Point:
 
 
 def bus_factor(op: str, ranks: int) -> float:
-    """nccl-tests' bus-bandwidth factor."""
+    """nccl-tests' bus-bandwidth factor (the single-GPU contention probe moves its bytes once)."""
     n = max(ranks, 1)
-    return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0}.get(op, (n - 1) / n)
+    return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, "probe": 1.0}.get(op, (n - 1) / n)
 
 
 def bandwidth_columns(op: str, nbytes: int, ranks: int, seconds: float) -> dict[str, float]:
     algbw = nbytes / seconds / 1e9 if seconds > 0 else math.nan
     return {"algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, ranks)}
+
+
+TIMED_COLUMNS = ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us")
+
+
+def reduce_ranks(point: Point, per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per repeat from every rank's rows: a repeat takes as long as its slowest rank
+    (nccl-tests' convention); collectives gain nccl-tests' ``algbw``/``busbw`` columns."""
+    if len({len(rows) for rows in per_rank}) > 1:
+        raise ValueError(f"ranks returned different numbers of repeats for {point.key}")
+    merged = []
+    for rep, rows in enumerate(zip(*per_rank)):
+        row = dict(rows[0])
+        for col in TIMED_COLUMNS:
+            if col in row:
+                row[col] = max(r[col] for r in rows)
+        row["repeat"] = rep
+        if point.op and point.kind == "collective":
+            row.update(bandwidth_columns(point.op, int(row.get("nbytes", point.nbytes)), point.ranks, row["time_us"] / 1e6))
+        merged.append(row)
+    return merged
+
+
+def trimmed_mean(values: list[float], keep: float = 0.75) -> float:
+    """Mean of the fastest ``keep`` fraction (AutoCCL's statistic; robust to a slow outlier)."""
+    fastest = sorted(values)[:max(1, math.ceil(len(values) * keep))]
+    return sum(fastest) / len(fastest)
 
 
 RowSink = Callable[[Point, list[dict[str, Any]]], None]
@@ -116,6 +143,10 @@ class Backend(Protocol):
     name: str
     simulated: bool
     knob_space: KnobSpace
+    writer: bool  # this process owns the run folder (rank 0 of a distributed backend)
+
+    def share(self, value: Any) -> Any:
+        """The writer's ``value`` on every process of the backend (so all ranks agree on a sweep)."""
 
     def fingerprint(self) -> dict[str, Any]:
         """Environment facts recorded in ``meta.yaml`` (and compared by ``apply``)."""
@@ -125,6 +156,15 @@ class Backend(Protocol):
 
     def measure(self, points: list[Point], repeats: int, sink: RowSink) -> None:
         """Measure ``points`` and hand each one's raw rows (one per repeat) to ``sink`` as it completes."""
+
+
+class LocalBackend:
+    """A backend driven from this one process: it owns the run folder and needs no agreement."""
+
+    writer = True
+
+    def share(self, value: Any) -> Any:
+        return value
 
 
 @dataclass
@@ -147,4 +187,8 @@ def get_backend(name: str, options: BackendOptions) -> Backend:
         from lagom_tune.backends.sim import SimBackend
 
         return SimBackend(options)
-    raise UserError(f"unknown backend {name!r}; available: gloo, sim")
+    if name == "nccl":
+        from lagom_tune.backends.nccl import NcclBackend
+
+        return NcclBackend(options)
+    raise UserError(f"unknown backend {name!r}; available: gloo, nccl, sim")

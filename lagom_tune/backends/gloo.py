@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from lagom_tune.backends.base import BackendOptions, Knob, KnobSpace, Point, RowSink, bandwidth_columns
+from lagom_tune.backends.base import BackendOptions, LocalBackend, Knob, KnobSpace, Point, RowSink, reduce_ranks
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.workload.bucketing import bucket_group
 from lagom_tune.workload.spec import Gemm, Workload
@@ -60,7 +60,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class GlooBackend:
+class GlooBackend(LocalBackend):
     name = "gloo"
     simulated = False
 
@@ -188,24 +188,10 @@ def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: floa
         pending.setdefault(idx, {})[rank] = rows
         if len(pending[idx]) == len(procs):
             per_rank = pending.pop(idx)
-            sink(points[idx], _max_over_ranks(points[idx], per_rank))
+            sink(points[idx], reduce_ranks(points[idx], list(per_rank.values())))
             done += 1
             for q in persisted:
                 q.put(idx)
-
-
-def _max_over_ranks(point: Point, per_rank: dict[int, list[dict]]) -> list[dict]:
-    merged = []
-    for rep, rows in enumerate(zip(*per_rank.values())):
-        row = dict(rows[0])
-        for col in ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us"):
-            if col in row:
-                row[col] = max(r[col] for r in rows)
-        row["repeat"] = rep
-        if point.op and point.kind == "collective":
-            row.update(bandwidth_columns(point.op, point.nbytes, point.ranks, row["time_us"] / 1e6))
-        merged.append(row)
-    return merged
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,6 +38,11 @@ def nccl_knob_space(max_channels: int = 64, default_channels: int = 16) -> KnobS
     ))
 
 
+def nccl_config(algo: str, proto: str, channels: int, threads: int, buffsize: int, nodes: int) -> tuple:
+    """A measurement point's settings, in the one order every NCCL-shaped backend uses."""
+    return (("algo", algo), ("proto", proto), ("channels", channels), ("threads", threads), ("buffsize", buffsize), ("nodes", nodes))
+
+
 def categorical(knob: Knob) -> bool:
     """Knobs with no resource order (algorithm, protocol) span subspaces instead of being stepped."""
     return knob.comm_direction == 0

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from lagom_tune.backends.base import BackendOptions, Point, RowSink, bandwidth_columns, bus_factor
-from lagom_tune.backends.nccl_knobs import nccl_knob_space
+from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, bandwidth_columns, bus_factor
+from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
 from lagom_tune.errors import UserError
 from lagom_tune.workload.spec import DTYPES, Gemm, Workload
 
@@ -181,7 +181,7 @@ def _noise(key: str, repeat: int, seed: int, sigma: float) -> float:
     return float(np.exp(sigma * np.random.default_rng(h).standard_normal()))
 
 
-class SimBackend:
+class SimBackend(LocalBackend):
     """The simulated cluster behind the Backend protocol; labelled ``simulated`` everywhere."""
 
     name = "sim"
@@ -222,7 +222,7 @@ class SimBackend:
                 for a, p, ch, t, b in cells:
                     if a == "tree" and op != "all_reduce":
                         continue
-                    points.append(Point("collective", _cfg(a, p, ch, t, b, nodes), op=op, nbytes=size, ranks=ranks))
+                    points.append(Point("collective", nccl_config(a, p, ch, t, b, nodes), op=op, nbytes=size, ranks=ranks))
         # Overlapped pairs: every GEMM shape that runs beside a collective, against each
         # collective of the workload, over channels and buffer sizes (Simple, ring, 512 threads).
         beside = {g.shape_key: g for grp in workload.groups if grp.comm for g in grp.compute}
@@ -230,7 +230,7 @@ class SimBackend:
             for op, nbytes, ranks, nodes in sorted(colls):
                 for ch in space["channels"].domain:
                     for b in space["buffsize"].domain:
-                        points.append(Point("overlap", _cfg("ring", "simple", ch, 512, b, nodes), gemm=g, op=op, nbytes=nbytes, ranks=ranks))
+                        points.append(Point("overlap", nccl_config("ring", "simple", ch, 512, b, nodes), gemm=g, op=op, nbytes=nbytes, ranks=ranks))
         return points
 
     def iteration(self, workload: Workload, items) -> float:
@@ -259,6 +259,3 @@ class SimBackend:
                 rows.append({**row, "repeat": r, "simulated": True})
             sink(p, rows)
 
-
-def _cfg(algo: str, proto: str, channels: int, threads: int, buffsize: int, nodes: int) -> tuple:
-    return (("algo", algo), ("proto", proto), ("channels", channels), ("threads", threads), ("buffsize", buffsize), ("nodes", nodes))

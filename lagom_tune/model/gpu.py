@@ -210,7 +210,7 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, iteratio
     over["s_x"] = [s[1] for s in slow] if len(over) else []
     # Contended per-GEMM observations: (shape, channels, buffsize, seconds)
     obs = [(r["gemm"], int(r["channels"]), int(r["buffsize"]), r["s_y"] * r["compute_alone_us"] / r["n_compute"] / 1e6)
-           for _, r in over.iterrows() if r["s_y"] is not None and r["s_y"] > 0]
+           for _, r in over.iterrows() if r["s_y"] is not None and r["s_y"] > 0 and int(r["channels"]) < sms]
 
     v_table: dict[tuple[int, int], float] = {}
     theta: dict[str, float] = {}

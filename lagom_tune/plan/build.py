@@ -80,6 +80,12 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
         raise UserError(f"{run.path} has no model.yaml: the profile did not finish; rerun `lagom-tune profile` to resume")
     model, accuracy = load_model(run.model_path)
     fp = meta["fingerprint"]
+    if fp.get("standin"):
+        raise UserError(f"{run.path} was measured by the CPU stand-in for GPUs (a test of the nccl backend's plumbing): "
+                        "it is no basis for a plan")
+    if fp.get("mode") == "single-gpu-probe":
+        raise UserError(f"{run.path} is a single-GPU profile (GEMMs beside the contention probe): it fits the compute side "
+                        "only; profile with torchrun on the GPUs the job uses to search for NCCL settings")
     return SearchInputs(run.path, meta, run.workload(), model, accuracy, knob_space_for(fp["backend"], fp))
 
 

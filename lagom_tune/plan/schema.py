@@ -36,7 +36,9 @@ def knob_space_for(backend: str, fingerprint: dict[str, Any] | None = None) -> K
         from lagom_tune.backends.sim import CLUSTERS
 
         cluster = CLUSTERS.get(fingerprint.get("cluster", ""))
-        return nccl_knob_space(cluster.max_channels, cluster.default_channels) if cluster else nccl_knob_space()
+        if cluster:
+            return nccl_knob_space(cluster.max_channels, cluster.default_channels)
+        return nccl_knob_space(int(fingerprint.get("max_channels", 64)), int(fingerprint.get("default_channels", 16)))
     raise UserError(f"plan.target.backend: unknown backend {backend!r} (known: gloo, sim, nccl)")
 
 

@@ -6,12 +6,16 @@ import statistics
 from typing import Any
 
 from lagom_tune.backends.base import BackendOptions, Point, get_backend
+from lagom_tune.errors import UserError
 from lagom_tune.search.space import Settings, settings_items
 from lagom_tune.workload.spec import Workload
 
 
 def backend_from_fingerprint(fp: dict[str, Any]):
     """The backend that produced a run folder, rebuilt from its fingerprint."""
+    if fp["backend"] == "nccl":
+        raise UserError("--validate replays on the profiling backend, which for nccl means your cluster: "
+                        "measure the plan there with `lagom-tune apply plan.yaml -- torchrun ...`")
     return get_backend(fp["backend"], BackendOptions(
         ranks=int(fp.get("ranks", 2)) if fp["backend"] == "gloo" else 2, hardware=fp.get("cluster"),
         nodes=int(fp.get("nodes", 1)), seed=int(fp.get("seed") or 0), noise=float(fp.get("noise") or 0.0),

@@ -20,28 +20,46 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def _resume_state(run: RunFolder, workload: Workload, backend: str, repeats: int) -> tuple[str | None, set[str]]:
+    """When the run folder's profile started and which points it holds (none for a new folder)."""
+    if run.path.exists() and not run.path.is_dir():
+        raise UserError(f"--out {run.path} exists and is not a folder")
+    if not run.exists():
+        return None, set()
+    meta = run.read_meta()
+    if meta.get("workload_digest") != workload.digest or meta["fingerprint"].get("backend") != backend:
+        raise UserError(f"{run.path} holds a profile of another workload or backend; choose a new --out")
+    if meta.get("repeats") != repeats:
+        raise UserError(f"{run.path} was profiled with --repeats {meta.get('repeats')}; resume with the same value")
+    return meta.get("started"), run.done_points() if run.csv_path.exists() else set()
+
+
 def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeats: int = 5,
                 progress: Progress | None = None) -> RunFolder:
     """Measure every point of ``workload`` on ``backend`` into ``out``, resuming a partial run."""
     if repeats < 1:
         raise UserError("--repeats must be at least 1")
     run = RunFolder(Path(out))
-    if run.path.exists() and not run.path.is_dir():
-        raise UserError(f"--out {run.path} exists and is not a folder")
     fingerprint = backend.fingerprint()
-    if run.exists():
-        meta = run.read_meta()
-        if meta.get("workload_digest") != workload.digest or meta["fingerprint"].get("backend") != backend.name:
-            raise UserError(f"{run.path} holds a profile of another workload or backend; choose a new --out")
-        if meta.get("repeats") != repeats:
-            raise UserError(f"{run.path} was profiled with --repeats {meta.get('repeats')}; resume with the same value")
-        started = meta.get("started", _now())
-    else:
-        started = _now()
-
     points = backend.plan_points(workload)
-    done = run.done_points() if run.csv_path.exists() else set()
-    todo = [p for p in points if p.key not in done]
+    # The writer reads the run folder; every rank of a distributed backend then measures the same
+    # points (and raises the same error).
+    state: tuple = ("ok", None, [])
+    if backend.writer:
+        try:
+            started, done = _resume_state(run, workload, backend.name, repeats)
+            state = ("ok", started, [p.key for p in points if p.key not in done])
+        except UserError as e:
+            state = ("error", str(e), [])
+    state = backend.share(state)
+    if state[0] == "error":
+        raise UserError(state[1])
+    started = state[1] or _now()
+    wanted = set(state[2])
+    todo = [p for p in points if p.key in wanted]
+    if not backend.writer:
+        backend.measure(todo, repeats, lambda point, rows: None)
+        return run
 
     def write_meta(complete: bool) -> None:
         run.write_meta({
@@ -73,7 +91,7 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
 
     write_meta(complete=not todo)
     if progress:
-        progress(len(points) - len(todo), len(points), "resuming" if done else "measuring")
+        progress(len(points) - len(todo), len(points), "resuming" if len(todo) < len(points) else "measuring")
 
     def sink(point: Point, rows: list[dict]) -> None:
         base = {"point": point.key, "kind": point.kind, "backend": backend.name, "simulated": backend.simulated}

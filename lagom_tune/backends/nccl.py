@@ -1,0 +1,280 @@
+"""GPU backend: real GEMMs and real NCCL collectives, timed with CUDA events.
+
+Launch it the way a training job is launched::
+
+    torchrun --nnodes N --nproc-per-node G -m lagom_tune profile --backend nccl --out RUN ...
+
+Every rank runs the same command; rank 0 owns the run folder and tells the others what is left to
+measure, so all ranks agree on the sweep (and a resumed profile skips the same points everywhere).
+Each rank measures through worker processes, a fresh one per NCCL environment (NCCL reads
+``NCCL_ALGO``/``NCCL_PROTO``/``NCCL_NTHREADS``/``NCCL_BUFFSIZE`` once); workers of one batch join the
+job's rendezvous store under a prefix of their own. Rows travel worker → parent → rank 0, which
+keeps the slowest rank's time per repeat.
+
+Without torchrun (one process, one GPU) the backend profiles the compute side: the workload's
+GEMMs alone and beside the contention probe (``backends/probe.py``) over channels and buffer
+sizes. Such a profile fits the GEMM model but not NCCL's, and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import platform
+import queue
+import subprocess
+import time
+import uuid
+from typing import Any, Iterator
+
+from lagom_tune.backends.base import BackendOptions, Point, RowSink, reduce_ranks
+from lagom_tune.backends.nccl_knobs import nccl_knob_space
+from lagom_tune.backends.nccl_sweep import batches, plan_collective_points, plan_probe_points, worker_env
+from lagom_tune.backends.nccl_worker import WorkerSpec, worker_main
+from lagom_tune.errors import RunError, UserError
+from lagom_tune.workload.spec import Workload
+
+STANDIN_ENV = "LAGOM_NCCL_STANDIN"  # "cpu": gloo and CPU in the workers; tests of the orchestration only
+STANDIN_SMS = 16
+MODES = {"multi": "multi-gpu", "probe": "single-gpu-probe"}
+
+
+class Coordinator:
+    """The parent processes of a torchrun job (or one process without torchrun)."""
+
+    def __init__(self, timeout_s: float):
+        import torch.distributed as dist
+
+        env = os.environ
+        self.world = int(env.get("WORLD_SIZE", "1"))
+        self.rank = int(env.get("RANK", "0"))
+        self.local_rank = int(env.get("LOCAL_RANK", "0"))
+        self.gpus_per_node = int(env.get("LOCAL_WORLD_SIZE", str(self.world)))
+        self.dist = dist
+        if self.world > 1:
+            if not dist.is_initialized():
+                # Longer than a worker's own limit, so a rank whose worker failed waits for the
+                # others to report theirs instead of timing out first.
+                dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3 * timeout_s))
+            self.store_host, self.store_port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+            self._store = None
+        else:  # workers still need a store to meet at
+            self._store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False,
+                                        timeout=datetime.timedelta(seconds=timeout_s))
+            self.store_host, self.store_port = "127.0.0.1", self._store.port
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world // max(1, self.gpus_per_node))
+
+    def share(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        if self.world == 1:
+            return value
+        box = [value]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_gather(self, value: Any) -> list[Any]:
+        if self.world == 1:
+            return [value]
+        out: list[Any] = [None] * self.world
+        self.dist.all_gather_object(out, value)
+        return out
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _nccl_version(torch) -> tuple[int, ...] | None:
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - torch built without NCCL
+        return None
+    return tuple(int(x) for x in v) if isinstance(v, tuple) else None
+
+
+def _measured_copy_bandwidth(torch, device) -> float:
+    """Device memory bandwidth in GB/s, measured: a 1 GiB device-to-device copy reads and writes."""
+    n = (1 << 30) // 4
+    src = torch.empty(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / best / 1e9
+
+
+def local_facts(standin: bool, local_rank: int) -> dict[str, Any]:
+    """What this rank's GPU, driver and libraries are."""
+    import torch
+
+    if standin:
+        return {"gpu": "cpu stand-in (test only)", "sms": STANDIN_SMS, "hbm_GBps": 10.0, "hbm_method": "assumed (stand-in)",
+                "driver": None, "cuda": None, "nccl": None, "host": platform.node()}
+    device = torch.device("cuda", local_rank)
+    props = torch.cuda.get_device_properties(device)
+    nccl = _nccl_version(torch)
+    return {
+        "gpu": props.name, "sms": props.multi_processor_count, "memory_GiB": round(props.total_memory / (1 << 30), 1),
+        "hbm_GBps": round(_measured_copy_bandwidth(torch, device), 1), "hbm_method": "measured: 1 GiB device-to-device copy, best of 5",
+        "driver": _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", str(local_rank)]) or None,
+        "cuda": torch.version.cuda, "nccl": ".".join(map(str, nccl)) if nccl else None, "host": platform.node(),
+    }
+
+
+class NcclBackend:
+    name = "nccl"
+    simulated = False
+
+    def __init__(self, options: BackendOptions):
+        import torch
+        import torch.distributed as dist
+
+        self.standin = os.environ.get(STANDIN_ENV) == "cpu"
+        if not self.standin and not (torch.cuda.is_available() and dist.is_nccl_available()):
+            raise UserError("--backend nccl needs CUDA GPUs and a torch built with NCCL (none here); "
+                            "use --backend gloo for CPUs or --backend sim for a simulated cluster")
+        self.options = options
+        self.coord = Coordinator(options.timeout_s)
+        self.writer = self.coord.rank == 0
+        self.mode = "multi" if self.coord.world > 1 else "probe"
+        self._facts: dict[str, Any] | None = None
+        self.token = self.coord.share(uuid.uuid4().hex[:12])
+        nccl = _nccl_version(torch) if not self.standin else None
+        self.nccl_version = nccl
+        # NCCL allows 64 channels since 2.25 (32 before); at most half the SMs leaves the GEMM
+        # beside a collective something to run on.
+        sms = STANDIN_SMS if self.standin else torch.cuda.get_device_properties(self.coord.local_rank).multi_processor_count
+        self.knob_space = nccl_knob_space(min(64 if nccl is None or nccl >= (2, 25) else 32, sms // 2))
+
+    def share(self, value: Any) -> Any:
+        return self.coord.share(value)
+
+    def fingerprint(self) -> dict[str, Any]:
+        if self._facts is None:
+            facts = self.coord.all_gather(local_facts(self.standin, self.coord.local_rank))
+            gpus = sorted({f["gpu"] for f in facts})
+            if len(gpus) > 1:
+                raise UserError(f"the ranks have different GPUs ({', '.join(gpus)}); profile one kind at a time")
+            first = facts[0]
+            c = self.coord
+            self._facts = {
+                "backend": "nccl", "simulated": False, "mode": MODES[self.mode],
+                "device": first["gpu"], "gpu": first["gpu"], "sms": first["sms"],
+                "hbm_GBps": min(f["hbm_GBps"] for f in facts), "hbm_method": first["hbm_method"],
+                "memory_GiB": first.get("memory_GiB"), "driver": first["driver"], "cuda": first["cuda"], "nccl": first["nccl"],
+                "torch": _torch_version(), "ranks": c.world, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
+                "hosts": sorted({f["host"] for f in facts}), "host": first["host"],
+                "topology": _topology(self.standin), "max_channels": self.knob_space["channels"].domain[-1],
+                "default_channels": self.knob_space["channels"].default,
+                **({"standin": "cpu and gloo in place of GPUs and NCCL: a test of the orchestration, not a GPU measurement"}
+                   if self.standin else {}),
+            }
+        return self._facts
+
+    def plan_points(self, workload: Workload) -> list[Point]:
+        c = self.coord
+        if self.mode == "probe":
+            return plan_probe_points(workload, self.knob_space, int(self.fingerprint()["sms"]))
+        return plan_collective_points(workload, self.knob_space, c.world, c.gpus_per_node)
+
+    def measure(self, points: list[Point], repeats: int, sink: RowSink) -> None:
+        if any(p.kind == "iteration" for p in points):
+            raise UserError("the nccl backend does not replay whole iterations; measure a plan with `lagom-tune apply`")
+        for i, batch in enumerate(batches(points)):
+            env, removed = worker_env(dict(batch.process), batch.ops, self.nccl_version, os.environ)
+            if removed and self.writer and i == 0:
+                print(f"lagom-tune: the profile sets these itself and ignores yours: {', '.join(removed)}")
+            spec = WorkerSpec(self.coord.rank, self.coord.world, self.coord.local_rank, self.coord.gpus_per_node,
+                              self.coord.store_host, self.coord.store_port, f"lagom/{self.token}/{i}/", batch.points,
+                              repeats, self.options.timeout_s, self.standin)
+            self._run_batch(spec, env, sink)
+
+    def _run_batch(self, spec: WorkerSpec, env: dict[str, str], sink: RowSink) -> None:
+        import torch
+
+        ctx = torch.multiprocessing.get_context("spawn")
+        results = ctx.Queue()
+        with _environ(env):  # a spawned process starts with the parent's environment of the moment
+            proc = ctx.Process(target=worker_main, args=(spec, results), daemon=True)
+            proc.start()
+        try:
+            for i, point in enumerate(spec.points):
+                mine = _next_rows(proc, results, i, spec, len(spec.points))
+                everyone = self.coord.all_gather(mine)
+                failed = [(r, m[1]) for r, m in enumerate(everyone) if m[0] == "error"]
+                if failed:
+                    r, why = failed[0]
+                    raise RunError(f"rank {r}: {why}", hint="rerun the same command to resume from the last completed point")
+                if self.writer:
+                    sink(point, reduce_ranks(point, [m[1] for m in everyone]))
+            _await_done(proc, results, spec.timeout_s)
+        finally:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+
+
+def _next_rows(proc, results, i: int, spec: WorkerSpec, total: int) -> tuple:
+    """This rank's rows for point ``i``, or ("error", why) if its worker failed or went quiet."""
+    deadline = time.monotonic() + spec.timeout_s
+    while time.monotonic() < deadline:
+        try:
+            msg = results.get(timeout=0.5)
+        except queue.Empty:
+            if not proc.is_alive():
+                return ("error", f"worker died (exit code {proc.exitcode}) at point {i + 1} of {total} of its batch")
+            continue
+        if msg[0] == "error":
+            return ("error", msg[1])
+        if msg[0] == "rows" and msg[1] == i:
+            return ("rows", msg[2])
+    proc.kill()
+    return ("error", f"worker made no progress for {spec.timeout_s:.0f} s at point {i + 1} of {total} of its batch")
+
+
+def _await_done(proc, results, timeout_s: float) -> None:
+    try:
+        msg = results.get(timeout=timeout_s)
+    except queue.Empty:
+        raise RunError("a worker did not finish after its last point", hint="rerun to resume") from None
+    if msg[0] == "error":
+        raise RunError(f"worker failed while finishing: {msg[1]}")
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _topology(standin: bool) -> str | None:
+    """``nvidia-smi topo -m``: how this node's GPUs are linked (NVLink, PCIe switch, ...)."""
+    return None if standin else (_run(["nvidia-smi", "topo", "-m"]) or None)

@@ -1,0 +1,176 @@
+"""What the nccl backend measures, and in which worker process (pure logic, tested on CPU).
+
+NCCL reads ``NCCL_ALGO``, ``NCCL_PROTO``, ``NCCL_NTHREADS`` and ``NCCL_BUFFSIZE`` once per process,
+so points that differ in any of them are measured in different worker processes (one
+:class:`Batch` each). Channels are a per-communicator setting: one process group per value, with
+``ProcessGroupNCCL.Options().config.min_ctas = max_ctas = channels``.
+
+The sweep is one factor at a time around the defaults, because the fitted communication model
+separates the factors: every (algorithm, protocol) over every channel count; threads and buffer
+size over three channel counts; overlapped pairs over channels and buffer sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from lagom_tune.backends.base import KnobSpace, Point
+from lagom_tune.backends.nccl_knobs import nccl_config
+from lagom_tune.errors import UserError
+from lagom_tune.runtime.nccl import OVERRIDING_ENV, TUNER_COLL, CommunicatorConfig, build_options
+from lagom_tune.workload.spec import Workload
+
+PROCESS_KEYS = ("algo", "proto", "threads", "buffsize")
+# NCCL's environment spellings.
+ALGO_ENV = {"ring": "Ring", "tree": "Tree"}
+PROTO_ENV = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+PER_OP_SYNTAX = (2, 24)  # NCCL_ALGO="allreduce:tree;allgather:ring" since NCCL 2.24
+
+# The single-GPU contention probe stands in for a collective: "copy" is its algorithm and protocol.
+PROBE = "probe"
+PROBE_SIZES = (4 << 20, 32 << 20, 256 << 20)
+PROBE_THREADS = 512
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Points measured by one fresh worker process, under one NCCL environment."""
+
+    process: tuple[tuple[str, Any], ...]  # the process-scope settings, () for GEMMs and the probe
+    points: tuple[Point, ...]
+
+    @property
+    def ops(self) -> set[str]:
+        return {p.op for p in self.points if p.op}
+
+
+def _add(points: dict[str, Point], p: Point) -> None:
+    points.setdefault(p.key, p)
+
+
+def _gemm_points(workload: Workload) -> list[Point]:
+    return [Point("gemm", (), gemm=g) for g in sorted(workload.gemms().values(), key=lambda g: g.flops)]
+
+
+def _beside(workload: Workload):
+    """GEMM shapes that run beside a collective somewhere in the workload."""
+    shapes = {g.shape_key: g for grp in workload.groups if grp.comm for g in grp.compute}
+    return sorted(shapes.values(), key=lambda g: g.flops)
+
+
+def plan_collective_points(workload: Workload, space: KnobSpace, world: int, gpus_per_node: int) -> list[Point]:
+    """Every point a multi-GPU profile of ``workload`` measures, in a deterministic order."""
+    algo, proto, chan, thr, buf = (space[k] for k in ("algo", "proto", "channels", "threads", "buffsize"))
+    few_channels = sorted({chan.domain[min(1, len(chan.domain) - 1)], chan.default, chan.domain[-1]})
+    points: dict[str, Point] = {p.key: p for p in _gemm_points(workload)}
+    colls = sorted({(c.op, c.nbytes, c.ranks, c.nodes) for c in workload.collectives()})
+    for op, nbytes, ranks, nodes in colls:
+        check_layout(world, gpus_per_node, ranks, nodes)
+        for size in sorted({nbytes, max(1 << 16, nbytes // 8)}):
+            def coll(cfg: tuple) -> None:
+                _add(points, Point("collective", cfg, op=op, nbytes=size, ranks=ranks))
+
+            for a in algo.domain_for({op}):
+                for p in proto.domain:
+                    for ch in chan.domain:
+                        coll(nccl_config(a, p, ch, thr.default, buf.default, nodes))
+            for ch in few_channels:
+                for t in thr.domain:
+                    coll(nccl_config(algo.default, proto.default, ch, t, buf.default, nodes))
+                for b in buf.domain:
+                    coll(nccl_config(algo.default, proto.default, ch, thr.default, b, nodes))
+    for g in _beside(workload):
+        for op, nbytes, ranks, nodes in colls:
+            for ch in chan.domain:
+                for b in buf.domain:
+                    _add(points, Point("overlap", nccl_config(algo.default, proto.default, ch, thr.default, b, nodes),
+                                       gemm=g, op=op, nbytes=nbytes, ranks=ranks))
+    return list(points.values())
+
+
+def plan_probe_points(workload: Workload, space: KnobSpace, sms: int) -> list[Point]:
+    """Single-GPU mode: the workload's GEMMs, the probe alone, and each GEMM beside the probe.
+
+    The probe's overlapped size is chosen when measured (so it lasts as long as the GEMMs beside
+    it); its points carry ``nbytes=0`` and their rows the bytes actually copied.
+    """
+    chan = [c for c in space["channels"].domain if c < sms]
+    bufs = space["buffsize"].domain
+    points: dict[str, Point] = {p.key: p for p in _gemm_points(workload)}
+    for size in PROBE_SIZES:
+        for ch in chan:
+            for b in bufs:
+                _add(points, Point("collective", nccl_config("copy", "copy", ch, PROBE_THREADS, b, 1), op=PROBE, nbytes=size, ranks=1))
+    for g in _beside(workload):
+        for ch in chan:
+            for b in bufs:
+                _add(points, Point("overlap", nccl_config("copy", "copy", ch, PROBE_THREADS, b, 1), gemm=g, op=PROBE, nbytes=0, ranks=1))
+    return list(points.values())
+
+
+def check_layout(world: int, gpus_per_node: int, ranks: int, nodes: int) -> None:
+    """Refuse a workload whose communicators this job cannot lay out."""
+    nodes_total = max(1, world // max(1, gpus_per_node))
+    if ranks > world or world % ranks:
+        raise UserError(f"the workload has a {ranks}-rank collective but this job has {world} ranks; "
+                        f"launch a multiple of {ranks} ranks with torchrun")
+    if nodes > nodes_total:
+        raise UserError(f"the workload has a collective across {nodes} nodes but this job spans {nodes_total}")
+    if nodes == 1 and ranks > gpus_per_node:
+        raise UserError(f"the workload has a {ranks}-rank collective within one node but this job has {gpus_per_node} GPUs per node")
+
+
+def subgroups(world: int, ranks: int, nodes: int) -> list[list[int]]:
+    """Communicators of ``ranks`` ranks that tile the job the way the workload lays them out:
+    consecutive ranks within a node; strided (one slice of every node) when a group spans nodes."""
+    count = world // ranks
+    if nodes > 1:
+        return [list(range(start, world, count)) for start in range(count)]
+    return [list(range(i * ranks, (i + 1) * ranks)) for i in range(count)]
+
+
+def process_settings(p: Point) -> tuple[tuple[str, Any], ...]:
+    """The settings of ``p`` that only a fresh process can change (none for GEMMs and the probe)."""
+    if p.kind == "gemm" or p.op == PROBE:
+        return ()
+    s = p.settings
+    return tuple((k, s[k]) for k in PROCESS_KEYS if k in s)
+
+
+def batches(points: list[Point]) -> list[Batch]:
+    """Group points by the environment their worker needs, keeping first-seen order."""
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        groups.setdefault(process_settings(p), []).append(p)
+    return [Batch(k, tuple(v)) for k, v in groups.items()]
+
+
+def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[int, ...] | None,
+               base: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The environment of a worker measuring under ``process`` settings, and what was removed.
+
+    Variables that override every communicator's own channel config (``NCCL_MIN_CTAS`` ...) are
+    dropped, since the sweep sets channels per communicator; so are the user's own
+    ``NCCL_ALGO``/``NCCL_PROTO``/``NCCL_NTHREADS``/``NCCL_BUFFSIZE``, which the sweep owns.
+    """
+    owned = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NTHREADS", "NCCL_BUFFSIZE")
+    removed = [k for k in (*OVERRIDING_ENV, *owned) if k in base]
+    env = {k: val for k, val in base.items() if k not in removed}
+    if "threads" in process:
+        env["NCCL_NTHREADS"] = str(int(process["threads"]))
+    if "buffsize" in process:
+        env["NCCL_BUFFSIZE"] = str(int(process["buffsize"]))
+    funcs = sorted({TUNER_COLL[op] for op in ops if op in TUNER_COLL and op != "all_to_all"})
+    per_op = nccl_version is not None and tuple(nccl_version[:2]) >= PER_OP_SYNTAX
+    for key, var, names in (("algo", "NCCL_ALGO", ALGO_ENV), ("proto", "NCCL_PROTO", PROTO_ENV)):
+        if key not in process or not funcs:
+            continue
+        value = names[process[key]]
+        env[var] = ";".join(f"{f}:{value}" for f in funcs) if per_op else value
+    return env, [k for k in removed if k not in env]
+
+
+def channel_options(options_cls: Any, ranks: int, channels: int) -> Any:
+    """``ProcessGroupNCCL.Options`` pinning a communicator to ``channels`` CTAs (min = max)."""
+    return build_options(options_cls, CommunicatorConfig("profile", ranks, channels, channels))

@@ -1,0 +1,102 @@
+"""The single-GPU contention probe: NCCL's footprint without a second GPU.
+
+A persistent Triton kernel of ``channels`` blocks (one per NCCL channel), each copying its share
+of ``nbytes`` in steps of ``buffsize / 8`` bytes into its own 8-slot staging ring (NCCL's
+NCCL_STEPS slots of a channel's buffer), reading a source slice that wraps around. It takes SMs
+and HBM bandwidth the way a channel does, so GEMM slowdown against channels and buffer size can
+be measured, and the compute side of the model fitted, on one GPU.
+
+It is a stand-in, not NCCL: it does no reduction and no peer traffic, and the hardware may place
+a probe block beside a GEMM block on one SM. The fit (V per channels and buffer size) absorbs
+what it measures; the run folder says ``probe`` wherever it was used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+WORD = 4  # float32
+BLOCK_WORDS = 1024  # words one loop iteration moves
+SLOTS = 8  # NCCL_STEPS
+MAX_SOURCE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class ProbeGeometry:
+    channels: int
+    chunk_words: int  # words per step (buffsize / 8)
+    steps: int  # steps per channel
+    slice_chunks: int  # chunks in a channel's source slice before it wraps
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the probe copies in all (what its rows report)."""
+        return self.channels * self.steps * self.chunk_words * WORD
+
+    @property
+    def source_words(self) -> int:
+        return self.channels * self.slice_chunks * self.chunk_words
+
+    @property
+    def stage_words(self) -> int:
+        return self.channels * SLOTS * self.chunk_words
+
+
+def probe_geometry(nbytes: int, channels: int, buffsize: int, max_source_bytes: int = MAX_SOURCE_BYTES) -> ProbeGeometry:
+    """How ``channels`` blocks copy about ``nbytes`` with NCCL's step size for ``buffsize``."""
+    if channels < 1 or buffsize < SLOTS * WORD:
+        raise ValueError(f"probe needs channels >= 1 and buffsize >= {SLOTS * WORD} bytes")
+    chunk_words = max(BLOCK_WORDS, buffsize // SLOTS // WORD // BLOCK_WORDS * BLOCK_WORDS)
+    chunk_bytes = chunk_words * WORD
+    steps = max(1, math.ceil(nbytes / (channels * chunk_bytes)))
+    slice_chunks = max(1, min(steps, max_source_bytes // (channels * chunk_bytes)))
+    return ProbeGeometry(channels, chunk_words, steps, slice_chunks)
+
+
+def steps_for(target_s: float, trial_steps: int, trial_s: float) -> int:
+    """Steps that make the probe last about ``target_s``, scaled from a timed trial."""
+    return max(1, round(trial_steps * target_s / max(trial_s, 1e-9)))
+
+
+_KERNEL = None
+
+
+def _kernel():
+    """The Triton kernel, compiled on first use (Triton ships with CUDA builds of torch)."""
+    global _KERNEL
+    if _KERNEL is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def probe_copy(src, stage, steps, slice_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+            pid = tl.program_id(0).to(tl.int64)
+            src_base = pid * slice_chunks * CHUNK
+            stage_base = pid * 8 * CHUNK
+            for step in range(steps):
+                s_off = src_base + (step % slice_chunks).to(tl.int64) * CHUNK
+                d_off = stage_base + (step % 8) * CHUNK
+                for i in range(0, CHUNK, BLOCK):
+                    offs = i + tl.arange(0, BLOCK)
+                    tl.store(stage + d_off + offs, tl.load(src + s_off + offs))
+
+        _KERNEL = probe_copy
+    return _KERNEL
+
+
+class Probe:
+    """Buffers for one geometry and a launcher on the current CUDA stream."""
+
+    def __init__(self, geometry: ProbeGeometry, threads: int, device):
+        import torch
+
+        self.geometry = geometry
+        self.warps = max(1, threads // 32)
+        self.src = torch.ones(geometry.source_words, dtype=torch.float32, device=device)
+        self.stage = torch.empty(geometry.stage_words, dtype=torch.float32, device=device)
+
+    def launch(self, steps: int | None = None) -> None:
+        g = self.geometry
+        _kernel()[(g.channels,)](self.src, self.stage, steps or g.steps, g.slice_chunks,
+                                 CHUNK=g.chunk_words, BLOCK=BLOCK_WORDS, num_warps=self.warps)

@@ -1,0 +1,254 @@
+"""The nccl backend's pure logic with fakes, its torchrun orchestration with a CPU stand-in, and
+(only where a GPU exists) the real thing."""
+
+import os
+import subprocess
+import sys
+import types
+from collections import Counter
+
+import pytest
+import torch
+import yaml
+
+from lagom_tune.backends.base import Point, reduce_ranks, trimmed_mean
+from lagom_tune.backends.nccl import _nccl_version
+from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
+from lagom_tune.backends.nccl_sweep import (
+    PROBE, batches, channel_options, check_layout, plan_collective_points, plan_probe_points, process_settings, subgroups,
+    worker_env,
+)
+from lagom_tune.backends.nccl_worker import collective_call
+from lagom_tune.backends.probe import BLOCK_WORDS, SLOTS, probe_geometry, steps_for
+from lagom_tune.errors import UserError
+from lagom_tune.workload.spec import Collective, Gemm, OverlapGroup, Workload
+
+from conftest import BIN, ROOT, cli
+
+GPU = torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (the CPU side is covered by the fakes and the stand-in)")
+
+G1 = Gemm("wgrad", 64, 64, 64)
+G2 = Gemm("dgrad", 128, 64, 64)
+ONE_PAIR = Workload("one-pair", (OverlapGroup("bwd", (G1, G2), (Collective("grads", "all_reduce", 1 << 18, ranks=2, after=0),)),))
+
+
+class FakeOptions:
+    def __init__(self):
+        self.config = types.SimpleNamespace(min_ctas=-1, max_ctas=-1)
+
+
+# -- sweep planning --------------------------------------------------------------------------------
+
+
+def test_sweep_covers_every_factor_and_only_valid_algorithms():
+    space = nccl_knob_space(32, 16)
+    w = Workload("mixed", (OverlapGroup("g", (G1,), (Collective("ag", "all_gather", 1 << 24, ranks=8),
+                                                         Collective("ar", "all_reduce", 1 << 22, ranks=8))),))
+    pts = plan_collective_points(w, space, world=8, gpus_per_node=8)
+    assert len({p.key for p in pts}) == len(pts)
+    kinds = Counter(p.kind for p in pts)
+    assert kinds["gemm"] == 1
+    coll = [p for p in pts if p.kind == "collective"]
+    assert not [p for p in coll if p.op == "all_gather" and p.settings["algo"] == "tree"]
+    ar = [p for p in coll if p.op == "all_reduce" and p.nbytes == 1 << 22]
+    assert {(p.settings["algo"], p.settings["proto"]) for p in ar} == {(a, b) for a in ("ring", "tree") for b in ("ll", "ll128", "simple")}
+    assert {p.settings["channels"] for p in ar} == set(space["channels"].domain)
+    assert {p.settings["threads"] for p in ar} == set(space["threads"].domain)
+    assert {p.settings["buffsize"] for p in ar} == set(space["buffsize"].domain)
+    # the fit needs a second, smaller size per collective
+    assert {p.nbytes for p in coll if p.op == "all_gather"} == {1 << 24, 1 << 21}
+    over = [p for p in pts if p.kind == "overlap"]
+    assert len(over) == 2 * len(space["channels"].domain) * len(space["buffsize"].domain)
+
+
+def test_batches_group_by_what_only_a_fresh_process_can_change():
+    pts = plan_collective_points(ONE_PAIR, nccl_knob_space(8, 8), world=2, gpus_per_node=2)
+    bs = batches(pts)
+    assert bs[0].process == () and {p.kind for p in bs[0].points} == {"gemm"}
+    assert len({b.process for b in bs}) == len(bs)
+    for b in bs[1:]:
+        assert {process_settings(p) for p in b.points} == {b.process}
+        assert len({p.settings["channels"] for p in b.points}) >= 1
+    # channels never split a batch: they are per communicator
+    assert len(bs) == 1 + 6 + 3 + 3
+
+
+def test_layout_checks_and_subgroups():
+    check_layout(16, 8, 8, 1)
+    check_layout(16, 8, 2, 2)
+    with pytest.raises(UserError, match="16 ranks"):
+        check_layout(16, 8, 6, 1)
+    with pytest.raises(UserError, match="across 2 nodes"):
+        check_layout(8, 8, 8, 2)
+    with pytest.raises(UserError, match="within one node"):
+        check_layout(16, 8, 16, 1)
+    assert subgroups(16, 8, 1) == [list(range(8)), list(range(8, 16))]  # tensor parallel within a node
+    assert subgroups(16, 2, 2) == [[i, i + 8] for i in range(8)]  # data parallel across nodes
+    assert subgroups(4, 4, 1) == [[0, 1, 2, 3]]
+
+
+def test_worker_env_per_op_syntax_and_overrides_removed():
+    base = {"PATH": "/bin", "NCCL_MIN_CTAS": "32", "NCCL_ALGO": "Tree", "NCCL_DEBUG": "WARN"}
+    proc = {"algo": "tree", "proto": "ll128", "threads": 256, "buffsize": 2 << 20}
+    env, removed = worker_env(proc, {"all_reduce"}, (2, 26, 2), base)
+    assert env["NCCL_ALGO"] == "allreduce:Tree" and env["NCCL_PROTO"] == "allreduce:LL128"
+    assert env["NCCL_NTHREADS"] == "256" and env["NCCL_BUFFSIZE"] == str(2 << 20)
+    assert "NCCL_MIN_CTAS" not in env and env["NCCL_DEBUG"] == "WARN" and env["PATH"] == "/bin"
+    assert removed == ["NCCL_MIN_CTAS"]  # NCCL_ALGO was replaced, not lost
+    env, _ = worker_env({"algo": "ring", "proto": "simple"}, {"all_gather", "reduce_scatter", "all_to_all"}, (2, 26, 2), {})
+    assert env["NCCL_ALGO"] == "allgather:Ring;reducescatter:Ring"
+    old, _ = worker_env(proc, {"all_reduce"}, (2, 21, 5), {})
+    assert old["NCCL_ALGO"] == "Tree" and old["NCCL_PROTO"] == "LL128"
+    plain, removed = worker_env({}, set(), (2, 26, 2), base)  # GEMMs and the probe: no NCCL settings
+    assert "NCCL_ALGO" not in plain and set(removed) == {"NCCL_MIN_CTAS", "NCCL_ALGO"}
+    assert base["NCCL_MIN_CTAS"] == "32"  # the caller's mapping is untouched
+
+
+def test_channel_options_pin_the_communicator():
+    opts = channel_options(FakeOptions, ranks=8, channels=4)
+    assert (opts.config.min_ctas, opts.config.max_ctas) == (4, 4)
+
+
+def test_probe_plan_and_geometry():
+    space = nccl_knob_space(64, 16)
+    pts = plan_probe_points(ONE_PAIR, space, sms=16)
+    probe = [p for p in pts if p.op == PROBE]
+    assert probe and all(p.settings["channels"] < 16 for p in probe)
+    assert {p.nbytes for p in probe if p.kind == "overlap"} == {0}
+    assert batches(pts)[0].process == () and len(batches(pts)) == 1  # one worker: nothing NCCL reads
+    g = probe_geometry(32 << 20, channels=4, buffsize=4 << 20)
+    assert g.chunk_words * 4 == (4 << 20) // SLOTS and g.chunk_words % BLOCK_WORDS == 0
+    assert g.nbytes == 32 << 20 and g.stage_words == 4 * SLOTS * g.chunk_words
+    big = probe_geometry(4 << 30, channels=2, buffsize=1 << 20, max_source_bytes=64 << 20)
+    assert big.source_words * 4 <= 64 << 20 and big.nbytes >= 4 << 30
+    assert steps_for(2e-3, 100, 1e-3) == 200
+    with pytest.raises(ValueError):
+        probe_geometry(1 << 20, channels=0, buffsize=1 << 20)
+
+
+# -- result reduction, collectives, fingerprint helpers ---------------------------------------------
+
+
+def test_reduce_ranks_keeps_the_slowest_rank_and_adds_bus_bandwidth():
+    p = Point("collective", nccl_config("ring", "simple", 4, 512, 4 << 20, 1), op="all_reduce", nbytes=1 << 30, ranks=8)
+    rows = reduce_ranks(p, [[{"time_us": 1000.0}, {"time_us": 900.0}], [{"time_us": 1100.0}, {"time_us": 800.0}]])
+    assert [r["time_us"] for r in rows] == [1100.0, 900.0] and [r["repeat"] for r in rows] == [0, 1]
+    assert rows[0]["algbw_GBps"] == pytest.approx((1 << 30) / 1100e-6 / 1e9)
+    assert rows[0]["busbw_GBps"] == pytest.approx(rows[0]["algbw_GBps"] * 2 * 7 / 8)
+    with pytest.raises(ValueError):
+        reduce_ranks(p, [[{"time_us": 1.0}], []])
+    assert trimmed_mean([1.0, 2.0, 3.0, 100.0]) == pytest.approx(2.0)
+
+
+def test_collective_calls_use_the_new_names_with_a_fallback():
+    calls = []
+
+    def rec(name):
+        return lambda *a, **k: calls.append((name, tuple(t.numel() for t in a if hasattr(t, "numel"))))
+
+    new = types.SimpleNamespace(all_gather_single=rec("all_gather_single"), reduce_scatter_single=rec("reduce_scatter_single"),
+                                all_reduce=rec("all_reduce"), all_to_all_single=rec("all_to_all_single"))
+    collective_call(new, "all_gather", 4096, 4, None, "cpu", torch.float32)()
+    collective_call(new, "reduce_scatter", 4096, 4, None, "cpu", torch.float32)()
+    old = types.SimpleNamespace(all_gather_into_tensor=rec("all_gather_into_tensor"), reduce_scatter_tensor=rec("reduce_scatter_tensor"))
+    collective_call(old, "all_gather", 4096, 4, None, "cpu", torch.float32)()
+    assert calls == [("all_gather_single", (1024, 256)), ("reduce_scatter_single", (256, 1024)),
+                     ("all_gather_into_tensor", (1024, 256))]
+
+
+def test_nccl_version_from_torch():
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(nccl=types.SimpleNamespace(version=lambda: (2, 26, 2))))
+    assert _nccl_version(fake) == (2, 26, 2)
+
+    def broken():
+        raise RuntimeError("no NCCL")
+
+    fake.cuda.nccl.version = broken
+    assert _nccl_version(fake) is None
+
+
+@pytest.mark.skipif(GPU, reason="checks the message on a machine without a GPU")
+def test_without_a_gpu_the_backend_says_so(tmp_path):
+    proc = cli("profile", "--backend", "nccl", "--workload", "cpu-demo", "--out", tmp_path / "run")
+    assert proc.returncode == 2 and "needs CUDA GPUs" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# -- orchestration under real torchrun, CPU stand-in ------------------------------------------------
+
+
+@pytest.mark.slow
+def test_torchrun_profile_rank0_writes_all_ranks_agree_and_resume(tmp_path):
+    wl = tmp_path / "one.yaml"
+    ONE_PAIR.save(wl)
+    run = tmp_path / "run"
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "lagom_tune", "profile", "--backend", "nccl",
+           "--workload", str(wl), "--out", str(run), "--repeats", "2", "--timeout", "30"]
+    env = {**os.environ, "LAGOM_NCCL_STANDIN": "cpu", "GLOO_SOCKET_IFNAME": "lo"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    meta = yaml.safe_load((run / "meta.yaml").read_text())
+    fp = meta["fingerprint"]
+    assert meta["complete"] and meta["points_done"] == meta["points_total"]
+    assert fp["backend"] == "nccl" and fp["ranks"] == 2 and fp["mode"] == "multi-gpu" and "standin" in fp
+    import pandas as pd
+
+    df = pd.read_csv(run / "measurements.csv")
+    assert df.groupby("point").size().eq(2).all()  # one row per repeat: ranks merged, not appended
+    assert set(df["kind"]) == {"gemm", "collective", "overlap"}
+    assert (df.loc[df["kind"] == "collective", "busbw_GBps"] > 0).all()
+    assert (run / "model.yaml").is_file()
+    refused = cli("search", run)
+    assert refused.returncode == 2 and "stand-in" in refused.stderr and "Traceback" not in refused.stderr
+    before = len(df)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(pd.read_csv(run / "measurements.csv")) == before  # resumed: nothing left to measure
+
+
+# -- the real thing ---------------------------------------------------------------------------------
+
+
+PROBE_CHECK = """
+import torch
+from lagom_tune.backends.probe import SLOTS, Probe, probe_geometry
+g = probe_geometry(8 << 20, channels=4, buffsize=1 << 20)
+p = Probe(g, 128, torch.device(DEVICE))
+p.src.copy_(torch.arange(g.source_words, dtype=torch.float32, device=DEVICE))
+per = g.slice_chunks * g.chunk_words
+for steps in (1, g.slice_chunks + 3):  # the last step lands in slot (step % 8), from chunk (step % slice)
+    p.stage.zero_()
+    p.launch(steps=steps)
+    last = steps - 1
+    for c in range(g.channels):
+        got = p.stage[(c * SLOTS + last % SLOTS) * g.chunk_words:][:g.chunk_words]
+        assert torch.equal(got, p.src[c * per + last % g.slice_chunks * g.chunk_words:][:g.chunk_words]), (steps, c)
+print("probe ok")
+"""
+
+
+def test_probe_kernel_copies_chunks_into_its_staging_ring():
+    """On a GPU, the compiled kernel; elsewhere Triton's interpreter, where Triton is installed."""
+    pytest.importorskip("triton", reason="Triton ships with CUDA builds of torch; not installed here")
+    device = "cuda" if GPU else "cpu"
+    env = {**os.environ, **({} if GPU else {"TRITON_INTERPRET": "1"})}
+    proc = subprocess.run([sys.executable, "-c", PROBE_CHECK.replace("DEVICE", repr(device))], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0 and "probe ok" in proc.stdout, proc.stderr[-3000:]
+
+
+@needs_gpu
+def test_single_gpu_probe_profile_fits_the_compute_side(tmp_path):
+    pytest.importorskip("triton")
+    wl = tmp_path / "one.yaml"
+    ONE_PAIR.save(wl)
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "lagom_tune", "profile", "--backend", "nccl", "--workload", str(wl),
+                           "--out", str(run), "--repeats", "3"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model = yaml.safe_load((run / "model.yaml").read_text())
+    assert model["family"] == "lagom-gpu" and "overlap_compute" in model["accuracy"]["mape"]
+    assert yaml.safe_load((run / "meta.yaml").read_text())["fingerprint"]["mode"] == "single-gpu-probe"
+    refused = cli("search", run)
+    assert refused.returncode == 2 and "single-GPU profile" in refused.stderr
