@@ -199,7 +199,8 @@ def test_torchrun_profile_rank0_writes_all_ranks_agree_and_resume(tmp_path):
     assert set(df["kind"]) == {"gemm", "collective", "overlap"}
     assert (df.loc[df["kind"] == "collective", "busbw_GBps"] > 0).all()
     assert (run / "model.yaml").is_file()
-    refused = cli("search", run)
+    refused = cli("search", run, "--out", run / "plan.yaml")
+    assert not (run / "plan.yaml").exists()
     assert refused.returncode == 2 and "stand-in" in refused.stderr and "Traceback" not in refused.stderr
     before = len(df)
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
@@ -250,5 +251,5 @@ def test_single_gpu_probe_profile_fits_the_compute_side(tmp_path):
     model = yaml.safe_load((run / "model.yaml").read_text())
     assert model["family"] == "lagom-gpu" and "overlap_compute" in model["accuracy"]["mape"]
     assert yaml.safe_load((run / "meta.yaml").read_text())["fingerprint"]["mode"] == "single-gpu-probe"
-    refused = cli("search", run)
+    refused = cli("search", run, "--out", run / "plan.yaml")
     assert refused.returncode == 2 and "single-GPU profile" in refused.stderr
