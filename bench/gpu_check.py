@@ -39,42 +39,30 @@ def tables(run: Path) -> dict[str, pd.DataFrame]:
     pts = point_medians(df)
     probe = pts[(pts["kind"] == "collective") & (pts["nbytes"] == pts.loc[pts["kind"] == "collective", "nbytes"].max())]
     probe = probe.assign(GBps=probe["nbytes"] / (probe["time_us"] * 1e-6) / 1e9)
-    probe = probe.pivot_table(index="channels", columns="buffsize", values="GBps").rename(columns=lambda b: f"buffsize {b >> 20} MiB")
+    probe = probe.pivot_table(index="channels", columns="buffsize", values="GBps").rename(columns=lambda b: f"buffsize {int(b) >> 20} MiB")
     over = pts[pts["kind"] == "overlap"].copy()
     over["gemm_slowdown"] = [s for s, _ in over.apply(two_rate_slowdowns, axis=1)]
     slow = over.pivot_table(index="channels", columns="buffsize", values="gemm_slowdown", aggfunc="median")
-    slow = slow.rename(columns=lambda b: f"buffsize {b >> 20} MiB")
+    slow = slow.rename(columns=lambda b: f"buffsize {int(b) >> 20} MiB")
     return {"gemm": gemm, "probe_GBps": probe.reset_index(), "gemm_slowdown": slow.reset_index()}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    p.add_argument("--workload", default="llama3-8b-fsdp8")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--run", type=Path, help="run folder to (re)use; default a temporary one")
-    args = p.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        run = args.run or Path(tmp) / "run"
-        t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "lagom_tune", "profile", "--backend", "nccl", "--workload", args.workload,
-                        "--out", str(run), "--repeats", str(args.repeats)], check=True, cwd=ROOT)
-        elapsed = time.monotonic() - t0
-        meta = yaml.safe_load((run / "meta.yaml").read_text())
-        model = yaml.safe_load((run / "model.yaml").read_text())
-        fp = meta["fingerprint"]
-        out = tables(run)
+def write_report(run: Path, out_dir: Path, workload: str, elapsed: float) -> str:
+    """Write ``gpu_check.md`` and its CSV tables for a profiled run folder; return the markdown."""
+    meta = yaml.safe_load((run / "meta.yaml").read_text())
+    model = yaml.safe_load((run / "model.yaml").read_text())
+    fp = meta["fingerprint"]
+    out = tables(run)
     mape = pd.DataFrame([{"quantity": k, "held-out MAPE": f"{v:.1%}"} for k, v in model["accuracy"]["mape"].items()])
+    out_dir.mkdir(parents=True, exist_ok=True)
     for name, t in out.items():
-        t.to_csv(args.out / f"gpu_check_{name}.csv", index=False)
-    today = datetime.date.today().isoformat()
+        t.to_csv(out_dir / f"gpu_check_{name}.csv", index=False)
     device = (f"{fp['gpu']} ({fp['sms']} SMs, {fp['hbm_GBps']} GB/s {fp['hbm_method']}), driver {fp['driver']}, "
               f"CUDA {fp['cuda']}, NCCL {fp['nccl']}, torch {fp['torch']}, host {fp['host']}")
     text = "\n\n".join([
         "# GPU check: GEMMs beside the single-GPU contention probe (MEASURED)",
-        f"{today} · {device}",
-        f"Workload `{args.workload}` · {meta['points_done']} points × {meta['repeats']} repeats · profile and fit took {elapsed:.0f} s · "
+        f"{datetime.date.today().isoformat()} · {device}",
+        f"Workload `{workload}` · {meta['points_done']} points × {meta['repeats']} repeats · profile and fit took {elapsed:.0f} s · "
         f"mode {fp['mode']}: the probe (a persistent Triton copy kernel, one block per channel, NCCL's step of buffsize/8) "
         "stands in for NCCL, so the communication figures are the probe's, not NCCL's.",
         "## Held-out accuracy (" + model["accuracy"]["method"] + ")",
@@ -84,8 +72,23 @@ def main() -> None:
         "## GEMM slowdown beside the probe (median over shapes) by channels", out["gemm_slowdown"].to_markdown(index=False, floatfmt=".3f"),
         "Reproduce: `bash bench/gpu_check.sh [OUT_DIR]` on one GPU.",
     ]) + "\n"
-    (args.out / "gpu_check.md").write_text(text)
-    print(text)
+    (out_dir / "gpu_check.md").write_text(text)
+    return text
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--workload", default="llama3-8b-fsdp8")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--run", type=Path, help="run folder to (re)use; default a temporary one")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = args.run or Path(tmp) / "run"
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "lagom_tune", "profile", "--backend", "nccl", "--workload", args.workload,
+                        "--out", str(run), "--repeats", str(args.repeats)], check=True, cwd=ROOT)
+        print(write_report(run, args.out, args.workload, time.monotonic() - t0))
 
 
 if __name__ == "__main__":

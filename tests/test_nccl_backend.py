@@ -253,3 +253,77 @@ def test_single_gpu_probe_profile_fits_the_compute_side(tmp_path):
     assert yaml.safe_load((run / "meta.yaml").read_text())["fingerprint"]["mode"] == "single-gpu-probe"
     refused = cli("search", run, "--out", run / "plan.yaml")
     assert refused.returncode == 2 and "single-GPU profile" in refused.stderr
+
+
+# -- a single-GPU probe profile's rows, downstream: fit, refusal by search, gpu_check tables ---------
+
+
+class ProbeShapedBackend:
+    """The nccl backend's single-GPU plan, answered by a simple physics (not a GPU): checks that
+    what the probe mode writes fits, and that bench/gpu_check.py can tabulate it."""
+
+    name, simulated, writer = "nccl", False, True
+
+    def __init__(self):
+        from lagom_tune.backends.sim import CLUSTERS, SimCluster
+
+        self.sim = SimCluster(CLUSTERS["h100-nvlink"])
+        self.knob_space = nccl_knob_space(64, 16)
+
+    def share(self, value):
+        return value
+
+    def fingerprint(self):
+        return {"backend": "nccl", "mode": "single-gpu-probe", "gpu": "fake", "device": "fake", "sms": 132, "hbm_GBps": 3350.0,
+                "hbm_method": "assumed", "driver": None, "cuda": None, "nccl": None, "torch": "x", "host": "h", "ranks": 1}
+
+    def plan_points(self, workload):
+        return plan_probe_points(workload, self.knob_space, 132)
+
+    def copy_time(self, nbytes, s):
+        bw = min(s["channels"] * 40e9, 3.0e12) / (1 + (16 << 10) / (s["buffsize"] / 8))
+        return 3e-6 + nbytes / bw, bw
+
+    def measure(self, points, repeats, sink):
+        for p in points:
+            s = p.settings
+            if p.kind == "gemm":
+                row = {"time_us": self.sim.gemm_time(p.gemm) * 1e6}
+            elif p.kind == "collective":
+                row = {"time_us": self.copy_time(p.nbytes, s)[0] * 1e6}
+            else:
+                y = self.sim.gemm_time(p.gemm)
+                n = max(1, round(1e-3 / y))
+                nbytes = int(n * y * self.copy_time(1 << 30, s)[1])
+                x, bw = self.copy_time(nbytes, s)
+                y1 = self.sim.gemm_time(p.gemm, s["channels"], 2 * bw) * n
+                x1 = x * 1.05
+                t_comp, t_comm = (x1 + (1 - x1 / y1) * y * n, x1) if x1 <= y1 else (y1, y1 + (1 - y1 / x1) * x)
+                row = {"time_us": t_comp * 1e6, "comm_us": t_comm * 1e6, "window_us": max(t_comp, t_comm) * 1e6, "n_compute": n,
+                       "compute_alone_us": y * n * 1e6, "comm_alone_us": x * 1e6, "nbytes": nbytes}
+            sink(p, [{**row, "repeat": r} for r in range(repeats)])
+
+
+def test_probe_mode_rows_fit_are_refused_by_search_and_tabulate(tmp_path):
+    from lagom_tune.model.fit import fit_run
+    from lagom_tune.profile.campaign import run_profile
+
+    big = Workload("probe-shapes", (OverlapGroup("bwd", (Gemm("a", 4096, 4096, 4096, "bf16"), Gemm("b", 8192, 2048, 4096, "bf16"),
+                                                         Gemm("c", 2048, 2048, 8192, "bf16")),
+                                                 (Collective("g", "all_reduce", 1 << 26, ranks=8),)),))
+    run = run_profile(big, ProbeShapedBackend(), tmp_path / "run", repeats=2)
+    fit = fit_run(run)
+    assert fit.model.family == "lagom-gpu" and "probe|copy|copy|1" in fit.model.comm
+    assert fit.mape["collective"] < 0.05 and fit.mape["overlap_compute"] < 0.10, fit.mape
+    refused = cli("search", run.path, "--out", tmp_path / "plan.yaml")
+    assert refused.returncode == 2 and "single-GPU profile" in refused.stderr
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_check import tables, write_report
+
+    text = write_report(run.path, tmp_path / "results", "probe-shapes", 12.0)
+    assert "MEASURED" in text and "single-gpu-probe" in text and (tmp_path / "results" / "gpu_check_gemm.csv").is_file()
+    out = tables(run.path)
+    assert len(out["gemm"]) == 3 and (out["gemm"]["TFLOPs"] > 0).all()
+    assert list(out["probe_GBps"]["channels"]) == sorted(out["probe_GBps"]["channels"])
+    slow = out["gemm_slowdown"].set_index("channels")
+    assert (slow.to_numpy() >= 0.99).all() and slow.iloc[-1].mean() > slow.iloc[0].mean()  # more channels, more slowdown

@@ -90,6 +90,19 @@ def test_fit_recovers_the_simulator_within_5_percent(llama_sim):
     assert (llama_sim / "fit.png").stat().st_size > 0 and (llama_sim / "slowdown.png").stat().st_size > 0
 
 
+@pytest.mark.parametrize("hardware,name", [("a40-nvlink", "phi-2-fsdp16"), ("a40-pcie", "mpt-7b-tp8-dp2"),
+                                            ("h200-nvlink", "olmoe-1b-7b-ep8")])
+def test_fit_within_5_percent_on_the_other_benchmarked_workloads(tmp_path, hardware, name):
+    from lagom_tune.model.fit import fit_model
+
+    w = build_preset(name)
+    b = get_backend("sim", BackendOptions(hardware=hardware, nodes=max(1, w.world_size // 8), noise=0.02))
+    run = run_profile(w, b, tmp_path / "run", repeats=3)
+    fp = run.read_meta()["fingerprint"]
+    mape = fit_model(run.measurements(), device={"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]}, simulated=True).mape
+    assert mape["overlap_window"] <= 0.05 and mape["collective"] <= 0.05 and mape["gemm"] <= 0.05, mape
+
+
 def test_every_sim_artifact_says_simulated(llama_sim, tmp_path):
     meta = yaml.safe_load((llama_sim / "meta.yaml").read_text())
     assert meta["simulated"] is True and "simulated" in meta["fingerprint"]["device"]

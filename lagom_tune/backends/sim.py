@@ -256,6 +256,9 @@ class SimBackend(LocalBackend):
                     row = self.sim.overlap(p.gemm, max(1, round(x / y)), p.op, p.nbytes, p.ranks, nodes, s)
                     for col in ("time_us", "comm_us", "window_us"):
                         row[col] *= z
+                    # The alone times are measurements too (taken just before the pair): own noise.
+                    for col in ("compute_alone_us", "comm_alone_us"):
+                        row[col] *= _noise(f"{p.key}|{col}", r, self.options.seed, self.options.noise)
                 rows.append({**row, "repeat": r, "simulated": True})
             sink(p, rows)
 

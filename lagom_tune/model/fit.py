@@ -156,11 +156,7 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
         raise UserError("the profile holds no measurements to fit")
 
     def fit(train: pd.DataFrame) -> CostModel:
-        if device is None:
-            return _fit_cpu(train)
-        from lagom_tune.model.gpu import fit_gpu
-
-        return fit_gpu(train, device, simulated)
+        return _fit(train, device, simulated)
 
     tick = progress or (lambda done, total: None)
     tick(0, folds + 1)
@@ -194,6 +190,35 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     mape = {k: float(np.mean(val)) for k, val in errors.items()}
     counts = {str(k): int(n) for k, n in pts["kind"].value_counts().items()}
     return FitResult(model, mape, folds, counts)
+
+
+def _fit(pts: pd.DataFrame, device: dict[str, Any] | None, simulated: bool) -> CostModel:
+    if device is None:
+        return _fit_cpu(pts)
+    from lagom_tune.model.gpu import fit_gpu
+
+    return fit_gpu(pts, device, simulated)
+
+
+def new_shape_mape(df: pd.DataFrame, *, device: dict[str, Any] | None = None, folds: int = 5, seed: int = 0) -> float:
+    """Held-out MAPE of isolated GEMM time for shapes the fit never saw in any point (alone or
+    overlapped): the model's extrapolation to new shapes, stricter than ``fit_model``'s ``gemm``."""
+    pts = point_medians(df)
+    shapes = sorted(pts.loc[pts["kind"] == "gemm", "gemm"].unique())
+    order = np.random.default_rng(seed).permutation(len(shapes))
+    errors = []
+    for f in range(folds):
+        held = {shapes[i] for i in order[f::folds]}
+        if not held:
+            continue
+        train = pts[~pts["gemm"].isin(held)]
+        model = _fit(train, device, False)
+        for _, row in pts[(pts["kind"] == "gemm") & pts["gemm"].isin(held)].iterrows():
+            try:
+                errors.append(abs(predict_point(model, row)["time_us"] - row["time_us"]) / row["time_us"])
+            except UserError:
+                continue
+    return float(np.mean(errors)) if errors else float("nan")
 
 
 def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResult:

@@ -13,6 +13,11 @@ and buffer size, by alternating least squares. Communication ``x = a + bus_bytes
 ``bw = L * (1 - exp(-NC * beta * (NT/512)^tau / L)) / (1 + c / (C/8))`` per (op, algorithm,
 protocol, nodes), fitted with torch on relative error; beside a GEMM it slows by
 ``1 + kappa * memory_share_i``.
+
+A shape's time alone comes from its own point and from the alone times recorded with each of its
+overlapped pairs. A shape never measured is predicted from the others: per wave, math in
+proportion to the block's ``k`` and memory in proportion to the bytes a wave reads (A and B
+panels) and writes (C tiles), fitted jointly with non-negative coefficients.
 """
 
 from __future__ import annotations
@@ -39,7 +44,13 @@ def blocks(g: Gemm) -> int:
 
 
 def block_bytes(g: Gemm) -> float:
+    """Operand bytes one block reads: its panels of A and B."""
     return 2 * TILE * g.k * DTYPES[g.dtype]
+
+
+def tile_bytes(g: Gemm) -> float:
+    """Bytes one block writes: its tile of C (what dominates when k is small)."""
+    return TILE * TILE * DTYPES[g.dtype]
 
 
 def comm_group(op: str, algo: str, proto: str, nodes: int) -> str:
@@ -59,6 +70,7 @@ class LagomGpuModel:
     kappa: float
     simulated: bool = False
     launch_s: float = 0.0
+    d_per_tile_byte: float = 0.0  # ... and the tile it writes
     family: str = "lagom-gpu"
     meta: dict = field(default_factory=dict, compare=False)
 
@@ -68,7 +80,8 @@ class LagomGpuModel:
         key = g.shape_key
         if key in self.theta:
             return self.theta[key], self.dbytes[key]
-        return self.theta_per_kflop * 2 * TILE * TILE * g.k / 1e3, self.d_per_block_byte * block_bytes(g)
+        return (self.theta_per_kflop * 2 * TILE * TILE * g.k / 1e3,
+                self.d_per_block_byte * block_bytes(g) + self.d_per_tile_byte * tile_bytes(g))
 
     def _v(self, channels: int, buffsize: int) -> float:
         if (channels, buffsize) in self.v_table:
@@ -132,6 +145,7 @@ class LagomGpuModel:
                 "gemms": {k: {"theta": self.theta[k], "dbytes": self.dbytes[k]} for k in sorted(self.theta)},
                 "theta_per_kflop": self.theta_per_kflop,
                 "d_per_block_byte": self.d_per_block_byte,
+                "d_per_tile_byte": self.d_per_tile_byte,
                 "launch_s": self.launch_s,
                 "v_table": [{"channels": c, "buffsize": b, "bytes_per_s": val} for (c, b), val in sorted(self.v_table.items())],
                 "comm": self.comm,
@@ -153,6 +167,7 @@ class LagomGpuModel:
                 theta_per_kflop=v.field(p, "theta_per_kflop", f"{path}.params", float),
                 d_per_block_byte=v.field(p, "d_per_block_byte", f"{path}.params", float),
                 launch_s=v.field(p, "launch_s", f"{path}.params", float, 0.0), v_table=v_table, comm=comm,
+                d_per_tile_byte=v.field(p, "d_per_tile_byte", f"{path}.params", float, 0.0),
                 kappa=v.field(p, "kappa", f"{path}.params", float), simulated=bool(d.get("simulated", False)),
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -203,7 +218,14 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, iteratio
     over = pts[pts["kind"] == "overlap"].copy()
     if gemm.empty or coll.empty:
         raise UserError("the profile has no GEMM or no collective measurements to fit")
-    alone = {r["gemm"]: r["time_us"] / 1e6 for _, r in gemm.iterrows()}
+    # A shape's time alone: its own point, and the alone times measured beside each of its
+    # overlapped pairs (real measurements too, taken just before the pair).
+    seen: dict[str, list[float]] = {}
+    for _, r in gemm.iterrows():
+        seen.setdefault(r["gemm"], []).append(r["time_us"] / 1e6)
+    for _, r in over.iterrows():
+        seen.setdefault(r["gemm"], []).append(r["compute_alone_us"] / r["n_compute"] / 1e6)
+    alone = {k: float(np.median(v)) for k, v in seen.items()}
     shapes = {r["gemm"]: gemm_of_row(r) for _, r in pts[pts["gemm"].notna()].iterrows()}
     slow = over.apply(two_rate_slowdowns, axis=1) if not over.empty else pd.Series(dtype=object)
     over["s_y"] = [s[0] for s in slow] if len(over) else []
@@ -241,22 +263,28 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, iteratio
             v_row = hbm - free * dbytes[key] / per_wave
             sums.setdefault((c, b), []).append((min(max(v_row, 0.0), 0.95 * hbm), mem_share))
         v_table = {k: float(np.average([x for x, _ in vals], weights=[w + 1e-9 for _, w in vals])) for k, vals in sums.items()}
-    # Shapes never measured: both per-wave terms scale with the block's k, fitted jointly over
-    # the measured shapes on relative error.
+    # Shapes never measured: per wave, math in proportion to the block's k, and memory in
+    # proportion to the bytes a wave of blocks reads and writes; fitted jointly over the measured
+    # shapes on relative error, with non-negative coefficients.
+    from lagom_tune.model.fit import fit_linear
+
     measured = [k for k in theta if k in alone]
-    per_kflop = per_byte = launch = 0.0
+    per_kflop = per_byte = per_tile_byte = launch = 0.0
     if measured:
-        a = np.array([[1.0, math.ceil(blocks(shapes[k]) / sms) * 2 * TILE * TILE * shapes[k].k / 1e3,
-                       math.ceil(blocks(shapes[k]) / sms) * sms * block_bytes(shapes[k]) / hbm] for k in measured])
-        t = np.array([alone[k] for k in measured])
-        coef, *_ = np.linalg.lstsq(a / t[:, None], np.ones(len(t)), rcond=None)
-        launch, per_kflop, per_byte = (float(max(c, 0.0)) for c in coef)
-    model = LagomGpuModel(sms, hbm, theta, dbytes, per_kflop, per_byte, v_table, fit_comm(coll), 0.0, simulated, launch)
+        def waves(g: Gemm) -> int:
+            return math.ceil(blocks(g) / sms)
+
+        feats = np.array([[waves(shapes[k]) * 2 * TILE * TILE * shapes[k].k / 1e3, waves(shapes[k]) * sms * block_bytes(shapes[k]) / hbm,
+                           waves(shapes[k]) * sms * tile_bytes(shapes[k]) / hbm] for k in measured])
+        lin = fit_linear(feats, ("math", "read", "write"), np.array([alone[k] for k in measured]))
+        slopes = dict(lin.coefs)
+        launch, per_kflop, per_byte, per_tile_byte = max(lin.intercept_us, 0.0), slopes["math"], slopes["read"], slopes["write"]
+    model = LagomGpuModel(sms, hbm, theta, dbytes, per_kflop, per_byte, v_table, fit_comm(coll), 0.0, simulated, launch, per_tile_byte)
     # kappa: collective slowdown per unit of the GEMM's memory share
     xs = [(model.memory_share(shapes[r["gemm"]]), r["s_x"] - 1) for _, r in over.iterrows() if r["s_x"] is not None]
     if xs:
         share = np.array([a for a, _ in xs])
         extra = np.array([b for _, b in xs])
         kappa = float(max(0.0, (share @ extra) / (share @ share))) if (share @ share) > 0 else 0.0
-        model = LagomGpuModel(sms, hbm, theta, dbytes, per_kflop, per_byte, v_table, model.comm, kappa, simulated, launch)
+        model = LagomGpuModel(sms, hbm, theta, dbytes, per_kflop, per_byte, v_table, model.comm, kappa, simulated, launch, per_tile_byte)
     return model
