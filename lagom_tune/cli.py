@@ -200,6 +200,8 @@ def apply(
 def show(
     target: str = typer.Argument(..., help="A plan YAML, a workload YAML or preset name, or a run folder."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    collectives: bool = typer.Option(False, "--collectives", help="Run folder: every collective point in nccl-tests' "
+                                     "columns (time median and trimmed mean, algbw, busbw)."),
 ) -> None:
     """Pretty-print a plan, a workload, or a run folder (with its model's accuracy)."""
     from lagom_tune.artifact_io import read_yaml
@@ -214,6 +216,15 @@ def show(
         meta = run.read_meta()
         model = read_yaml(run.model_path, "model file") if run.model_path.is_file() else None
         df = run.measurements()
+        if collectives:
+            from lagom_tune.profile.summary import collective_summary
+
+            table = collective_summary(df)
+            if as_json:
+                print(table.to_json(orient="records", indent=1))
+            else:
+                render.console.print(render.frame_table(table, f"collectives{render.simulated_tag(meta.get('simulated', False))}"))
+            return
         if as_json:
             print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "workload"}, "rows": len(df),
                               "model": model}, indent=1, default=str))

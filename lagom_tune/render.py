@@ -101,6 +101,16 @@ def compare_table(rows: list[dict[str, Any]], simulated: bool) -> Table:
     return t
 
 
+def frame_table(df: pd.DataFrame, title: str) -> Table:
+    """A data frame as a rich table (numbers right-aligned)."""
+    t = Table(title=title, title_justify="left")
+    for col in df.columns:
+        t.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
+    for row in df.itertuples(index=False):
+        t.add_row(*(str(x) for x in row))
+    return t
+
+
 def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | None) -> list[Any]:
     fp = meta.get("fingerprint", {})
     out: list[Any] = []

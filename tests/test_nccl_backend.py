@@ -184,7 +184,7 @@ def test_torchrun_profile_rank0_writes_all_ranks_agree_and_resume(tmp_path):
     ONE_PAIR.save(wl)
     run = tmp_path / "run"
     cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "lagom_tune", "profile", "--backend", "nccl",
-           "--workload", str(wl), "--out", str(run), "--repeats", "2", "--timeout", "30"]
+           "--workload", str(wl), "--out", str(run), "--repeats", "2", "--timeout", "60"]
     env = {**os.environ, "LAGOM_NCCL_STANDIN": "cpu", "GLOO_SOCKET_IFNAME": "lo"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -327,3 +327,18 @@ def test_probe_mode_rows_fit_are_refused_by_search_and_tabulate(tmp_path):
     assert list(out["probe_GBps"]["channels"]) == sorted(out["probe_GBps"]["channels"])
     slow = out["gemm_slowdown"].set_index("channels")
     assert (slow.to_numpy() >= 0.99).all() and slow.iloc[-1].mean() > slow.iloc[0].mean()  # more channels, more slowdown
+
+
+def test_show_collectives_prints_nccl_tests_columns(tmp_path):
+    from lagom_tune.profile.campaign import run_profile
+
+    run = run_profile(ONE_PAIR, ProbeShapedBackend(), tmp_path / "run", repeats=4)
+    proc = cli("show", run.path, "--collectives", "--json", check=True)
+    import json
+
+    rows = json.loads(proc.stdout)
+    assert rows and {"op", "size_B", "channels", "buffsize", "time_us", "trimmed_us", "algbw_GBps", "busbw_GBps"} <= set(rows[0])
+    first = rows[0]
+    assert first["op"] == PROBE and isinstance(first["channels"], int) and first["repeats"] == 4
+    assert first["algbw_GBps"] == pytest.approx(first["size_B"] / first["time_us"] / 1e3, rel=1e-2)
+    assert "busbw" in cli("show", run.path, "--collectives", check=True).stdout
