@@ -66,8 +66,11 @@ def _kernel():
     """The Triton kernel, compiled on first use (Triton ships with CUDA builds of torch)."""
     global _KERNEL
     if _KERNEL is None:
-        import triton
-        import triton.language as tl
+        try:
+            import triton
+            import triton.language as tl
+        except ImportError:
+            raise RuntimeError("the contention probe needs Triton (CUDA builds of torch ship it; else pip install triton)") from None
 
         @triton.jit
         def probe_copy(src, stage, steps, slice_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
