@@ -342,3 +342,18 @@ def test_show_collectives_prints_nccl_tests_columns(tmp_path):
     assert first["op"] == PROBE and isinstance(first["channels"], int) and first["repeats"] == 4
     assert first["algbw_GBps"] == pytest.approx(first["size_B"] / first["time_us"] / 1e3, rel=1e-2)
     assert "busbw" in cli("show", run.path, "--collectives", check=True).stdout
+
+
+def test_a_failing_worker_ends_the_run_names_the_rank_and_keeps_what_was_measured(tmp_path):
+    """Single process with the CPU stand-in: GEMMs measure, then the probe (which needs a GPU) fails."""
+    wl = tmp_path / "one.yaml"
+    ONE_PAIR.save(wl)
+    run = tmp_path / "run"
+    proc = cli("profile", "--backend", "nccl", "--workload", wl, "--out", run, "--repeats", "2", env={"LAGOM_NCCL_STANDIN": "cpu"})
+    assert proc.returncode == 1 and "rank 0" in proc.stderr and "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+    import pandas as pd
+
+    kept = pd.read_csv(run / "measurements.csv")
+    assert set(kept["kind"]) == {"gemm"} and len(kept) == 2 * 2  # both GEMM shapes, every repeat
+    meta = yaml.safe_load((run / "meta.yaml").read_text())
+    assert not meta["complete"] and meta["fingerprint"]["mode"] == "single-gpu-probe"
