@@ -220,15 +220,16 @@ def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: i
         raise SystemExit(1)
 
 
-def _operands(g: Gemm) -> tuple[torch.Tensor, torch.Tensor]:
+def operands(g: Gemm, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Random A and B for ``g`` (batched when ``g.batch > 1``), on ``device``."""
     dt = TORCH_DTYPES[g.dtype]
     shape_a = (g.batch, g.m, g.k) if g.batch > 1 else (g.m, g.k)
     shape_b = (g.batch, g.k, g.n) if g.batch > 1 else (g.k, g.n)
-    return torch.randn(shape_a, dtype=dt), torch.randn(shape_b, dtype=dt)
+    return torch.randn(shape_a, dtype=dt, device=device), torch.randn(shape_b, dtype=dt, device=device)
 
 
 def _gemm_rows(point: Point, repeats: int, dist) -> list[dict]:
-    a, b = _operands(point.gemm)
+    a, b = operands(point.gemm)
     # Repeat tiny GEMMs inside one timed region so each sample is well above timer resolution.
     t0 = time.perf_counter()
     torch.matmul(a, b)
@@ -276,16 +277,24 @@ def _coll_rows(point: Point, repeats: int, dist) -> list[dict]:
     return rows
 
 
+def slowest_rank(dist, values: tuple[float, ...], device: Any = "cpu") -> tuple[float, ...]:
+    """Each of ``values`` at its maximum over the ranks (so every rank sizes a measurement alike)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return tuple(float(v) for v in t.tolist())
+
+
 def _overlap_rows(point: Point, repeats: int, dist) -> list[dict]:
     """Start the collective and ``n`` GEMMs together; time when each stream finishes.
 
     ``n`` is chosen so the GEMMs alone take about as long as the collective alone: the balanced
     case, where contention decides the window. The alone times are measured right before.
     """
-    a, b = _operands(point.gemm)
+    a, b = operands(point.gemm)
     buf = _buffer(point.nbytes)
     y = statistics.median(_gemm_rows(point, 3, dist)[i]["time_us"] for i in range(3)) / 1e6
     x = statistics.median(_coll_rows(point, 3, dist)[i]["time_us"] for i in range(3)) / 1e6
+    y, x = slowest_rank(dist, (y, x))  # every rank must run the same number of GEMMs
     n = max(1, round(x / y))
     rows = []
     for _ in range(repeats):
@@ -319,7 +328,7 @@ def _iteration_rows(point: Point, repeats: int, dist) -> list[dict]:
     settings = settings_from_items(point.config)
     caps = {g: kv["bucket_cap_mb"] for g, kv in settings.communicators.items() if "bucket_cap_mb" in kv}
     groups = [bucket_group(g, caps) for g in point.workload.groups]
-    operands = {g.shape_key: _operands(g) for grp in groups for g in grp.compute}
+    operands = {g.shape_key: operands(g) for grp in groups for g in grp.compute}
     buffers = {c.nbytes: _buffer(c.nbytes) for grp in groups for c in grp.comm}
 
     def play(grp) -> float:

@@ -138,13 +138,10 @@ class CudaMeter:
         end.synchronize()
         return start.elapsed_time(end) * 1e3 / inner
 
-    def operands(self, point: Point):
-        from lagom_tune.backends.gloo import TORCH_DTYPES
+    def matmul(self, point: Point):
+        from lagom_tune.backends.gloo import operands
 
-        g = point.gemm
-        dt = TORCH_DTYPES[g.dtype]
-        a = self.torch.randn((g.batch, g.m, g.k) if g.batch > 1 else (g.m, g.k), dtype=dt, device=self.device)
-        b = self.torch.randn((g.batch, g.k, g.n) if g.batch > 1 else (g.k, g.n), dtype=dt, device=self.device)
+        a, b = operands(point.gemm, self.device)
         return lambda: self.torch.matmul(a, b)
 
     def comm(self, point: Point, nbytes: int | None = None):
@@ -154,6 +151,15 @@ class CudaMeter:
             return probe.launch, probe
         fn = collective_call(self.dist, point.op, point.nbytes, point.ranks, self.group(point), self.device, self.torch.float32)
         return fn, None
+
+    def probe_lasting(self, point: Point, seconds: float):
+        """The probe of ``point``'s channels and buffer size, sized from a timed 16 MiB trial."""
+        s = point.settings
+        trial = probe_geometry(16 << 20, s["channels"], s["buffsize"])
+        launch, _ = self.comm(point, trial.nbytes)
+        launch()  # compiles
+        steps = steps_for(seconds, trial.steps, self.time_us(launch) / 1e6)
+        return self.comm(point, trial.nbytes * steps // trial.steps)
 
     def repeat(self, fn, repeats: int, inner: int = 1) -> list[float]:
         out = []
@@ -170,7 +176,7 @@ class CudaMeter:
         return rows
 
     def gemm(self, point: Point, repeats: int) -> list[dict]:
-        mm = self.operands(point)
+        mm = self.matmul(point)
         for _ in range(3):
             mm()
         once = self.time_us(mm)
@@ -187,24 +193,22 @@ class CudaMeter:
     def overlap(self, point: Point, repeats: int) -> list[dict]:
         """The collective (or probe) on a side stream, ``n`` GEMMs on the main one, started together;
         ``n`` (and the probe's size) are chosen so both streams alone last about as long."""
-        mm = self.operands(point)
+        mm = self.matmul(point)
         for _ in range(3):
             mm()
+        from lagom_tune.backends.gloo import slowest_rank
+
         y = statistics.median(self.time_us(mm) for _ in range(3)) / 1e6
-        if point.op == PROBE:
+        (y,) = slowest_rank(self.dist, (y,), self.device)  # every rank must run the same number of GEMMs
+        if point.op == PROBE:  # the probe is sized to last as long as n GEMMs of at least 1 ms
             n = max(1, round(OVERLAP_MIN_S / y))
-            trial, _ = self.comm(point, 16 << 20)
-            trial()
-            t_trial = self.time_us(trial) / 1e6
-            s = point.settings
-            geometry = probe_geometry(16 << 20, s["channels"], s["buffsize"])
-            steps = steps_for(n * y, geometry.steps, t_trial)
-            fn, probe = self.comm(point, geometry.nbytes * steps // geometry.steps)
+            fn, probe = self.probe_lasting(point, n * y)
         else:
             fn, probe = self.comm(point)
             fn()
         x = statistics.median(self.time_us(fn) for _ in range(3)) / 1e6
-        if point.op != PROBE:
+        (x,) = slowest_rank(self.dist, (x,), self.device)
+        if point.op != PROBE:  # as many GEMMs as last about as long as the collective
             n = max(1, round(x / y))
         rows = []
         for _ in range(repeats):
