@@ -5,8 +5,9 @@
 # Uses $PYTHON (default: the Makefile's .venv if it has CUDA, else python3), which needs a CUDA
 # build of torch (Triton comes with it) and this project's dependencies.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out=${1:-bench/results}
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=$(realpath -m "${1:-$root/bench/results}")
+cd "$root"
 py=${PYTHON:-}
 if [ -z "$py" ]; then
   if [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
@@ -17,8 +18,11 @@ if [ -z "$py" ]; then
 fi
 "$py" - <<'PY' || exit 2
 import importlib.util, sys
-import torch
-missing = [m for m in ("typer", "optuna", "pandas", "rich", "yaml", "matplotlib", "tabulate", "triton") if importlib.util.find_spec(m) is None]
+try:
+    import torch
+except ImportError:
+    sys.exit(f"gpu_check: {sys.executable} has no torch; set PYTHON to an interpreter with a CUDA build of torch")
+missing = [m for m in ("typer", "pandas", "rich", "yaml", "matplotlib", "tabulate", "triton") if importlib.util.find_spec(m) is None]
 if not torch.cuda.is_available():
     sys.exit("gpu_check: torch.cuda.is_available() is False: this check needs a CUDA GPU")
 if missing:
