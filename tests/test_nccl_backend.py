@@ -357,3 +357,20 @@ def test_a_failing_worker_ends_the_run_names_the_rank_and_keeps_what_was_measure
     assert set(kept["kind"]) == {"gemm"} and len(kept) == 2 * 2  # both GEMM shapes, every repeat
     meta = yaml.safe_load((run / "meta.yaml").read_text())
     assert not meta["complete"] and meta["fingerprint"]["mode"] == "single-gpu-probe"
+
+
+def test_probe_is_sized_from_a_timed_trial_to_last_as_long_as_the_gemms():
+    from lagom_tune.backends.nccl_worker import CudaMeter
+
+    meter = CudaMeter.__new__(CudaMeter)  # no GPU: only the sizing logic, with the launches faked
+    sizes = []
+
+    def comm(point, nbytes=None):
+        sizes.append(nbytes)
+        s = point.settings
+        return (lambda: None), types.SimpleNamespace(geometry=probe_geometry(nbytes, s["channels"], s["buffsize"]))
+
+    meter.comm, meter.time_us = comm, (lambda fn, inner=1: 2000.0)  # the 16 MiB trial takes 2 ms
+    p = Point("overlap", nccl_config("copy", "copy", 4, 512, 4 << 20, 1), gemm=G1, op=PROBE, nbytes=0, ranks=1)
+    _, probe = meter.probe_lasting(p, 0.006)
+    assert sizes[0] == 16 << 20 and probe.geometry.nbytes == 48 << 20  # three trials' worth lasts 6 ms
