@@ -1,9 +1,11 @@
 """The nccl backend's pure logic with fakes, its torchrun orchestration with a CPU stand-in, and
 (only where a GPU exists) the real thing."""
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
 import types
 from collections import Counter
 
@@ -374,3 +376,87 @@ def test_probe_is_sized_from_a_timed_trial_to_last_as_long_as_the_gemms():
     p = Point("overlap", nccl_config("copy", "copy", 4, 512, 4 << 20, 1), gemm=G1, op=PROBE, nbytes=0, ranks=1)
     _, probe = meter.probe_lasting(p, 0.006)
     assert sizes[0] == 16 << 20 and probe.geometry.nbytes == 48 << 20  # three trials' worth lasts 6 ms
+
+
+class FakeCudaEvent:
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+def fake_cuda_torch():
+    """torch with its CUDA calls answered on the CPU (work is synchronous, so events time it)."""
+    side = types.SimpleNamespace(wait_event=lambda event: None)
+    cuda = types.SimpleNamespace(Event=FakeCudaEvent, Stream=lambda device=None: side, synchronize=lambda device=None: None,
+                                 stream=lambda s: contextlib.nullcontext(), empty_cache=lambda: None)
+    return types.SimpleNamespace(device=lambda *a: torch.device("cpu"), matmul=torch.matmul, float32=torch.float32, cuda=cuda)
+
+
+def fake_nccl_dist(calls):
+    def record(name):
+        return lambda *a, **k: calls.append((name, k.get("group")))
+
+    def subgroups(layout, backend=None, pg_options=None):
+        calls.append(("new_subgroups", layout, backend, pg_options.config.min_ctas, pg_options.config.max_ctas))
+        return f"group-{pg_options.config.max_ctas}", layout
+
+    return types.SimpleNamespace(
+        barrier=lambda device_ids=None: None, all_reduce=record("all_reduce"), all_gather_single=record("all_gather"),
+        reduce_scatter_single=record("reduce_scatter"), all_to_all_single=record("all_to_all"), broadcast=record("broadcast"),
+        get_global_rank=lambda group, r: r, ReduceOp=types.SimpleNamespace(MAX="max"),
+        ProcessGroupNCCL=types.SimpleNamespace(Options=FakeOptions), new_subgroups_by_enumeration=subgroups)
+
+
+def test_gpu_meter_control_flow_with_cuda_and_nccl_faked():
+    """The worker's GPU measurements end to end, CUDA events and NCCL answered by fakes on the CPU."""
+    from lagom_tune.backends.nccl_worker import CudaMeter, WorkerSpec
+
+    calls = []
+    pts = plan_collective_points(ONE_PAIR, nccl_knob_space(8, 8), world=2, gpus_per_node=2)
+    spec = WorkerSpec(0, 2, 0, 2, "127.0.0.1", 0, "p/", tuple(pts), 3, 60.0)
+    meter = CudaMeter(spec, fake_cuda_torch(), fake_nccl_dist(calls))
+    gemm = meter.measure(next(p for p in pts if p.kind == "gemm"), 3)
+    assert len(gemm) == 3 and all(r["time_us"] > 0 and r["inner"] >= 1 for r in gemm)
+    coll = [p for p in pts if p.kind == "collective"][:3]
+    for p in coll:
+        rows = meter.measure(p, 3)
+        assert len(rows) == 3 and all(r["time_us"] > 0 for r in rows)
+    channels = sorted({p.settings["channels"] for p in coll})
+    made = [c for c in calls if c[0] == "new_subgroups"]
+    assert [(c[3], c[4]) for c in made] == [(ch, ch) for ch in channels]  # one communicator per channel count, pinned
+    assert made[0][1] == [[0, 1]] and made[0][2] == "nccl"
+    over = next(p for p in pts if p.kind == "overlap")
+    rows = meter.measure(over, 2)
+    assert len(rows) == 2 and {"time_us", "comm_us", "window_us", "n_compute", "compute_alone_us", "comm_alone_us"} <= set(rows[0])
+    assert rows[0]["window_us"] == max(rows[0]["time_us"], rows[0]["comm_us"]) and rows[0]["n_compute"] >= 1
+    assert ("all_reduce", f"group-{over.settings['channels']}") in calls
+
+
+def test_gpu_meter_probe_points_with_the_kernel_faked(monkeypatch):
+    from lagom_tune.backends import nccl_worker
+    from lagom_tune.backends.nccl_worker import CudaMeter, WorkerSpec
+
+    class FakeProbe:  # copies at 200 GB/s, in real time
+        def __init__(self, geometry, threads, device):
+            self.geometry = geometry
+
+        def launch(self, steps=None):
+            g = self.geometry
+            time.sleep((steps or g.steps) * g.channels * g.chunk_words * 4 / 200e9)
+
+    monkeypatch.setattr(nccl_worker, "Probe", FakeProbe)
+    pts = plan_probe_points(ONE_PAIR, nccl_knob_space(64, 16), sms=132)
+    meter = CudaMeter(WorkerSpec(0, 1, 0, 1, "127.0.0.1", 0, "p/", tuple(pts), 2, 60.0), fake_cuda_torch(), fake_nccl_dist([]))
+    alone = meter.measure(next(p for p in pts if p.kind == "collective" and p.op == PROBE), 2)
+    assert all(r["nbytes"] >= 4 << 20 for r in alone)
+    rows = meter.measure(next(p for p in pts if p.kind == "overlap"), 2)
+    # sized to last as long as n GEMMs of at least 1 ms: the probe's bytes are recorded in the rows
+    assert rows[0]["nbytes"] > 0 and rows[0]["compute_alone_us"] >= 500 and rows[0]["comm_alone_us"] >= 300
