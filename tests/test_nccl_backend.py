@@ -208,6 +208,9 @@ def test_torchrun_profile_rank0_writes_all_ranks_agree_and_resume(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert again.returncode == 0, again.stderr[-3000:]
     assert len(pd.read_csv(run / "measurements.csv")) == before  # resumed: nothing left to measure
+    # rank 0's refusal reaches every rank (none waits for a sweep that will not come)
+    other = subprocess.run([*cmd[:-4], "--repeats", "3", "--timeout", "60"], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert other.returncode != 0 and other.stderr.count("resume with the same value") >= 2, other.stderr[-2000:]
 
 
 # -- the real thing ---------------------------------------------------------------------------------

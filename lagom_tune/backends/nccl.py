@@ -18,6 +18,7 @@ sizes. Such a profile fits the GEMM model but not NCCL's, and says so.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
@@ -57,6 +58,9 @@ class Coordinator:
                 # Longer than a worker's own limit, so a rank whose worker failed waits for the
                 # others to report theirs instead of timing out first.
                 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3 * timeout_s))
+                # Whatever ends the process (an error included), leave the group before the
+                # interpreter tears down: a live gloo group there aborts the process.
+                atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
             self.store_host, self.store_port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
             self._store = None
         else:  # workers still need a store to meet at
@@ -75,6 +79,13 @@ class Coordinator:
         box = [value]
         self.dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def finish(self) -> None:
+        """Leave together: a rank that exits while a peer still holds the connection can bring
+        that peer down (gloo raises on a closed socket)."""
+        if self.world > 1 and self.dist.is_initialized():
+            self.dist.barrier()
+            self.dist.destroy_process_group()
 
     def all_gather(self, value: Any) -> list[Any]:
         if self.world == 1:
@@ -203,6 +214,7 @@ class NcclBackend:
                               self.coord.store_host, self.coord.store_port, f"lagom/{self.token}/{i}/", batch.points,
                               repeats, self.options.timeout_s, self.standin)
             self._run_batch(spec, env, sink)
+        self.coord.finish()
 
     def _run_batch(self, spec: WorkerSpec, env: dict[str, str], sink: RowSink) -> None:
         import torch
