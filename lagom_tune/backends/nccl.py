@@ -135,7 +135,7 @@ def local_facts(standin: bool, local_rank: int) -> dict[str, Any]:
 
     if standin:
         return {"gpu": "cpu stand-in (test only)", "sms": STANDIN_SMS, "hbm_GBps": 10.0, "hbm_method": "assumed (stand-in)",
-                "driver": None, "cuda": None, "nccl": None, "host": platform.node()}
+                "driver": None, "cuda": None, "nccl": None, "torch": str(torch.__version__), "host": platform.node()}
     device = torch.device("cuda", local_rank)
     props = torch.cuda.get_device_properties(device)
     nccl = _nccl_version(torch)
@@ -143,7 +143,8 @@ def local_facts(standin: bool, local_rank: int) -> dict[str, Any]:
         "gpu": props.name, "sms": props.multi_processor_count, "memory_GiB": round(props.total_memory / (1 << 30), 1),
         "hbm_GBps": round(_measured_copy_bandwidth(torch, device), 1), "hbm_method": "measured: 1 GiB device-to-device copy, best of 5",
         "driver": _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", str(local_rank)]) or None,
-        "cuda": torch.version.cuda, "nccl": ".".join(map(str, nccl)) if nccl else None, "host": platform.node(),
+        "cuda": torch.version.cuda, "nccl": ".".join(map(str, nccl)) if nccl else None, "torch": str(torch.__version__),
+        "host": platform.node(),
     }
 
 
@@ -188,7 +189,7 @@ class NcclBackend:
                 "device": first["gpu"], "gpu": first["gpu"], "sms": first["sms"],
                 "hbm_GBps": min(f["hbm_GBps"] for f in facts), "hbm_method": first["hbm_method"],
                 "memory_GiB": first.get("memory_GiB"), "driver": first["driver"], "cuda": first["cuda"], "nccl": first["nccl"],
-                "torch": _torch_version(), "ranks": c.world, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
+                "torch": first["torch"], "ranks": c.world, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
                 "hosts": sorted({f["host"] for f in facts}), "host": first["host"],
                 "topology": _topology(self.standin), "max_channels": self.knob_space["channels"].domain[-1],
                 "default_channels": self.knob_space["channels"].default,
@@ -279,12 +280,6 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-
-
-def _torch_version() -> str:
-    import torch
-
-    return str(torch.__version__)
 
 
 def _topology(standin: bool) -> str | None:

@@ -13,6 +13,7 @@ what it measures; the run folder says ``probe`` wherever it was used.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -59,33 +60,28 @@ def steps_for(target_s: float, trial_steps: int, trial_s: float) -> int:
     return max(1, round(trial_steps * target_s / max(trial_s, 1e-9)))
 
 
-_KERNEL = None
-
-
+@functools.cache
 def _kernel():
     """The Triton kernel, compiled on first use (Triton ships with CUDA builds of torch)."""
-    global _KERNEL
-    if _KERNEL is None:
-        try:
-            import triton
-            import triton.language as tl
-        except ImportError:
-            raise RuntimeError("the contention probe needs Triton (CUDA builds of torch ship it; else pip install triton)") from None
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        raise RuntimeError("the contention probe needs Triton (CUDA builds of torch ship it; else pip install triton)") from None
 
-        @triton.jit
-        def probe_copy(src, stage, steps, slice_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-            pid = tl.program_id(0).to(tl.int64)
-            src_base = pid * slice_chunks * CHUNK
-            stage_base = pid * 8 * CHUNK
-            for step in range(steps):
-                s_off = src_base + (step % slice_chunks).to(tl.int64) * CHUNK
-                d_off = stage_base + (step % 8) * CHUNK
-                for i in range(0, CHUNK, BLOCK):
-                    offs = i + tl.arange(0, BLOCK)
-                    tl.store(stage + d_off + offs, tl.load(src + s_off + offs))
+    @triton.jit
+    def probe_copy(src, stage, steps, slice_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0).to(tl.int64)
+        src_base = pid * slice_chunks * CHUNK
+        stage_base = pid * 8 * CHUNK
+        for step in range(steps):
+            s_off = src_base + (step % slice_chunks).to(tl.int64) * CHUNK
+            d_off = stage_base + (step % 8) * CHUNK
+            for i in range(0, CHUNK, BLOCK):
+                offs = i + tl.arange(0, BLOCK)
+                tl.store(stage + d_off + offs, tl.load(src + s_off + offs))
 
-        _KERNEL = probe_copy
-    return _KERNEL
+    return probe_copy
 
 
 class Probe:

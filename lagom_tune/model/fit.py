@@ -86,10 +86,11 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
     return CpuPairwiseModel(compute, comm, compute_slow, comm_slow, measured=measured)
 
 
-KNOB_COLUMNS = ("threads", "algo", "proto", "channels", "buffsize", "chunk_bytes")
+KNOB_COLUMNS = ("algo", "proto", "channels", "threads", "buffsize", "chunk_bytes")
 
 
-def _row_settings(row: pd.Series) -> dict:
+def row_settings(row: pd.Series) -> dict:
+    """The knob settings a measurement row was taken at (integers as integers)."""
     out = {}
     for k in KNOB_COLUMNS:
         if k in row and not pd.isna(row[k]):
@@ -99,7 +100,7 @@ def _row_settings(row: pd.Series) -> dict:
 
 def predict_point(model: CostModel, row: pd.Series) -> dict[str, float]:
     """Predicted microseconds for a point, in the columns it was measured in."""
-    settings = _row_settings(row)
+    settings = row_settings(row)
     if row["kind"] == "gemm":
         return {"time_us": model.compute_time(gemm_of_row(row), settings) * 1e6}
     def col(name: str, default: int) -> int:
@@ -155,12 +156,9 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     if pts.empty:
         raise UserError("the profile holds no measurements to fit")
 
-    def fit(train: pd.DataFrame) -> CostModel:
-        return _fit(train, device, simulated)
-
     tick = progress or (lambda done, total: None)
     tick(0, folds + 1)
-    model = fit(pts)
+    model = _fit(pts, device, simulated)
     tick(1, folds + 1)
     rng = np.random.default_rng(seed)
     fold_of = pd.Series(0, index=pts.index)
@@ -173,7 +171,7 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
         if test.empty:
             continue
         try:
-            fold_model = fit(train)
+            fold_model = _fit(train, device, simulated)
         except UserError:
             continue
         finally:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from lagom_tune.backends.base import bandwidth_columns, trimmed_mean
-
-SETTING_COLUMNS = ("algo", "proto", "channels", "threads", "buffsize", "chunk_bytes", "nodes")
+from lagom_tune.model.fit import row_settings
 
 
 def collective_summary(df: pd.DataFrame) -> pd.DataFrame:
@@ -15,19 +14,16 @@ def collective_summary(df: pd.DataFrame) -> pd.DataFrame:
     coll = df[df["kind"] == "collective"]
     if coll.empty:
         return pd.DataFrame()
-    settings = [c for c in SETTING_COLUMNS if c in coll.columns and coll[c].notna().any()]
     rows = []
     for _, rep in coll.groupby("point", sort=False):
         first = rep.iloc[0]
         median = float(rep["time_us"].median())
         op, size, ranks = str(first["op"]), int(first["nbytes"]), int(first["ranks"])
         bw = bandwidth_columns(op, size, ranks, median / 1e6)
-        rows.append({"op": op, "size_B": size, "ranks": ranks, **{c: _plain(first[c]) for c in settings},
+        nodes = {"nodes": int(first["nodes"])} if "nodes" in first and not pd.isna(first["nodes"]) else {}
+        rows.append({"op": op, "size_B": size, "ranks": ranks, **row_settings(first), **nodes,
                      "time_us": round(median, 2), "trimmed_us": round(trimmed_mean(rep["time_us"].tolist()), 2),
                      "algbw_GBps": round(bw["algbw_GBps"], 3), "busbw_GBps": round(bw["busbw_GBps"], 3), "repeats": len(rep)})
-    return pd.DataFrame(rows).sort_values(["op", "size_B", *settings], kind="stable").reset_index(drop=True)
-
-
-def _plain(value):
-    """A setting as written: CSV columns with gaps read back as floats (4194304.0 -> 4194304)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+    out = pd.DataFrame(rows)
+    settings = [c for c in out.columns[3:] if c not in ("time_us", "trimmed_us", "algbw_GBps", "busbw_GBps", "repeats")]
+    return out.sort_values(["op", "size_B", *settings], kind="stable").reset_index(drop=True)
