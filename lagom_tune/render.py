@@ -13,8 +13,9 @@ from lagom_tune.plan.schema import Plan
 from lagom_tune.search.result import SearchResult
 from lagom_tune.workload.spec import Workload
 
-# Wide enough for the comparison tables when output goes to a file or CI log.
-console = Console(width=None if sys.stdout.isatty() else 140)
+# Wide enough for the comparison tables when output goes to a file or CI log; lines printed there
+# are never hard-wrapped (a wrapped path or message breaks whoever reads the log).
+console = Console(width=None if sys.stdout.isatty() else 140, soft_wrap=not sys.stdout.isatty())
 
 
 def simulated_tag(simulated: bool) -> str:

@@ -55,3 +55,14 @@ def test_help_on_every_verb():
     for verb in ("profile", "search", "apply", "show", "workload"):
         r = cli(verb, "--help")
         assert r.returncode == 0 and "Usage" in r.stdout
+
+
+def test_lines_printed_to_a_pipe_are_never_hard_wrapped():
+    """A log reader greps whole lines: a long path must not split a message (seen on a GPU host)."""
+    import subprocess
+    import sys
+
+    long = "x" * 300
+    out = subprocess.run([sys.executable, "-c", f"from lagom_tune.render import console; console.print('wrote {long}: groups cover 1 ms')"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.count("\n") == 1 and "groups cover" in out

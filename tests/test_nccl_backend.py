@@ -364,21 +364,63 @@ def test_a_failing_worker_ends_the_run_names_the_rank_and_keeps_what_was_measure
     assert not meta["complete"] and meta["fingerprint"]["mode"] == "single-gpu-probe"
 
 
-def test_probe_is_sized_from_a_timed_trial_to_last_as_long_as_the_gemms():
+def test_the_overlapped_probe_copies_what_ncc_defaults_copy_in_the_gemms_time():
     from lagom_tune.backends.nccl_worker import CudaMeter
 
     meter = CudaMeter.__new__(CudaMeter)  # no GPU: only the sizing logic, with the launches faked
-    sizes = []
+    trials = []
 
-    def comm(point, nbytes=None):
-        sizes.append(nbytes)
-        s = point.settings
+    def comm(point, nbytes=None, settings=None):
+        s = settings or point.settings
+        trials.append((nbytes, s["channels"], s["buffsize"]))
         return (lambda: None), types.SimpleNamespace(geometry=probe_geometry(nbytes, s["channels"], s["buffsize"]))
 
-    meter.comm, meter.time_us = comm, (lambda fn, inner=1: 2000.0)  # the 16 MiB trial takes 2 ms
-    p = Point("overlap", nccl_config("copy", "copy", 4, 512, 4 << 20, 1), gemm=G1, op=PROBE, nbytes=0, ranks=1)
-    _, probe = meter.probe_lasting(p, 0.006)
-    assert sizes[0] == 16 << 20 and probe.geometry.nbytes == 48 << 20  # three trials' worth lasts 6 ms
+    meter.comm, meter.per_launch_us = comm, (lambda fn, warmup=3, count=5: 2000.0)  # the 16 MiB trial takes 2 ms
+    p = Point("overlap", nccl_config("copy", "copy", 4, 512, 1 << 20, 1), gemm=G1, op=PROBE, nbytes=0, ranks=1)
+    assert meter.probe_bytes_lasting(p, 0.006) == 48 << 20  # three trials' worth lasts 6 ms
+    assert trials == [(16 << 20, 16, 4 << 20)]  # timed at NCCL's defaults, whatever the point's settings
+
+
+def test_an_overlapped_job_is_the_same_at_every_setting_of_a_shape():
+    from lagom_tune.backends.nccl_worker import CudaMeter
+
+    meter = CudaMeter.__new__(CudaMeter)
+    meter.jobs, meter.device = {}, "cpu"
+    meter.dist = types.SimpleNamespace()
+    sized = []
+    meter.probe_bytes_lasting = lambda point, seconds: sized.append(seconds) or 7 << 20
+    import lagom_tune.backends.gloo as gloo
+
+    orig, gloo.slowest_rank = gloo.slowest_rank, (lambda dist, values, device="cpu": values)
+    try:
+        jobs = {meter.job(Point("overlap", nccl_config("copy", "copy", ch, 512, b, 1), gemm=G1, op=PROBE, nbytes=0, ranks=1), 40e-6)
+                for ch in (1, 16, 64) for b in (1 << 20, 8 << 20)}
+    finally:
+        gloo.slowest_rank = orig
+    assert jobs == {(25, 7 << 20)} and len(sized) == 1  # 25 GEMMs of 40 µs last 1 ms; sized once
+
+
+def test_short_launches_are_replayed_from_a_cuda_graph_and_long_ones_launched():
+    from lagom_tune.backends.gpu_timing import GRAPH_BELOW_US, launches
+
+    captured = []
+
+    class FakeGraph:
+        def replay(self):
+            captured.append("replay")
+
+    cuda = types.SimpleNamespace(CUDAGraph=FakeGraph, graph=lambda g: contextlib.nullcontext(), synchronize=lambda: None)
+    fake = types.SimpleNamespace(cuda=cuda)
+    calls = []
+    short = launches(fake, lambda: calls.append(1), 8, GRAPH_BELOW_US / 2)
+    assert short.how == "graph" and len(calls) == 8 and captured == ["replay"]  # captured once, uploaded by one replay
+    short()
+    assert len(calls) == 8 and captured == ["replay", "replay"]  # replaying launches nothing from the CPU
+    long = launches(fake, lambda: calls.append(1), 3, GRAPH_BELOW_US * 2)
+    assert long.how == "stream" and long.graph is None
+    long()
+    assert len(calls) == 11
+    assert launches(fake, lambda: None, 3, 1.0, capturable=False).how == "stream"  # NCCL collectives: never captured
 
 
 class FakeCudaEvent:
@@ -440,7 +482,13 @@ def test_gpu_meter_control_flow_with_cuda_and_nccl_faked():
     rows = meter.measure(over, 2)
     assert len(rows) == 2 and {"time_us", "comm_us", "window_us", "n_compute", "compute_alone_us", "comm_alone_us"} <= set(rows[0])
     assert rows[0]["window_us"] == max(rows[0]["time_us"], rows[0]["comm_us"]) and rows[0]["n_compute"] >= 1
+    assert {r["baseline"] for r in rows} == {"paired"}  # alone times measured right before, every repeat
+    assert rows[0]["compute_alone_us"] != rows[1]["compute_alone_us"]
     assert ("all_reduce", f"group-{over.settings['channels']}") in calls
+
+
+def rows_gemm(pts):
+    return next(p for p in pts if p.kind == "overlap").gemm
 
 
 def test_gpu_meter_probe_points_with_the_kernel_faked(monkeypatch):
@@ -461,5 +509,8 @@ def test_gpu_meter_probe_points_with_the_kernel_faked(monkeypatch):
     alone = meter.measure(next(p for p in pts if p.kind == "collective" and p.op == PROBE), 2)
     assert all(r["nbytes"] >= 4 << 20 for r in alone)
     rows = meter.measure(next(p for p in pts if p.kind == "overlap"), 2)
-    # sized to last as long as n GEMMs of at least 1 ms: the probe's bytes are recorded in the rows
+    # sized to last as long as n GEMMs of at least 1 ms at NCCL's defaults: the probe's bytes are in the rows
     assert rows[0]["nbytes"] > 0 and rows[0]["compute_alone_us"] >= 500 and rows[0]["comm_alone_us"] >= 300
+    other = meter.measure(next(p for p in pts if p.kind == "overlap" and p.gemm == rows_gemm(pts) and p.settings["channels"] == 64), 2)
+    # the same job: the same GEMMs, and the same bytes up to one step per channel (rows keep the exact bytes)
+    assert other[0]["n_compute"] == rows[0]["n_compute"] and other[0]["nbytes"] == pytest.approx(rows[0]["nbytes"], rel=0.25)

@@ -110,6 +110,9 @@ def bandwidth_columns(op: str, nbytes: int, ranks: int, seconds: float) -> dict[
 
 
 TIMED_COLUMNS = ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us")
+# An overlapped row's ``baseline``: its alone times were measured right before it, the same way.
+# Rows without it (profiles before 2026-11-30) are rebaselined by the fit from the GEMM points.
+PAIRED = "paired"
 
 
 def reduce_ranks(point: Point, per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from lagom_tune.workload.spec import Gemm, Workload
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BUCKET_CAPS_MB = (1, 2, 4, 8, 16, 25, 50)
 CHUNKS = (0, 1 << 18, 1 << 20, 1 << 22)  # 0: the whole tensor in one call
+STARTUP_S = 120.0  # seconds a rank may take to start (import torch, join the group) before it counts as hung
 
 
 def gloo_knob_space(cores: int | None = None, ranks: int = 2) -> KnobSpace:
@@ -162,9 +163,15 @@ def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: floa
     threading.Thread(target=pump, daemon=True, name="lagom-results").start()
     pending: dict[int, dict[int, list[dict]]] = {}
     progress = {r: -1 for r in range(len(procs))}
+    ready: set[int] = set()
     last_news = time.monotonic()
     done = 0
+
     def hung() -> RunError:
+        if len(ready) < len(procs):
+            late = min(set(progress) - ready)
+            return RunError(f"rank {late} did not start within {max(timeout_s, STARTUP_S):.0f} s",
+                            hint="the machine may be overloaded; rerun to resume")
         behind = min(progress, key=progress.get)
         return RunError(f"rank {behind} made no progress for {timeout_s:.0f} s (stuck at point {progress[behind] + 2} of {len(points)})",
                         hint="a rank is hung; rerun to resume, or raise --timeout for slow points")
@@ -177,12 +184,18 @@ def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: floa
                 if not p.is_alive() and p.exitcode not in (0, None):
                     raise RunError(f"rank {r} died (exit code {p.exitcode}) while measuring point {progress[r] + 2} of {len(points)}",
                                    hint="rerun the same command to resume from the last completed point")
-            if time.monotonic() - last_news > timeout_s:
+            # --timeout is for measuring: starting a rank (importing torch, joining the group)
+            # is allowed at least STARTUP_S, however loaded the machine.
+            limit = timeout_s if len(ready) == len(procs) else max(timeout_s, STARTUP_S)
+            if time.monotonic() - last_news > limit:
                 raise hung()
             continue
         last_news = time.monotonic()
         if msg[0] == "error":
             raise RunError(f"rank {msg[1]} failed: {msg[2]}")
+        if msg[0] == "ready":
+            ready.add(msg[1])
+            continue
         _, rank, idx, rows = msg
         progress[rank] = idx
         pending.setdefault(idx, {})[rank] = rows
@@ -207,6 +220,7 @@ def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: i
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
+        results.put(("ready", rank))
         for idx, point in enumerate(points):
             torch.set_num_threads(point.settings.get("threads", 1))
             rows = MEASURE[point.kind](point, repeats, dist)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lagom_tune.backends.base import KnobSpace, Point
-from lagom_tune.backends.nccl_knobs import nccl_config
+from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
 from lagom_tune.errors import UserError
 from lagom_tune.runtime.nccl import OVERRIDING_ENV, TUNER_COLL, CommunicatorConfig, build_options
 from lagom_tune.workload.spec import Workload
@@ -31,6 +31,9 @@ PER_OP_SYNTAX = (2, 24)  # NCCL_ALGO="allreduce:tree;allgather:ring" since NCCL 
 PROBE = "probe"
 PROBE_SIZES = (4 << 20, 32 << 20, 256 << 20)
 PROBE_THREADS = 512
+# The overlapped probe's job (its bytes) is what it copies at NCCL's default channels and buffer
+# size in the time of the GEMMs beside it; the same bytes at every setting of that shape.
+PROBE_REFERENCE = {k: nccl_knob_space().defaults()[k] for k in ("channels", "buffsize")}
 
 
 @dataclass(frozen=True)

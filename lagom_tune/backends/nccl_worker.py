@@ -4,19 +4,22 @@ A worker is started fresh for each NCCL environment (see ``nccl_sweep.batches``)
 job's store under a prefix of its own, builds one process group per (layout, channels), and
 measures its points in order, sending each point's rows to its parent as soon as they exist.
 
-Timing rules (DESIGN.md §5): warm-ups, a barrier before each timed repeat, CUDA events on the
-stream that runs the work, every repeat kept; the parent takes the max over ranks.
+Timing rules (DESIGN.md §5 and §10, ``gpu_timing``): warm-ups, a barrier before each timed repeat,
+CUDA events on the stream that runs the work, short launches replayed from CUDA graphs, every
+baseline timed the same way right before what it is compared with, every repeat kept; the parent
+takes the max over ranks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from lagom_tune.backends.base import Point
-from lagom_tune.backends.nccl_sweep import PROBE, channel_options, subgroups
+from lagom_tune.backends.base import PAIRED, Point
+from lagom_tune.backends.gpu_timing import Launches, launches, time_overlapped, time_run
+from lagom_tune.backends.nccl_sweep import PROBE, PROBE_REFERENCE, channel_options, subgroups
 from lagom_tune.backends.probe import Probe, probe_geometry, steps_for
 
 TARGET_US = 200.0  # a timed GEMM sample spans at least this long (CUDA events resolve ~0.5 µs)
@@ -100,12 +103,20 @@ def collective_call(dist, op: str, nbytes: int, ranks: int, group, device, dtype
 
 
 class CudaMeter:
-    """GEMMs, collectives, overlapped pairs and the probe, timed with CUDA events."""
+    """GEMMs, collectives, overlapped pairs and the probe, timed the one way ``gpu_timing`` defines.
+
+    An overlapped point times, in every repeat, the compute run alone, the communication alone
+    (on the side stream it overlaps on), then both together: the baselines are the same launches
+    on the same streams, measured right before. The job is the same across a shape's settings
+    (the same ``n`` GEMMs; for the probe the same bytes), so windows compare across channels and
+    buffer sizes the way the search compares them.
+    """
 
     def __init__(self, spec: WorkerSpec, torch, dist):
         self.spec, self.torch, self.dist = spec, torch, dist
         self.device = torch.device("cuda", spec.local_rank)
         self.groups: dict[tuple, Any] = {}
+        self.jobs: dict[tuple, tuple[int, int]] = {}  # overlapped job per shape (and collective): (n, probe bytes)
         self.side = torch.cuda.Stream(device=self.device)
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -125,18 +136,11 @@ class CudaMeter:
             self.groups[key] = mine
         return self.groups[key]
 
-    def events(self):
-        ev = self.torch.cuda.Event
-        return ev(enable_timing=True), ev(enable_timing=True)
-
-    def time_us(self, fn, inner: int = 1) -> float:
-        start, end = self.events()
-        start.record()
-        for _ in range(inner):
+    def per_launch_us(self, fn, warmup: int = 3, count: int = 5) -> float:
+        """One launch's time, from ``count`` direct launches after ``warmup`` (first calls set up)."""
+        for _ in range(warmup):
             fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3 / inner
+        return time_run(self.torch, Launches(fn, count)) / count
 
     def matmul(self, point: Point):
         from lagom_tune.backends.gloo import operands
@@ -144,28 +148,30 @@ class CudaMeter:
         a, b = operands(point.gemm, self.device)
         return lambda: self.torch.matmul(a, b)
 
-    def comm(self, point: Point, nbytes: int | None = None):
+    def comm(self, point: Point, nbytes: int | None = None, settings: dict | None = None):
+        """One launch of the point's collective (or probe of ``nbytes``), and the probe if it is one."""
         if point.op == PROBE:
-            s = point.settings
+            s = settings or point.settings
             probe = Probe(probe_geometry(nbytes or point.nbytes, s["channels"], s["buffsize"]), s["threads"], self.device)
             return probe.launch, probe
         fn = collective_call(self.dist, point.op, point.nbytes, point.ranks, self.group(point), self.device, self.torch.float32)
         return fn, None
 
-    def probe_lasting(self, point: Point, seconds: float):
-        """The probe of ``point``'s channels and buffer size, sized from a timed 16 MiB trial."""
-        s = point.settings
-        trial = probe_geometry(16 << 20, s["channels"], s["buffsize"])
-        launch, _ = self.comm(point, trial.nbytes)
-        launch()  # compiles
-        steps = steps_for(seconds, trial.steps, self.time_us(launch) / 1e6)
-        return self.comm(point, trial.nbytes * steps // trial.steps)
+    def probe_bytes_lasting(self, point: Point, seconds: float) -> int:
+        """Bytes the probe at NCCL's default channels and buffer size copies in ``seconds``,
+        from a timed 16 MiB trial: the overlapped probe's job at every setting of a shape."""
+        s = {**point.settings, **PROBE_REFERENCE}
+        launch, trial = self.comm(point, 16 << 20, s)
+        trial_s = self.per_launch_us(launch, warmup=1, count=1) / 1e6
+        steps = steps_for(seconds, trial.geometry.steps, trial_s)
+        return trial.geometry.nbytes * steps // trial.geometry.steps
 
-    def repeat(self, fn, repeats: int, inner: int = 1) -> list[float]:
+    def repeat(self, run, repeats: int, stream=None) -> list[float]:
         out = []
         for _ in range(repeats):
             self.barrier()
-            out.append(self.time_us(fn, inner))
+            with self.torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                out.append(time_run(self.torch, run))
         return out
 
     # -- measurements --------------------------------------------------------------------------
@@ -175,57 +181,64 @@ class CudaMeter:
         self.torch.cuda.empty_cache()
         return rows
 
-    def gemm(self, point: Point, repeats: int) -> list[dict]:
-        mm = self.matmul(point)
-        for _ in range(3):
-            mm()
-        once = self.time_us(mm)
+    def timed_launches(self, fn, capturable: bool = True) -> Launches:
+        """Enough launches of ``fn`` to span ``TARGET_US`` (one if it is that long already)."""
+        once = self.per_launch_us(fn)
         inner = max(1, min(100, round(TARGET_US / max(once, 1e-3))))
-        return [{"time_us": t, "inner": inner} for t in self.repeat(mm, repeats, inner)]
+        return launches(self.torch, fn, inner, once, capturable)
+
+    def gemm(self, point: Point, repeats: int) -> list[dict]:
+        run = self.timed_launches(self.matmul(point))
+        return [{"time_us": t / run.n, "inner": run.n, "timing": run.how} for t in self.repeat(run, repeats)]
 
     def collective(self, point: Point, repeats: int) -> list[dict]:
         fn, probe = self.comm(point)
-        for _ in range(2):  # the first call also creates the communicator
-            fn()
+        if probe is None:  # a collective: one launch a repeat, never captured (see gpu_timing)
+            fn()  # the first call also creates the communicator
+            run = Launches(fn, 1)
+        else:
+            run = self.timed_launches(fn)
         extra = {"nbytes": probe.geometry.nbytes} if probe else {}
-        return [{"time_us": t, **extra} for t in self.repeat(fn, repeats)]
+        return [{"time_us": t / run.n, "inner": run.n, "timing": run.how, **extra} for t in self.repeat(run, repeats, self.side)]
 
-    def overlap(self, point: Point, repeats: int) -> list[dict]:
-        """The collective (or probe) on a side stream, ``n`` GEMMs on the main one, started together;
-        ``n`` (and the probe's size) are chosen so both streams alone last about as long."""
-        mm = self.matmul(point)
-        for _ in range(3):
-            mm()
+    def job(self, point: Point, gemm_s: float) -> tuple[int, int]:
+        """The overlapped job of the point's shape: ``n`` GEMMs, and the probe's bytes (0 for a
+        collective, whose size the workload fixes); fixed at the shape's first point."""
         from lagom_tune.backends.gloo import slowest_rank
 
-        y = statistics.median(self.time_us(mm) for _ in range(3)) / 1e6
-        (y,) = slowest_rank(self.dist, (y,), self.device)  # every rank must run the same number of GEMMs
-        if point.op == PROBE:  # the probe is sized to last as long as n GEMMs of at least 1 ms
-            n = max(1, round(OVERLAP_MIN_S / y))
-            fn, probe = self.probe_lasting(point, n * y)
-        else:
-            fn, probe = self.comm(point)
-            fn()
-        x = statistics.median(self.time_us(fn) for _ in range(3)) / 1e6
-        (x,) = slowest_rank(self.dist, (x,), self.device)
-        if point.op != PROBE:  # as many GEMMs as last about as long as the collective
-            n = max(1, round(x / y))
+        key = (point.gemm.shape_key, point.op, point.nbytes, point.ranks, point.settings.get("nodes", 1))
+        if key not in self.jobs:
+            (y,) = slowest_rank(self.dist, (gemm_s,), self.device)  # every rank runs the same number of GEMMs
+            if point.op == PROBE:  # n GEMMs of at least 1 ms; the probe copies what it can meanwhile at NCCL's defaults
+                n = max(1, round(OVERLAP_MIN_S / y))
+                self.jobs[key] = (n, self.probe_bytes_lasting(point, n * y))
+            else:  # as many GEMMs as last about as long as the collective
+                fn, _ = self.comm(point)
+                (x,) = slowest_rank(self.dist, (self.per_launch_us(fn, warmup=1) / 1e6,), self.device)
+                self.jobs[key] = (max(1, round(x / y)), 0)
+        return self.jobs[key]
+
+    def overlap(self, point: Point, repeats: int) -> list[dict]:
+        """Per repeat: the ``n`` GEMMs alone, the collective (or probe) alone on the side stream,
+        then both together, released by one event."""
+        mm = self.matmul(point)
+        once = self.per_launch_us(mm)
+        n, probe_bytes = self.job(point, once / 1e6)
+        compute = launches(self.torch, mm, n, once)
+        fn, probe = self.comm(point, probe_bytes or None)
+        fn()  # compiles the probe, or creates the communicator
+        comm = Launches(fn, 1)
+        extra = {"nbytes": probe.geometry.nbytes} if probe else {}
         rows = []
         for _ in range(repeats):
             self.barrier()
-            start, comp_end = self.events()
-            _, comm_end = self.events()
-            start.record()
-            self.side.wait_event(start)
+            compute_alone = time_run(self.torch, compute)
+            self.barrier()
             with self.torch.cuda.stream(self.side):
-                fn()
-                comm_end.record()
-            for _ in range(n):
-                mm()
-            comp_end.record()
-            self.torch.cuda.synchronize(self.device)
-            t_comp, t_comm = start.elapsed_time(comp_end) * 1e3, start.elapsed_time(comm_end) * 1e3
-            rows.append({"time_us": t_comp, "comm_us": t_comm, "window_us": max(t_comp, t_comm), "n_compute": n,
-                         "compute_alone_us": y * n * 1e6, "comm_alone_us": x * 1e6,
-                         **({"nbytes": probe.geometry.nbytes} if probe else {})})
+                comm_alone = time_run(self.torch, comm)
+            self.barrier()
+            both = time_overlapped(self.torch, compute, comm, self.side)
+            rows.append({"time_us": both.compute_us, "comm_us": both.comm_us, "window_us": both.window_us, "n_compute": n,
+                         "compute_alone_us": compute_alone, "comm_alone_us": comm_alone, "baseline": PAIRED,
+                         "timing": compute.how, **extra})
         return rows

@@ -1,14 +1,24 @@
-"""The single-GPU contention probe: NCCL's footprint without a second GPU.
+"""The single-GPU contention probe: an NCCL channel's footprint without a second GPU.
 
-A persistent Triton kernel of ``channels`` blocks (one per NCCL channel), each copying its share
-of ``nbytes`` in steps of ``buffsize / 8`` bytes into its own 8-slot staging ring (NCCL's
-NCCL_STEPS slots of a channel's buffer), reading a source slice that wraps around. It takes SMs
-and HBM bandwidth the way a channel does, so GEMM slowdown against channels and buffer size can
-be measured, and the compute side of the model fitted, on one GPU.
+A persistent Triton kernel of ``channels`` blocks (one per NCCL channel) of ``NCCL_NTHREADS``
+threads (512 by default), each copying its share of ``nbytes`` in steps of ``buffsize / 8`` bytes
+(NCCL's step with ``NCCL_STEPS`` = 8 slots) into its own 8-slot staging ring, reading a source
+slice that wraps around; everything is read and written through HBM. A block moves 32 KiB per
+loop iteration (16 words a thread at 512 threads), about what a Simple-protocol channel keeps in
+flight, so one block copies like one channel moves data.
 
-It is a stand-in, not NCCL: it does no reduction and no peer traffic, and the hardware may place
-a probe block beside a GEMM block on one SM. The fit (V per channels and buffer size) absorbs
-what it measures; the run folder says ``probe`` wherever it was used.
+Per-block bandwidth, measured on one H200 (2026-11-30, ``bench/results/gpu_check.md``): about 45
+GB/s copied (90 GB/s of HBM traffic) per block up to 16 blocks, falling to 26 GB/s at 64 blocks
+as HBM saturates (1.65 TB/s copied). NCCL's published per-channel figure on H200 NVLink is about
+30 GB/s of bus bandwidth (74/134/234 GB/s busbw at 2/4/8 channels, DESIGN.md §10); a ring
+all-reduce step reads the input and the peer's data and writes the peer's buffer, so a channel
+causes about three times its busbw in HBM traffic: 90 GB/s, the probe's figure. The previous
+probe (4 KiB per iteration) moved 9-14 GB/s per block.
+
+What still differs from NCCL: no peer traffic (no NVLink or network, so no waiting on a peer and
+no link contention), no reduction arithmetic, no LL/LL128 flag protocol; and the hardware may
+place a probe block beside a GEMM block on one SM. The fit (V per channels and buffer size)
+absorbs what it measures; the run folder says ``probe`` wherever it was used.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import math
 from dataclasses import dataclass
 
 WORD = 4  # float32
-BLOCK_WORDS = 1024  # words one loop iteration moves
+BLOCK_WORDS = 8192  # words a block moves per loop iteration: 32 KiB in flight, like a Simple channel
 SLOTS = 8  # NCCL_STEPS
 MAX_SOURCE_BYTES = 256 << 20
 

@@ -1,0 +1,123 @@
+"""The one way the nccl backend times GPU work (DESIGN.md §10, "GPU timing rule").
+
+A quantity and its baseline are timed the same way: the same ``n`` back-to-back launches on the
+same stream, the baseline right before the quantity, so slow drift (clocks, temperature) cancels.
+Launches shorter than :data:`GRAPH_BELOW_US` are captured once in a CUDA graph and replayed, so the
+CPU's launch gaps (10-20 µs per ``torch.matmul``) never enter a figure; longer ones are launched
+directly. Every timed run starts behind a short GPU sleep, so the CPU has queued the whole run
+before the GPU reaches the start event.
+
+NCCL collectives are never captured: capturing one ties every rank's replay together and needs
+the communicator set up for capture. They are launched directly (one collective is long enough
+to hide its launch behind the spacer), alone and overlapped alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+GRAPH_BELOW_US = 50.0  # launches shorter than this are replayed from a captured CUDA graph
+SPACER_CYCLES = 100_000  # ~50 µs of GPU sleep at 2 GHz: time for the CPU to queue a run
+
+GRAPHED, STREAMED = "graph", "stream"
+
+
+@dataclass
+class Launches:
+    """``n`` back-to-back launches of one callable: replayed from a CUDA graph or launched directly.
+
+    Calling it enqueues the whole run on the current stream and returns at once.
+    """
+
+    fn: Callable[[], Any]
+    n: int
+    graph: Any = None  # torch.cuda.CUDAGraph when captured
+
+    @property
+    def how(self) -> str:
+        """``"graph"`` or ``"stream"``: recorded in every row timed with it."""
+        return GRAPHED if self.graph is not None else STREAMED
+
+    def __call__(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            for _ in range(self.n):
+                self.fn()
+
+
+def launches(torch: Any, fn: Callable[[], Any], n: int, per_launch_us: float, capturable: bool = True) -> Launches:
+    """``n`` launches of ``fn``, captured in a CUDA graph when each is shorter than ``GRAPH_BELOW_US``.
+
+    Args:
+        torch: the torch module (a fake one in CPU tests; without ``cuda.CUDAGraph`` nothing is captured).
+        fn: one launch (it must have run once already, so libraries have set up their workspaces).
+        n: launches per run.
+        per_launch_us: a measured time of one launch.
+        capturable: False for work that must not be captured (NCCL collectives).
+
+    Returns:
+        The replayable run.
+    """
+    graph_cls = getattr(torch.cuda, "CUDAGraph", None)
+    if not capturable or graph_cls is None or per_launch_us >= GRAPH_BELOW_US:
+        return Launches(fn, n)
+    graph = graph_cls()
+    with torch.cuda.graph(graph):
+        for _ in range(n):
+            fn()
+    graph.replay()  # the first replay uploads the graph; keep it out of every figure
+    torch.cuda.synchronize()
+    return Launches(fn, n, graph)
+
+
+def spacer(torch: Any) -> None:
+    """Keep the current stream busy ~50 µs so the CPU queues a timed run before the GPU starts it."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(SPACER_CYCLES)
+
+
+def events(torch: Any) -> tuple[Any, Any]:
+    """A pair of timing events."""
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def time_run(torch: Any, run: Callable[[], None]) -> float:
+    """Microseconds ``run`` takes on the current stream, measured with CUDA events behind a spacer."""
+    start, end = events(torch)
+    spacer(torch)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+@dataclass(frozen=True)
+class Overlapped:
+    """One overlapped run: both streams start at the same event; each end is timed from it."""
+
+    compute_us: float
+    comm_us: float
+
+    @property
+    def window_us(self) -> float:
+        return max(self.compute_us, self.comm_us)
+
+
+def time_overlapped(torch: Any, compute: Callable[[], None], comm: Callable[[], None], side: Any) -> Overlapped:
+    """``comm`` on the ``side`` stream and ``compute`` on the current one, released by one event."""
+    start, comp_end = events(torch)
+    _, comm_end = events(torch)
+    spacer(torch)
+    start.record()
+    side.wait_event(start)
+    with torch.cuda.stream(side):
+        comm()
+        comm_end.record()
+    compute()
+    comp_end.record()
+    torch.cuda.synchronize()
+    return Overlapped(start.elapsed_time(comp_end) * 1e3, start.elapsed_time(comm_end) * 1e3)
