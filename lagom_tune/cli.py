@@ -94,6 +94,23 @@ def profile(
 
 
 @app.command()
+def fit(run_dir: Path = typer.Argument(..., help="A run folder with measurements.")) -> None:
+    """Refit RUN_DIR/model.yaml from its measurements, measuring nothing (any machine, GPU or not)."""
+    from lagom_tune.model.fit import fit_run
+    from lagom_tune.profile.store import open_run
+
+    run = open_run(run_dir)
+    with _progress() as bar:
+        task = bar.add_task("fit model (k-fold)", total=None)
+        fit_run(run, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    from lagom_tune.artifact_io import read_yaml
+
+    for item in render.model_tables(read_yaml(run.model_path, "model file")):
+        render.console.print(item)
+    render.console.print(f"[green]wrote[/] {run.model_path}")
+
+
+@app.command()
 def search(
     run_dir: Path = typer.Argument(..., help="A profiled run folder."),
     optimizer: str = typer.Option("lagom", help="lagom, optuna, autoccl, default or exhaustive."),

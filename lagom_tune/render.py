@@ -132,12 +132,33 @@ def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | 
             k.add_row(str(kind), str(len(med)), f"{med.median():.1f}", f"{med.quantile(0.9):.1f}")
         out.append(k)
     if model:
-        m = Table(title=f"model {model.get('family')} · held-out accuracy ({model.get('accuracy', {}).get('method', '')})", title_justify="left")
-        m.add_column("quantity")
-        m.add_column("MAPE", justify="right")
-        for name, val in model.get("accuracy", {}).get("mape", {}).items():
-            m.add_row(name, f"{val:.1%}")
-        out.append(m)
+        out += model_tables(model)
+    return out
+
+
+def model_tables(model: dict[str, Any]) -> list[Any]:
+    """A model.yaml's measured accuracy: held-out MAPE, the ranking figures the search relies on,
+    and warnings about measurements the fit refused."""
+    acc = model.get("accuracy", {})
+    out: list[Any] = []
+    form = f" · form {model['form']}" if model.get("form") else ""
+    m = Table(title=f"model {model.get('family')}{form} · held-out accuracy ({acc.get('method', '')})", title_justify="left")
+    m.add_column("quantity")
+    m.add_column("MAPE", justify="right")
+    for name, val in acc.get("mape", {}).items():
+        m.add_row(name, f"{val:.1%}")
+    out.append(m)
+    ranking = acc.get("ranking")
+    if ranking and ranking.get("shapes"):
+        r = Table(title=f"ranking of settings per GEMM shape ({ranking.get('method', '')}) · median-shape Spearman "
+                        f"{ranking.get('median_spearman', float('nan')):.2f}", title_justify="left")
+        for col in ("GEMM shape", "Spearman (channels)", "best-setting gap", "points"):
+            r.add_column(col, justify="left" if col == "GEMM shape" else "right")
+        for row in ranking["shapes"]:
+            r.add_row(str(row["shape"]), f"{row['spearman']:.2f}", f"{row['best_gap']:.1%}", str(row["points"]))
+        out.append(r)
+    for warning in acc.get("warnings", []):
+        out.append(f"[yellow]warning[/] {warning}")
     return out
 
 

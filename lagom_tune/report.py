@@ -54,6 +54,21 @@ def gantt(default: Evaluation, plan: Evaluation, simulated: bool) -> str:
     return data
 
 
+def _ranking_html(accuracy: dict[str, Any]) -> list[str]:
+    """The ranking figures (what the search relies on) and the fit's warnings, as HTML."""
+    out = []
+    ranking = accuracy.get("ranking") or {}
+    if ranking.get("shapes"):
+        rows = "".join(f"<tr><td>{html.escape(str(r['shape']))}</td><td>{r['spearman']:.2f}</td><td>{r['best_gap']:.1%}</td>"
+                       f"<td>{r['points']}</td></tr>" for r in ranking["shapes"])
+        out.append(f"<h2>Ranking of settings per GEMM shape (median-shape Spearman {ranking.get('median_spearman', float('nan')):.2f})</h2>"
+                   "<table><tr><th>GEMM shape</th><th>Spearman over channels</th><th>best-setting gap</th><th>points</th></tr>"
+                   f"{rows}</table><p>{html.escape(str(ranking.get('method', '')))}</p>")
+    for w in accuracy.get("warnings", []):
+        out.append(f'<p class="warn">warning: {html.escape(str(w))}</p>')
+    return out
+
+
 def build_report(target: str | Path) -> str:
     """The HTML page for a run folder or a plan file."""
     path = Path(target)
@@ -81,6 +96,7 @@ def build_report(target: str | Path) -> str:
         parts.append("<h2>Model accuracy (held-out)</h2><table><tr><th>quantity</th><th>MAPE</th></tr>"
                      + "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.1%}</td></tr>" for k, v in mape.items()) + "</table>"
                      + f"<p>{html.escape(model_doc.get('accuracy', {}).get('method', ''))}</p>")
+    parts += _ranking_html(model_doc.get("accuracy", {}))
     for name, alt in (("fit.png", "measured vs predicted"), ("slowdown.png", "computation slowdown vs communication resources")):
         f = run.path / name
         if f.is_file():
@@ -103,7 +119,8 @@ def build_report(target: str | Path) -> str:
         if plan.validated:
             parts.append("<h2>Validation</h2><pre>" + html.escape(str(plan.validated)) + "</pre>")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}img{max-width:100%}.sim{background:#fde;padding:.5em}")
+             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}img{max-width:100%}.sim{background:#fde;padding:.5em}"
+             ".warn{background:#ffd;padding:.3em}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"
 
 

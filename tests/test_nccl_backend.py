@@ -514,3 +514,10 @@ def test_gpu_meter_probe_points_with_the_kernel_faked(monkeypatch):
     other = meter.measure(next(p for p in pts if p.kind == "overlap" and p.gemm == rows_gemm(pts) and p.settings["channels"] == 64), 2)
     # the same job: the same GEMMs, and the same bytes up to one step per channel (rows keep the exact bytes)
     assert other[0]["n_compute"] == rows[0]["n_compute"] and other[0]["nbytes"] == pytest.approx(rows[0]["nbytes"], rel=0.25)
+
+
+def test_topology_keeps_no_terminal_escape_codes():
+    from lagom_tune.backends.nccl import plain_text
+
+    raw = "\x1b[4mGPU0\tCPU Affinity\x1b[0m\nGPU0\t X \t0-15"  # as nvidia-smi printed it on the H200
+    assert plain_text(raw) == "GPU0\tCPU Affinity\nGPU0\t X \t0-15"

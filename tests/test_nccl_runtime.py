@@ -1,5 +1,6 @@
 """The NCCL deployment path, tested on CPU with fakes of the torch classes."""
 
+import sys
 import types
 
 import pytest
@@ -108,3 +109,48 @@ def test_an_nccl_plan_is_refused_without_a_gpu(tmp_path):
     plan = PLAN.save(tmp_path / "nccl.yaml")
     r = cli("apply", plan, "--", "true")
     assert r.returncode == 2 and "no CUDA GPU" in r.stderr
+
+
+ONE_RANK = """
+import os, torch, torch.distributed as dist
+torch.cuda.set_device(0)
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:PORT", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+x = torch.ones(1 << 20, device="cuda")
+dist.all_reduce(x)
+torch.cuda.synchronize()
+dist.destroy_process_group()
+print("one rank ok")
+"""
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU and NCCL")
+def test_apply_reaches_a_real_nccl_communicator(tmp_path):
+    """NCCL's own log (INIT, ENV) shows the plan's CTA bounds and process settings on a one-rank communicator."""
+    import json
+    import re
+    import socket
+
+    import torch
+
+    plan = Plan(backend="nccl", world_size=1, nodes=1, hardware={"gpu": torch.cuda.get_device_name()}, groups={"world": 1},
+                settings=Settings({"threads": 256, "buffsize": 2 << 20}),
+                rules=(CollectiveRule("all_reduce", "world", 1, 1 << 30, {"algo": "ring", "proto": "simple", "channels": 2}),))
+    path = plan.save(tmp_path / "one.yaml")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "one_rank.py"
+    script.write_text(ONE_RANK.replace("PORT", str(port)))
+    applied = tmp_path / "applied.json"
+    r = cli("apply", path, "--applied", applied, "--", sys.executable, script,
+            env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,TUNING,ENV"}, timeout=240)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0 and "one rank ok" in log, log[-3000:]
+    evidence = [line for line in log.splitlines() if re.search(r"NCCL_NTHREADS|NCCL_BUFFSIZE|coll channels|CTA", line)]
+    print("\n".join(evidence))  # shown with -rP: the NCCL lines the check rests on
+    assert any("NCCL_NTHREADS set by environment to 256" in line for line in evidence), log[-3000:]
+    assert any("NCCL_BUFFSIZE set by environment to 2097152" in line for line in evidence), log[-3000:]
+    channels = [int(m.group(1)) for m in re.finditer(r"(\d+) coll channels", log)]
+    assert channels and max(channels) <= 2, evidence  # max_ctas = 2 from the plan's one rule
+    record = json.loads(applied.read_text())
+    assert any(rec["setting"] == "ctas[world]" and rec["applied"] for rank in record["ranks"].values() for rec in rank["records"]), record

@@ -24,6 +24,7 @@ import datetime
 import os
 import platform
 import queue
+import re
 import subprocess
 import time
 import uuid
@@ -282,6 +283,14 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without terminal escape codes (nvidia-smi underlines its headers even into a pipe)."""
+    return ANSI_ESCAPE.sub("", text)
+
+
 def _topology(standin: bool) -> str | None:
     """``nvidia-smi topo -m``: how this node's GPUs are linked (NVLink, PCIe switch, ...)."""
-    return None if standin else (_run(["nvidia-smi", "topo", "-m"]) or None)
+    return None if standin else (plain_text(_run(["nvidia-smi", "topo", "-m"])) or None)
