@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # GPU check, one GPU, under 8 minutes on an H100/H200: profile a preset's GEMMs alone and beside
 # the contention probe, fit the model, print the held-out MAPE, and write the tables to OUT_DIR.
-#   bash bench/gpu_check.sh [OUT_DIR]          (default bench/results)
+#   bash bench/gpu_check.sh [OUT_DIR] [WORKLOAD]    (defaults bench/results, llama3-8b-fsdp8)
+# The run folder (measurements, meta, model) is kept beside the tables as OUT_DIR/gpu_check-WORKLOAD-run.
 # Uses $PYTHON (default: the Makefile's .venv if it has CUDA, else python3), which needs a CUDA
 # build of torch (Triton comes with it) and this project's dependencies.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "${1:-$root/bench/results}")
+workload=${2:-llama3-8b-fsdp8}
 cd "$root"
 py=${PYTHON:-}
 if [ -z "$py" ]; then
@@ -30,4 +32,5 @@ if missing:
 print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
 PY
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-time "$py" bench/gpu_check.py --out "$out"
+rm -rf "$out/gpu_check-$workload-run"  # a fresh measurement, never a resumed one
+time "$py" bench/gpu_check.py --out "$out" --workload "$workload" --run "$out/gpu_check-$workload-run"
