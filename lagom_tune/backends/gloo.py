@@ -342,7 +342,7 @@ def _iteration_rows(point: Point, repeats: int, dist) -> list[dict]:
     settings = settings_from_items(point.config)
     caps = {g: kv["bucket_cap_mb"] for g, kv in settings.communicators.items() if "bucket_cap_mb" in kv}
     groups = [bucket_group(g, caps) for g in point.workload.groups]
-    operands = {g.shape_key: operands(g) for grp in groups for g in grp.compute}
+    mats = {g.shape_key: operands(g) for grp in groups for g in grp.compute}
     buffers = {c.nbytes: _buffer(c.nbytes) for grp in groups for c in grp.comm}
 
     def play(grp) -> float:
@@ -359,7 +359,7 @@ def _iteration_rows(point: Point, repeats: int, dist) -> list[dict]:
         comm = threading.Thread(target=communicate)
         comm.start()
         for i, g in enumerate(grp.compute):
-            torch.matmul(*operands[g.shape_key])
+            torch.matmul(*mats[g.shape_key])
             ready[i].set()
         comm.join()
         return time.perf_counter() - t0

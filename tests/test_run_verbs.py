@@ -1,4 +1,4 @@
-"""`lagom-tune fit RUN`: a better model reaches an old profile without measuring anything."""
+"""`fit` and `search --validate` on a real gloo run folder: the verbs that reuse what a profile measured."""
 
 import shutil
 
@@ -23,3 +23,14 @@ def test_fit_refuses_what_is_not_a_run_folder(tmp_path):
     for target in (tmp_path / "nowhere", tmp_path):
         r = cli("fit", target)
         assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_search_validate_replays_default_and_plan_on_real_gloo_ranks(tiny_run, tmp_path):
+    """`search --validate` on a gloo run measures both on 2 real ranks (it once failed with a NameError)."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    plan = tmp_path / "plan.yaml"
+    r = cli("search", run, "--out", plan, "--validate", 2, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    validated = yaml.safe_load(plan.read_text())["validated"]
+    assert validated and "NameError" not in r.stderr, validated
