@@ -12,11 +12,33 @@ import yaml
 from lagom_tune.errors import UserError
 
 
+def check_writable(path: str | os.PathLike, what: str = "output") -> Path:
+    """Refuse, before any work starts, an output path that cannot be written.
+
+    Args:
+        path: the file to be written later (its folder may not exist yet).
+        what: what the file is, for the message.
+
+    Returns:
+        The path. Raises ``UserError`` naming the reason.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a folder; give a file name")
+    folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or folder.resolve().parts[:2] in (("/", "proc"), ("/", "sys")):
+        raise UserError(f"cannot write {what} {path}: {folder} is not a writable folder")
+    return path
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` through a temp file in the same folder and a rename."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

@@ -55,18 +55,18 @@ def profile(
     workload: str = typer.Option("cpu-demo", "--workload", "-w", help="Preset name (see `workload list`) or workload YAML file."),
     backend: str = typer.Option("gloo", help="gloo (real CPU ranks), nccl (GPUs; launch with torchrun, or one process for "
                                 "the single-GPU contention probe) or sim (a SIMULATED GPU cluster, for what-if questions)."),
-    ranks: int = typer.Option(2, help="Ranks to spawn (gloo)."),
+    ranks: int = typer.Option(2, min=1, help="Ranks to spawn (gloo)."),
     hardware: Optional[str] = typer.Option(None, help="sim: a40-pcie, a40-nvlink, a100-nvlink, h100-nvlink, h200-nvlink."),
-    nodes: int = typer.Option(1, help="sim: nodes of 8 GPUs, joined by InfiniBand."),
+    nodes: int = typer.Option(1, min=1, help="sim: nodes of 8 GPUs, joined by InfiniBand."),
     ib_gbps: int = typer.Option(400, help="sim: InfiniBand speed per GPU, 100 or 400 Gb/s."),
-    noise: float = typer.Option(0.0, help="sim: multiplicative noise (sigma), e.g. 0.02."),
+    noise: float = typer.Option(0.0, min=0.0, max=0.5, help="sim: multiplicative noise (sigma), e.g. 0.02."),
     seed: int = typer.Option(0, help="sim: noise seed."),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder to create or resume."),
-    repeats: int = typer.Option(7, help="Timed repeats per point (every one is kept)."),
+    repeats: int = typer.Option(7, min=1, help="Timed repeats per point (every one is kept)."),
     parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | tp=8,dp=2 | ep=8."),
-    seq: Optional[int] = typer.Option(None, help="Sequence length for presets."),
-    mbs: Optional[int] = typer.Option(None, help="Micro-batch size for presets."),
-    timeout: float = typer.Option(60.0, help="Seconds a rank may go without progress before the run is ended."),
+    seq: Optional[int] = typer.Option(None, min=1, help="Sequence length for presets."),
+    mbs: Optional[int] = typer.Option(None, min=1, help="Micro-batch size for presets."),
+    timeout: float = typer.Option(60.0, min=1.0, help="Seconds a rank may go without progress before the run is ended."),
 ) -> None:
     """Measure GEMMs, collectives and overlapped pairs; fit the contention model into RUN_DIR/model.yaml.
 
@@ -77,6 +77,9 @@ def profile(
     from lagom_tune.profile.campaign import run_profile
     from lagom_tune.workload.spec import resolve_workload
 
+    from lagom_tune.artifact_io import check_writable
+
+    check_writable(out / "meta.yaml", "run folder")
     w = resolve_workload(workload, parallel=parallel, seq=seq, mbs=mbs, ranks=ranks)
     b = get_backend(backend, BackendOptions(ranks=ranks, timeout_s=timeout, hardware=hardware, nodes=nodes, seed=seed,
                                             noise=noise, extra={"ib_gbps": ib_gbps}))
@@ -117,16 +120,16 @@ def search(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Plan YAML to write."),
     compare: bool = typer.Option(False, "--compare", help="Run every optimizer and print them side by side."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    n_trials: int = typer.Option(200, help="Optuna trial budget."),
-    timeout: Optional[float] = typer.Option(None, help="Optuna time budget in seconds."),
+    n_trials: int = typer.Option(200, min=1, help="Optuna trial budget."),
+    timeout: Optional[float] = typer.Option(None, min=0.1, help="Optuna time budget in seconds."),
     seed: int = typer.Option(0, help="Optuna sampler seed."),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL, e.g. sqlite:///study.db (resumable)."),
     study_name: Optional[str] = typer.Option(None, help="Optuna study name (resume with the same name)."),
     multi_objective: bool = typer.Option(False, "--multi-objective",
                                          help="Optuna: iteration time vs SMs for communication; the plan records the Pareto front."),
-    min_gain: float = typer.Option(0.02, "--min-gain", help="Keep the defaults unless the plan is predicted faster by more "
+    min_gain: float = typer.Option(0.02, "--min-gain", min=0.0, max=1.0, help="Keep the defaults unless the plan is predicted faster by more "
                                    "than this fraction (smaller gains are within the model's error)."),
-    validate: int = typer.Option(0, "--validate", help="Measure default and plan on the backend, N interleaved repeats each."),
+    validate: int = typer.Option(0, "--validate", min=0, help="Measure default and plan on the backend, N interleaved repeats each."),
 ) -> None:
     """Search the fitted model for the settings that finish an iteration first; write a plan."""
     from lagom_tune.plan.build import plan_from_run
@@ -153,8 +156,9 @@ def search(
         return
     if out is None:
         raise UserError("--out PLAN.yaml is required (or use --compare)")
-    if validate < 0:
-        raise UserError("--validate must be >= 0")
+    from lagom_tune.artifact_io import check_writable
+
+    check_writable(out, "plan")
     if not 0 <= min_gain < 1:
         raise UserError("--min-gain must be a fraction in [0, 1), e.g. 0.02")
     with bar:
@@ -299,8 +303,8 @@ def workload_list() -> None:
 def workload_show(
     name: str = typer.Argument(..., help="Preset name or workload YAML."),
     parallel: Optional[str] = typer.Option(None, help="fsdp=8 | tp=8,dp=2 | ep=8 | ddp=2 (model presets)."),
-    seq: Optional[int] = typer.Option(None, help="Sequence length."),
-    mbs: Optional[int] = typer.Option(None, help="Micro-batch size."),
+    seq: Optional[int] = typer.Option(None, min=1, help="Sequence length."),
+    mbs: Optional[int] = typer.Option(None, min=1, help="Micro-batch size."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Overlap groups of a workload: GEMM shapes and FLOPs, collective ops and bytes, repeats."""
@@ -319,7 +323,7 @@ def workload_import(
     trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (export_chrome_trace, record_shapes=True)."),
     out: Path = typer.Option(..., "--out", "-o", help="Workload YAML to write."),
     name: Optional[str] = typer.Option(None, help="Workload name (default: the trace's file name)."),
-    ranks: Optional[int] = typer.Option(None, help="World size of the collectives (default: from the trace)."),
+    ranks: Optional[int] = typer.Option(None, min=1, help="World size of the collectives (default: from the trace)."),
 ) -> None:
     """Build a workload from a trace: where GEMMs overlap collectives, and what runs alone."""
     from lagom_tune.workload.trace import import_trace, summary
