@@ -178,28 +178,39 @@ def search(
 def apply(
     ctx: typer.Context,
     plan_file: Path = typer.Argument(..., metavar="PLAN", help="Plan YAML from `lagom-tune search`."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Check the plan and print what would be set; run nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the plan, build the NCCL tuner plugin and print what would be set; run nothing."),
     print_env: bool = typer.Option(False, "--print-env", help="Print shell export lines (for Slurm and other launchers)."),
     applied: Optional[Path] = typer.Option(None, help="Where to write applied.json (default: beside the plan)."),
-    tuner_plugin: Optional[str] = typer.Option(None, help="NCCL tuner plugin library to load (sets NCCL_TUNER_PLUGIN)."),
 ) -> None:
-    """Run `-- CMD [ARGS...]` with the plan in effect in every Python rank it starts; exit with its code."""
+    """Run `-- CMD [ARGS...]` with the plan in effect in every Python rank it starts; exit with its code.
+
+    NCCL plans' per-collective rules reach NCCL through lagom-tune's own tuner plugin, built with
+    the system C compiler on first use (`NCCL_TUNER_PLUGIN`, `LAGOM_TUNE_TUNER_RULES`).
+    """
     from lagom_tune.plan.schema import load_plan
     from lagom_tune.runtime import launch
 
     cmd = list(ctx.args)
     plan = load_plan(plan_file)
+
+    def warn(line: str) -> None:
+        render.console.print(f"[yellow]lagom-tune:[/] {line}", highlight=False)
+
     if dry_run or print_env:
         import os
 
-        env = launch.plan_environment(plan, plan_file, "<temporary folder>", dict(os.environ), tuner_plugin)
+        tuner = launch.prepare_tuner(plan)
+        env = launch.plan_environment(plan, plan_file, "<temporary folder>", dict(os.environ), tuner)
         if print_env:
-            launch.write_tuner_file(plan, plan_file)
+            for line in tuner.warnings() if tuner else []:
+                print(f"lagom-tune: {line}", file=sys.stderr)  # stdout stays `eval`-able
             print(launch.export_lines(env))
             return
         render.console.print(render.plan_table(plan))
-        for line in render.deployment_lines(plan, env):
+        for line in render.deployment_lines(plan, env, tuner):
             render.console.print(line, highlight=False)
+        for line in tuner.warnings() if tuner else []:
+            warn(line)
         if plan.simulated:  # a what-if plan: shown, never run
             render.console.print("check: simulated plan; `apply` will refuse to run it (profile the real cluster)")
             return
@@ -207,7 +218,7 @@ def apply(
         for n in notes:
             render.console.print(f"check: {n}")
         return
-    result = launch.apply(plan, plan_file, cmd, applied, tuner_plugin)
+    result = launch.apply(plan, plan_file, cmd, applied, on_warning=warn)
     applied_n = sum(r["applied"] for rank in result.ranks.values() for r in rank["records"])
     missed = [f"rank {k}: {r['setting']} ({r['how']})" for k, rank in result.ranks.items() for r in rank["records"] if not r["applied"]]
     render.console.print(f"[lagom-tune] {len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; see {result.applied_json}",

@@ -162,16 +162,32 @@ def model_tables(model: dict[str, Any]) -> list[Any]:
     return out
 
 
-def deployment_lines(plan: Plan, env: dict[str, str]) -> list[str]:
-    """What `apply` would set: environment, NCCL communicator Options, tuner CSV."""
-    from lagom_tune.runtime.launch import export_lines
-    from lagom_tune.runtime.nccl import communicator_configs, tuner_csv
+def deployment_lines(plan: Plan, env: dict[str, str], tuner: Any = None) -> list[str]:
+    """What `apply` would set: environment, NCCL communicator Options, the tuner plugin and its rules.
+
+    Args:
+        plan: the plan.
+        env: the variables `apply` would export.
+        tuner: the ``launch.TunerDeployment`` (plugin build and rules file), or None when the plan has no rules.
+    Returns:
+        Lines in rich markup, in the order to print them.
+    """
+    from lagom_tune.runtime.launch import describe, export_lines
+    from lagom_tune.runtime.nccl import RULES_ENV, communicator_configs
 
     out = ["[bold]environment[/]", export_lines(env)]
     if plan.backend in ("nccl", "sim"):
         for cfg in communicator_configs(plan).values():
             out.append(f"[bold]ProcessGroupNCCL.Options[/] for {cfg.role} ({cfg.ranks} ranks): "
                        f"config.min_ctas={cfg.min_ctas}, config.max_ctas={cfg.max_ctas}")
-        if plan.rules:
-            out += ["[bold]NCCL tuner CSV[/] (NCCL_TUNER_CONFIG_FILE)", tuner_csv(plan).rstrip()]
+    if tuner is not None and tuner.rules_file is not None:
+        plugin = tuner.plugin
+        where = (f"{plugin.path} ({'built now' if plugin.built else 'cached'})" if plugin.ok
+                 else f"[yellow]not available[/]: {plugin.reason}")
+        out.append(f"[bold]NCCL tuner plugin[/] (NCCL_TUNER_PLUGIN): {where}")
+        out.append(f"[bold]tuner rules[/] ({RULES_ENV}): {tuner.rules_file}")
+        out.append(tuner.rules.text().rstrip())
+        if tuner.needs_plugin:
+            out.append("[bold]rules that need the plugin[/] (CTA bounds alone cannot set them):")
+            out += [f"  {describe(r)}" for r in tuner.needs_plugin]
     return out

@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ from lagom_tune.workload.presets import Arch, gpt_ddp
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+# The tuner plugin is built into $XDG_CACHE_HOME/lagom-tune: tests build into a folder of their own.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="lagom-tests-cache-")
 
 # A model small enough that a 2-rank profile and a training run take seconds; TINY_ARGS builds
 # the same model in examples/train_gpt.py.

@@ -1,5 +1,6 @@
 """The NCCL deployment path, tested on CPU with fakes of the torch classes."""
 
+import shutil
 import sys
 import types
 
@@ -41,12 +42,23 @@ def fake_c10d():
     return mod
 
 
-def test_tuner_csv_has_one_line_per_rule():
-    lines = nccl.tuner_csv(PLAN).splitlines()
-    assert lines[0].startswith("# collective,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks")
-    assert lines[1:] == ["allgather,1048576,268435456,ring,simple,2,2,16",
-                         "reducescatter,1048576,268435456,ring,ll128,4,2,16",
-                         "allreduce,1,67108864,tree,ll,8,1,8"]
+def test_tuner_rules_have_one_line_per_rule():
+    rules = nccl.tuner_rules(PLAN)
+    lines = rules.text().splitlines()
+    assert nccl.RULES_HEADER in lines
+    assert lines[lines.index(nccl.RULES_HEADER) + 1:] == [
+        "allgather 16 2 1048576 268435456 ring simple 2",  # the world communicator: 16 ranks on the plan's 2 nodes
+        "reducescatter 16 2 1048576 268435456 ring ll128 4",
+        "allreduce 8 * 1 67108864 tree ll 8"]  # 8 of 16 ranks: the plan does not say on how many nodes
+    assert rules.not_deployable == ()
+
+
+def test_all_to_all_rules_are_reported_not_deployable():
+    import dataclasses
+
+    plan = dataclasses.replace(PLAN, rules=PLAN.rules + (CollectiveRule("all_to_all", "dp", 0, 10, {"channels": 2}),))
+    rules = nccl.tuner_rules(plan)
+    assert len(rules.rules) == 3 and [r.op for r, _ in rules.not_deployable] == ["all_to_all"]
 
 
 def test_communicator_bounds_cover_every_rule_of_the_role():
@@ -92,14 +104,18 @@ def test_environment_overrides_are_reported_not_hidden(tmp_path, monkeypatch):
     assert not rec["applied"] and "NCCL_MAX_CTAS" in rec["how"]
 
 
-def test_dry_run_shows_options_environment_and_tuner_csv(tmp_path):
+def test_dry_run_shows_options_environment_and_tuner_plugin(tmp_path):
     plan = PLAN.save(tmp_path / "nccl.yaml")
     assert load_plan(plan).to_dict() == PLAN.to_dict()
-    r = cli("apply", plan, "--dry-run", "--tuner-plugin", "libnccl-tuner.so", "--", "torchrun", "--nnodes", "2",
-            "--nproc-per-node", "8", "train.py")
+    r = cli("apply", plan, "--dry-run", "--", "torchrun", "--nnodes", "2", "--nproc-per-node", "8", "train.py",
+            env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
     out = r.stdout + r.stderr
-    assert "NCCL_NTHREADS=256" in out and "NCCL_BUFFSIZE=2097152" in out and "NCCL_TUNER_PLUGIN=libnccl-tuner.so" in out
-    assert "config.min_ctas=2, config.max_ctas=4" in out and "allgather,1048576,268435456,ring,simple,2,2,16" in out
+    assert "NCCL_NTHREADS=256" in out and "NCCL_BUFFSIZE=2097152" in out
+    assert "config.min_ctas=2, config.max_ctas=4" in out and "allgather 16 2 1048576 268435456 ring simple 2" in out
+    if shutil.which("cc"):
+        assert f"NCCL_TUNER_PLUGIN={tmp_path / 'cache'}/lagom-tune/" in out and f"{nccl.RULES_ENV}=" in out
+    else:
+        assert "no C compiler found" in out
 
 
 def test_an_nccl_plan_is_refused_without_a_gpu(tmp_path):
@@ -125,12 +141,15 @@ print("one rank ok")
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU and NCCL")
 def test_apply_reaches_a_real_nccl_communicator(tmp_path):
-    """NCCL's own log (INIT, ENV) shows the plan's CTA bounds and process settings on a one-rank communicator."""
+    """NCCL's own log (INIT, TUNING, ENV) shows the plan's process settings, CTA bounds and our tuner
+    plugin loaded by name and reading the plan's rules, on a one-rank communicator."""
     import json
     import re
     import socket
 
     import torch
+
+    from lagom_tune.runtime.tuner_build import LIBRARY_NAME
 
     plan = Plan(backend="nccl", world_size=1, nodes=1, hardware={"gpu": torch.cuda.get_device_name()}, groups={"world": 1},
                 settings=Settings({"threads": 256, "buffsize": 2 << 20}),
@@ -143,14 +162,28 @@ def test_apply_reaches_a_real_nccl_communicator(tmp_path):
     script.write_text(ONE_RANK.replace("PORT", str(port)))
     applied = tmp_path / "applied.json"
     r = cli("apply", path, "--applied", applied, "--", sys.executable, script,
-            env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,TUNING,ENV"}, timeout=240)
+            env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,TUNING,ENV", "XDG_CACHE_HOME": str(tmp_path / "cache")},
+            timeout=240)
     log = r.stdout + r.stderr
     assert r.returncode == 0 and "one rank ok" in log, log[-3000:]
-    evidence = [line for line in log.splitlines() if re.search(r"NCCL_NTHREADS|NCCL_BUFFSIZE|coll channels|CTA", line)]
+    evidence = [line for line in log.splitlines()
+                if re.search(r"NCCL_NTHREADS|NCCL_BUFFSIZE|coll channels|CTA|TUNER|[Tt]uner|lagom-tune tuner", line)]
     print("\n".join(evidence))  # shown with -rP: the NCCL lines the check rests on
     assert any("NCCL_NTHREADS set by environment to 256" in line for line in evidence), log[-3000:]
     assert any("NCCL_BUFFSIZE set by environment to 2097152" in line for line in evidence), log[-3000:]
     channels = [int(m.group(1)) for m in re.finditer(r"(\d+) coll channels", log)]
     assert channels and max(channels) <= 2, evidence  # max_ctas = 2 from the plan's one rule
+    # NCCL names the tuner it loaded: "TUNER/Plugin: Using lagom-tune (v5)" (2.27-2.29; vN is the
+    # newest symbol that NCCL knows) and "Successfully loaded external tuner plugin <path>" (2.23+).
+    loaded = [line for line in evidence if re.search(r"TUNER/Plugin: Using (tuner plugin:? )?lagom-tune\b", line)
+              or ("Successfully loaded external tuner plugin" in line and LIBRARY_NAME in line)]
+    assert loaded, evidence
+    # Our plugin's own INFO lines (NCCL_TUNING) show it read the plan's rules in NCCL's process.
+    assert any("lagom-tune tuner: 1 of 1 rules from" in line and "(nRanks 1, nNodes 1)" in line for line in evidence), evidence
+    # NCCL may run a one-rank all-reduce without asking the tuner; when it asks, the rule applies.
+    verdicts = [line for line in evidence if "lagom-tune tuner: rule at line" in line]
+    assert all(line.rstrip().endswith("applied") for line in verdicts), verdicts
     record = json.loads(applied.read_text())
-    assert any(rec["setting"] == "ctas[world]" and rec["applied"] for rank in record["ranks"].values() for rec in rank["records"]), record
+    records = [rec for rank in record["ranks"].values() for rec in rank["records"]]
+    assert any(rec["setting"] == "ctas[world]" and rec["applied"] for rec in records), record
+    assert any(rec["setting"] == "collective_rules" and rec["applied"] for rec in records), record

@@ -57,7 +57,7 @@ def test_plans_from_every_optimizer_pass_apply_dry_run(phi2, optimizer, tmp_path
     d = yaml.safe_load(plan.read_text())
     assert d["search"]["optimizer"] == optimizer and d["target"]["simulated"] is True
     r = cli("apply", plan, "--dry-run", check=True)
-    assert "NCCL tuner CSV" in r.stdout and "simulated plan" in r.stdout
+    assert "NCCL tuner plugin" in r.stdout and "simulated plan" in r.stdout
 
 
 def test_lagom_is_within_2_percent_of_exhaustive_ground_truth(phi2):

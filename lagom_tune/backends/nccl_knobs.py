@@ -1,7 +1,8 @@
 """NCCL's knobs at the scopes they can really be deployed at (DESIGN.md §9).
 
-* ``algo``, ``proto``, ``channels`` per collective: rules of an NCCL tuner-plugin CSV
-  (``collective,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks``).
+* ``algo``, ``proto``, ``channels`` per collective: rules our NCCL tuner plugin reads
+  (``runtime/lagom_tuner.c``, loaded through ``NCCL_TUNER_PLUGIN``), one rule per collective and
+  byte range.
 * ``threads`` (``NCCL_NTHREADS``) and ``buffsize`` (``NCCL_BUFFSIZE``) per process: NCCL reads its
   environment once, so one value for every communicator of a rank.
 
@@ -25,7 +26,7 @@ def nccl_knob_space(max_channels: int = 64, default_channels: int = 16) -> KnobS
     channels = tuple(c for c in CHANNELS if c <= max_channels)
     default_channels = max(c for c in channels if c <= default_channels)
     return KnobSpace((
-        Knob("algo", "collective", ALGOS, "ring", comm_direction=0, mechanism="NCCL tuner plugin (NCCL_TUNER_CONFIG_FILE)",
+        Knob("algo", "collective", ALGOS, "ring", comm_direction=0, mechanism="lagom-tune NCCL tuner plugin (NCCL_TUNER_PLUGIN)",
              description="collective algorithm", only_for=(("tree", ("all_reduce",)),)),
         Knob("proto", "collective", PROTOS, "simple", comm_direction=0, mechanism="NCCL tuner plugin",
              description="protocol: LL (latency), LL128, Simple (bandwidth)"),

@@ -13,10 +13,13 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
+from lagom_tune.runtime.nccl import RULES_ENV, TunerRule, TunerRules, tuner_rules
+from lagom_tune.runtime.tuner_build import PluginBuild, ensure_plugin, rules_path
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -81,28 +84,102 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
     return notes
 
 
-def tuner_path(plan_path: Path) -> Path:
-    return plan_path.with_name(plan_path.stem + ".tuner.csv")
+@dataclass(frozen=True)
+class TunerDeployment:
+    """How a plan's per-collective rules reach NCCL: our tuner plugin and its rules file.
+
+    ``plugin`` is None when the plan has no rule for the plugin; ``rules_file`` is written (in the
+    cache, named by its content's hash) whenever there are rules, so it can be inspected even when
+    the plugin could not be built.
+    """
+
+    rules: TunerRules
+    rules_file: Path | None
+    plugin: PluginBuild | None
+    needs_plugin: tuple[TunerRule, ...]  # rules that CTA bounds alone cannot deploy
+
+    @property
+    def deployed(self) -> bool:
+        return bool(self.plugin and self.plugin.ok and self.rules_file)
+
+    def env(self) -> dict[str, str]:
+        """``NCCL_TUNER_PLUGIN`` (absolute path) and the rules-file variable, when the plugin is deployed."""
+        if not self.deployed:
+            return {}
+        return {"NCCL_TUNER_PLUGIN": str(self.plugin.path), RULES_ENV: str(self.rules_file)}
+
+    def warnings(self) -> list[str]:
+        """One line per thing that will not reach NCCL (empty when everything does)."""
+        out = []
+        if self.plugin is not None and not self.plugin.ok:
+            out.append(f"{self.plugin.reason}; falling back to per-communicator CTA bounds "
+                       "(ProcessGroupNCCL.Options min_ctas/max_ctas)")
+            out += [f"not deployed without the plugin: {describe(r)}" for r in self.needs_plugin]
+        out += [f"not deployable: {r.op} on {r.group} {r.min_bytes}..{r.max_bytes} B ({why})"
+                for r, why in self.rules.not_deployable]
+        return out
 
 
-def write_tuner_file(plan: Plan, plan_path: Path) -> Path | None:
-    """Render the plan's collective rules for NCCL's tuner plugin, beside the plan."""
-    if plan.backend != "nccl" or not plan.rules:
+def describe(rule: TunerRule) -> str:
+    """A rule in one line, for messages."""
+    sets = ", ".join(f"{k}={v}" for k, v in (("algo", rule.algo), ("proto", rule.proto), ("channels", rule.channels))
+                     if v is not None)
+    return f"{rule.op} on {rule.role} ({rule.n_ranks or 'any'} ranks) {rule.min_bytes}..{rule.max_bytes} B: {sets}"
+
+
+def rules_needing_plugin(plan: Plan, rules: TunerRules) -> tuple[TunerRule, ...]:
+    """Rules that per-communicator CTA bounds cannot deploy on their own: an algorithm or protocol,
+    or a channel count the role's bounds (min..max over its rules) do not pin down."""
+    from lagom_tune.runtime.nccl import communicator_configs, role_for
+
+    configs = communicator_configs(plan)
+    out = []
+    for r in rules.rules:
+        cfg = role_for(configs, r.n_ranks) if r.n_ranks is not None else None
+        pinned = cfg is not None and cfg.role == r.role and cfg.min_ctas == cfg.max_ctas == r.channels
+        if r.algo is not None or r.proto is not None or (r.channels is not None and not pinned):
+            out.append(r)
+    return tuple(out)
+
+
+def prepare_tuner(plan: Plan, cache: Path | None = None) -> TunerDeployment | None:
+    """Write the plan's rules file and build the plugin (once; reused after), for NCCL-shaped plans.
+
+    Args:
+        plan: the plan; gloo plans and plans without collective rules need no plugin (None).
+        cache: the cache root (default ``$XDG_CACHE_HOME/lagom-tune``).
+    Returns:
+        The deployment, or None when there is nothing to deploy through NCCL's tuner.
+    """
+    if plan.backend not in ("nccl", "sim") or not plan.rules:
         return None
-    from lagom_tune.runtime.nccl import tuner_csv
+    rules = tuner_rules(plan)
+    if not rules.rules:
+        return TunerDeployment(rules, None, None, ())
+    text = rules.text()
+    path = rules_path(text, cache)
+    if not _holds(path, text):
+        try:
+            atomic_write_text(path, text)
+        except OSError as e:
+            raise UserError(f"cannot write the tuner rules file {path}: {e.strerror}") from None
+    return TunerDeployment(rules, path, ensure_plugin(cache), rules_needing_plugin(plan, rules))
 
-    return atomic_write_text(tuner_path(plan_path), tuner_csv(plan))
+
+def _holds(path: Path, text: str) -> bool:
+    try:
+        return path.read_text() == text
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def plan_environment(plan: Plan, plan_path: Path, applied_dir: str, base: dict[str, str],
-                     tuner_plugin: str | None = None) -> dict[str, str]:
+                     tuner: TunerDeployment | None = None) -> dict[str, str]:
     """The variables `apply` sets: process-level settings, the plan's location, the shim's path,
-    and for NCCL the tuner file (and plugin, when one is named)."""
+    and for NCCL the tuner plugin and its rules file (when the plugin could be built)."""
     env = {"LAGOM_TUNE_PLAN": str(plan_path.resolve()), "LAGOM_TUNE_APPLIED_DIR": applied_dir}
-    if plan.backend == "nccl" and plan.rules:
-        env["NCCL_TUNER_CONFIG_FILE"] = str(tuner_path(plan_path).resolve())
-        if tuner_plugin:
-            env["NCCL_TUNER_PLUGIN"] = tuner_plugin
+    if tuner is not None:
+        env.update(tuner.env())
     space = knob_space_for(plan.backend)
     for name, value in plan.settings.process.items():
         if space[name].env:  # e.g. OMP_NUM_THREADS (which also stops torchrun forcing 1), NCCL_NTHREADS
@@ -132,15 +209,27 @@ def merge_applied(applied_dir: str, out: Path) -> dict[str, dict]:
 
 
 def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None = None,
-          tuner_plugin: str | None = None) -> ApplyResult:
-    """Run ``cmd`` with the plan in effect; return its exit code and what each rank applied."""
+          on_warning: Callable[[str], None] | None = None) -> ApplyResult:
+    """Run ``cmd`` with the plan in effect; return its exit code and what each rank applied.
+
+    Args:
+        plan, plan_path: the plan and its file (every rank's shim reads the file).
+        cmd: the command to run, e.g. torchrun and its arguments.
+        applied_json: where to merge each rank's report (default: ``applied.json`` beside the plan).
+        on_warning: called with each one-line note on what will not reach NCCL (no compiler, ...).
+    Returns:
+        The command's exit code, where the report went, and each rank's records.
+    """
     if not cmd:
         raise UserError("nothing to run: give the command after `--`, e.g. `lagom-tune apply plan.yaml -- torchrun ...`")
     check_fit(plan, cmd, dict(os.environ))
     applied_json = applied_json or plan_path.with_name("applied.json")
-    write_tuner_file(plan, plan_path)
+    tuner = prepare_tuner(plan)
+    for line in tuner.warnings() if tuner else []:
+        if on_warning:
+            on_warning(line)
     with tempfile.TemporaryDirectory(prefix="lagom-applied-") as applied_dir:
-        env = {**os.environ, **plan_environment(plan, plan_path, applied_dir, dict(os.environ), tuner_plugin)}
+        env = {**os.environ, **plan_environment(plan, plan_path, applied_dir, dict(os.environ), tuner)}
         try:
             code = _run(cmd, env)
         except FileNotFoundError:

@@ -1,6 +1,8 @@
-"""What the shim deploys for NCCL: a tuner-plugin CSV, per-communicator Options, environment checks.
+"""What `apply` deploys for NCCL: tuner-plugin rules, per-communicator Options, environment checks.
 
 All of it is pure logic over the plan, so it is tested on CPU with fakes of the torch classes.
+The plugin itself is ``lagom_tuner.c`` beside this file (built by ``tuner_build.py``); the rules
+file format below is the one its parser reads.
 """
 
 from __future__ import annotations
@@ -8,28 +10,101 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from lagom_tune.plan.schema import Plan
+from lagom_tune.plan.schema import CollectiveRule, Plan
 
-# NCCL tuner plugin names (ext-tuner example CSV): collective, algorithm, protocol.
+# Plan op -> NCCL's collective name (as NCCL_ALGO's per-op syntax and the plugin's rules spell it).
 TUNER_COLL = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
               "broadcast": "broadcast", "all_to_all": "alltoall"}
-TUNER_HEADER = "# collective,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks"
+# NCCL runs all-to-all as grouped send/recv, which its tuner is never asked about.
+NOT_TUNABLE = {"all_to_all": "NCCL runs all-to-all as send/recv, which no tuner plugin sees"}
 OVERRIDING_ENV = ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
 
+# The contract with lagom_tuner.c: keep these in step with its RULES_ENV, RULES_MAGIC and PLUGIN_NAME.
+RULES_ENV = "LAGOM_TUNE_TUNER_RULES"
+RULES_HEADER = "lagom-tune-tuner-rules 1"
+PLUGIN_NAME = "lagom-tune"
+ANY = "*"
 
-def tuner_csv(plan: Plan) -> str:
-    """The plan's per-collective rules as an NCCL tuner-plugin CSV (``NCCL_TUNER_CONFIG_FILE``)."""
-    groups = plan.groups
-    lines = [TUNER_HEADER]
+
+@dataclass(frozen=True)
+class TunerRule:
+    """One line of the plugin's rules file: which calls it matches and what it sets.
+
+    ``n_ranks``/``n_nodes`` are None when the rule holds for any communicator size; ``algo``,
+    ``proto`` and ``channels`` are None when NCCL keeps its own choice.
+    """
+
+    op: str
+    role: str
+    n_ranks: int | None
+    n_nodes: int | None
+    min_bytes: int
+    max_bytes: int
+    algo: str | None
+    proto: str | None
+    channels: int | None
+
+    def line(self) -> str:
+        """The rule as the plugin reads it (eight blank-separated fields)."""
+        def field(x: Any) -> str:
+            return ANY if x is None else str(x)
+
+        return " ".join(field(x) for x in (TUNER_COLL[self.op], self.n_ranks, self.n_nodes, self.min_bytes,
+                                           self.max_bytes, self.algo, self.proto, self.channels))
+
+
+@dataclass(frozen=True)
+class TunerRules:
+    """A plan's collective rules split into what the plugin deploys and what it cannot."""
+
+    rules: tuple[TunerRule, ...]
+    not_deployable: tuple[tuple[CollectiveRule, str], ...]  # (rule, why)
+
+    def text(self) -> str:
+        """The rules file ``apply`` writes (``RULES_ENV`` names it for the plugin)."""
+        lines = [f"# written by lagom-tune apply; read by its NCCL tuner plugin ({PLUGIN_NAME})",
+                 "# coll nRanks nNodes minBytes maxBytes algo proto channels   (* = any / NCCL's choice)",
+                 RULES_HEADER]
+        return "\n".join(lines + [r.line() for r in self.rules]) + "\n"
+
+
+def communicator_nodes(plan: Plan, ranks: int | None) -> int | None:
+    """The nodes a communicator of ``ranks`` spans, where the plan says so unambiguously.
+
+    Args:
+        plan: the plan (its world size and node count).
+        ranks: the communicator's size, or None when unknown.
+    Returns:
+        1 on a one-node plan, the plan's node count for the world communicator, else None: a
+        group of 2 in a tp8-dp2 job spans two nodes while a group of 8 stays in one, and the plan
+        does not record the layout, so the rule then matches on nRanks alone.
+    """
+    if plan.nodes == 1:
+        return 1
+    if ranks is not None and ranks == plan.world_size:
+        return plan.nodes
+    return None
+
+
+def tuner_rules(plan: Plan) -> TunerRules:
+    """The plan's per-collective rules as the plugin's rules, in the plan's order (first match wins).
+
+    Args:
+        plan: any plan; rules of ops NCCL's tuner never sees are returned as not deployable.
+    Returns:
+        The deployable rules and, for the others, the reason.
+    """
+    rules, skipped = [], []
     for r in plan.rules:
-        if r.op not in TUNER_COLL:
+        if r.op in NOT_TUNABLE or r.op not in TUNER_COLL:
+            skipped.append((r, NOT_TUNABLE.get(r.op, f"unknown collective {r.op}")))
             continue
-        ranks = groups.get(r.group, -1)
-        nodes = max(1, ranks // 8) if ranks > 0 else -1
-        lines.append(",".join(str(x) for x in (
-            TUNER_COLL[r.op], r.min_bytes, r.max_bytes, r.set.get("algo", -1), r.set.get("proto", -1),
-            r.set.get("channels", -1), nodes, ranks)))
-    return "\n".join(lines) + "\n"
+        ranks = plan.groups.get(r.group)  # "*" or an unnamed role: any communicator
+        rules.append(TunerRule(
+            op=r.op, role=r.group, n_ranks=ranks, n_nodes=communicator_nodes(plan, ranks),
+            min_bytes=int(r.min_bytes), max_bytes=int(r.max_bytes), algo=r.set.get("algo"), proto=r.set.get("proto"),
+            channels=int(r.set["channels"]) if r.set.get("channels") is not None else None))
+    return TunerRules(tuple(rules), tuple(skipped))
 
 
 @dataclass(frozen=True)

@@ -178,13 +178,15 @@ class Shim:
     # -- NCCL plans: environment, tuner rules, per-communicator Options ------------------------
 
     def on_torch_nccl(self, torch) -> None:
-        tuner = os.environ.get("NCCL_TUNER_CONFIG_FILE")
+        from lagom_tune.runtime.nccl import RULES_ENV
+
         if self.plan.rules:
-            ok = bool(tuner) and os.path.isfile(tuner)
+            plugin, rules = os.environ.get("NCCL_TUNER_PLUGIN"), os.environ.get(RULES_ENV)
+            ok = bool(plugin and rules) and os.path.isfile(plugin) and os.path.isfile(rules)
             self.record("collective_rules", len(self.plan.rules), ok,
-                        f"NCCL_TUNER_CONFIG_FILE={tuner}" + ("" if os.environ.get("NCCL_TUNER_PLUGIN") else
-                                                             " (NCCL reads it only with a tuner plugin: set NCCL_TUNER_PLUGIN)")
-                        if ok else "no tuner file in the environment (run under `lagom-tune apply`)")
+                        f"NCCL_TUNER_PLUGIN={plugin} reads {RULES_ENV}={rules}" if ok else
+                        "no tuner plugin in the environment (no C compiler when `apply` ran, or not run under "
+                        "`lagom-tune apply`): only per-communicator CTA bounds apply")
         for name, value in self.plan.settings.process.items():
             var = {"threads": "NCCL_NTHREADS", "buffsize": "NCCL_BUFFSIZE"}.get(name)
             if var:

@@ -1,0 +1,515 @@
+/*
+ * lagom-tune's NCCL tuner plugin: per-collective algorithm, protocol and channel count on stock NCCL.
+ *
+ * NCCL (2.19 and newer) dlopens the library named by NCCL_TUNER_PLUGIN and looks for the newest
+ * `ncclTunerPlugin_vN` symbol it knows. For every collective it calls getCollInfo with the
+ * collective, its size and (v3 and newer) its cost table of algorithm x protocol times; the plugin
+ * may lower an entry to make NCCL pick it and may set the number of channels.
+ *
+ * This plugin reads the rules `lagom-tune apply` writes from a plan (file named by the environment
+ * variable LAGOM_TUNE_TUNER_RULES) and, for each call, applies the first rule that matches the
+ * collective, the communicator (nRanks, nNodes) and the size. With no matching rule it changes
+ * nothing. It never makes an entry NCCL marked unavailable the cheapest.
+ *
+ * Rules file (text; '#' starts a comment line; fields separated by blanks):
+ *
+ *     lagom-tune-tuner-rules 1
+ *     <coll> <nRanks|*> <nNodes|*> <minBytes> <maxBytes> <algo|*> <proto|*> <channels|*>
+ *
+ *   coll:  broadcast reduce allgather reducescatter allreduce
+ *   algo:  tree ring collnet_direct collnet_chain nvls nvls_tree pat
+ *   proto: ll ll128 simple
+ *
+ * A malformed or unreadable file is reported through NCCL's logger (WARN) and the plugin then
+ * leaves every collective to NCCL. It does not fail init: NCCL treats a failing tuner init as a
+ * failed communicator init, which would stop the user's training.
+ *
+ * Everything below is declared from NCCL's public plugin headers (src/include/plugin/tuner/
+ * tuner_v2.h .. tuner_v7.h, nccl_common.h, and 2.19's nccl_tuner.h for v1); only the parts this
+ * plugin touches are given real types, the rest are passed through as opaque pointers.
+ * Built by lagom_tune/runtime/tuner_build.py with the system C compiler; no CUDA headers needed.
+ */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- NCCL ABI facts ------------------------------------------------------------------------ */
+
+typedef enum { ncclSuccess = 0, ncclSystemError = 2, ncclInternalError = 3, ncclInvalidArgument = 4 } ncclResult_t;
+typedef int ncclFunc_t; /* an enum in NCCL: int-sized */
+
+/* ncclDebugLogLevel and ncclDebugLogSubSys values (nccl_common.h; the same since 2.19). */
+enum { NCCL_LOG_WARN = 2, NCCL_LOG_INFO = 3 };
+#define NCCL_TUNING_SUBSYS 0x40UL
+
+typedef void (*ncclDebugLogger_t)(int level, unsigned long flags, const char* file, int line, const char* fmt, ...);
+
+/* ncclFunc_t values NCCL asks the tuner about (NCCL_NUM_FUNCTIONS = 5). */
+enum { FUNC_BROADCAST = 0, FUNC_REDUCE = 1, FUNC_ALLGATHER = 2, FUNC_REDUCESCATTER = 3, FUNC_ALLREDUCE = 4, NUM_FUNCS = 5 };
+/* NCCL_ALGO_* and NCCL_PROTO_* indices into the cost table. */
+enum { ALGO_TREE = 0, ALGO_RING = 1, ALGO_COLLNET_DIRECT = 2, ALGO_COLLNET_CHAIN = 3, ALGO_NVLS = 4, ALGO_NVLS_TREE = 5,
+       ALGO_PAT = 6, NUM_ALGOS = 7 };
+enum { PROTO_LL = 0, PROTO_LL128 = 1, PROTO_SIMPLE = 2, NUM_PROTOS = 3 };
+#define UNSET (-1) /* NCCL_ALGO_UNDEF / NCCL_PROTO_UNDEF, and "no value" in a rule */
+
+typedef ncclResult_t (*chunk_size_fn)(void* ctx, ncclFunc_t coll, size_t nBytes, int algo, int proto, int nChannels,
+                                      size_t* chunkSize);
+
+/* v1 (NCCL 2.19): no context; the plugin returns algorithm and protocol directly. */
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t log);
+  ncclResult_t (*getCollInfo)(ncclFunc_t coll, size_t nBytes, int collNetSupport, int nvlsSupport, int numPipeOps,
+                              int* algorithm, int* protocol, int* nChannels);
+  ncclResult_t (*destroy)(void);
+} tuner_v1_t;
+
+/* v2 (2.20, 2.21): a context per communicator; still algorithm and protocol as outputs. */
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t log, void** ctx);
+  ncclResult_t (*getCollInfo)(void* ctx, ncclFunc_t coll, size_t nBytes, int collNetSupport, int nvlsSupport,
+                              int numPipeOps, int* algorithm, int* protocol, int* nChannels);
+  ncclResult_t (*destroy)(void* ctx);
+} tuner_v2_t;
+
+/* v3 (2.22): the cost table float[numAlgo][numProto], passed as float**; -1.0 marks an entry unavailable. */
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t log, void** ctx);
+  ncclResult_t (*getCollInfo)(void* ctx, ncclFunc_t coll, size_t nBytes, int numPipeOps, float** costTable,
+                              int numAlgo, int numProto, int* nChannels);
+  ncclResult_t (*destroy)(void* ctx);
+} tuner_v3_t;
+
+/* v4 (2.23 - 2.26): adds regBuff. */
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t log, void** ctx);
+  ncclResult_t (*getCollInfo)(void* ctx, ncclFunc_t coll, size_t nBytes, int numPipeOps, float** costTable,
+                              int numAlgo, int numProto, int regBuff, int* nChannels);
+  ncclResult_t (*destroy)(void* ctx);
+} tuner_v4_t;
+
+/* v5 (2.27 - 2.29): init takes the communicator id, NVLink-domain info and the tuning constants
+ * (both only passed through here); destroy is named finalize. */
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** ctx, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t log,
+                       void* nvlDomainInfo, void* constants);
+  ncclResult_t (*getCollInfo)(void* ctx, ncclFunc_t coll, size_t nBytes, int numPipeOps, float** costTable,
+                              int numAlgo, int numProto, int regBuff, int* nChannels);
+  ncclResult_t (*finalize)(void* ctx);
+} tuner_v5_t;
+
+/* v6 (2.30) and v7 (2.31): v5 plus an optional getChunkSize (NULL: NCCL keeps its own). v7 only
+ * widens the constants struct, which this plugin never reads. */
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** ctx, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t log,
+                       void* nvlDomainInfo, void* constants);
+  ncclResult_t (*getCollInfo)(void* ctx, ncclFunc_t coll, size_t nBytes, int numPipeOps, float** costTable,
+                              int numAlgo, int numProto, int regBuff, int* nChannels);
+  ncclResult_t (*finalize)(void* ctx);
+  chunk_size_fn getChunkSize;
+} tuner_v6_t;
+
+/* ---- rules ------------------------------------------------------------------------------------ */
+
+#define PLUGIN_NAME "lagom-tune"
+#define RULES_ENV "LAGOM_TUNE_TUNER_RULES"
+#define RULES_MAGIC "lagom-tune-tuner-rules"
+#define RULES_VERSION 1
+#define MAX_FILE_BYTES (1 << 20)
+#define MAX_LINE 1024
+#define MAX_RULES 4096
+#define MAX_CHANNELS 1024
+#define ANY (-1L)
+
+static const char* const FUNC_NAMES[NUM_FUNCS] = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce"};
+static const char* const ALGO_NAMES[NUM_ALGOS] = {"tree", "ring", "collnet_direct", "collnet_chain", "nvls",
+                                                  "nvls_tree", "pat"};
+static const char* const PROTO_NAMES[NUM_PROTOS] = {"ll", "ll128", "simple"};
+
+typedef struct {
+  int coll;
+  long nRanks, nNodes; /* ANY matches every communicator */
+  unsigned long long minBytes, maxBytes;
+  int algo, proto;     /* UNSET: leave NCCL's choice */
+  int channels;        /* UNSET: leave NCCL's choice */
+  int line;            /* line in the rules file, for the log */
+} rule_t;
+
+/* Once-per-rule log flags. */
+enum { LOGGED_APPLIED = 1, LOGGED_SKIPPED = 2 };
+
+typedef struct {
+  rule_t* rules; /* only those for this communicator's nRanks/nNodes */
+  unsigned char* logged;
+  int n;
+  ncclDebugLogger_t log;
+  size_t nRanks, nNodes;
+} context_t;
+
+static void say(const context_t* c, int level, int line, const char* fmt, ...) __attribute__((format(printf, 4, 5)));
+static void say(const context_t* c, int level, int line, const char* fmt, ...) {
+  if (c == NULL || c->log == NULL) return;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  /* NCCL's logger takes a printf format: pass the message as an argument so a '%' in it is inert. */
+  c->log(level, NCCL_TUNING_SUBSYS, __FILE__, line, "%s", msg);
+}
+
+static int index_of(const char* word, const char* const* names, int n) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(word, names[i]) == 0) return i;
+  return UNSET;
+}
+
+/* A decimal number in [lo, hi]; "*" gives `any` when `any_ok`. Returns 0 on success. */
+static int parse_number(const char* word, unsigned long long lo, unsigned long long hi, int any_ok,
+                        unsigned long long* out, int* is_any) {
+  *is_any = 0;
+  if (any_ok && strcmp(word, "*") == 0) {
+    *is_any = 1;
+    return 0;
+  }
+  if (*word == '\0') return -1;
+  unsigned long long v = 0;
+  for (const char* p = word; *p; p++) {
+    if (*p < '0' || *p > '9') return -1;
+    unsigned digit = (unsigned)(*p - '0');
+    if (v > (hi - digit) / 10) return -1; /* would exceed hi (and so never overflows) */
+    v = v * 10 + digit;
+  }
+  if (v < lo) return -1;
+  *out = v;
+  return 0;
+}
+
+static int is_blank(char ch) { return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\v' || ch == '\f'; }
+
+/* Split `buf` in place into at most `max` blank-separated words (strtok is not thread-safe, and
+ * NCCL may create communicators from several threads). */
+static int split_words(char* buf, char** words, int max) {
+  int n = 0;
+  char* p = buf;
+  while (*p && n < max) {
+    while (is_blank(*p)) p++;
+    if (!*p) break;
+    words[n++] = p;
+    while (*p && !is_blank(*p)) p++;
+    if (*p) *p++ = '\0';
+  }
+  return n;
+}
+
+static int set_error(char* err, size_t errlen, int line, const char* what) {
+  if (err && errlen) snprintf(err, errlen, "line %d: %s", line, what);
+  return -1;
+}
+
+/* Parse one rule line already split into 8 words. Returns 0 or -1 with `err` set. */
+static int parse_rule(char** w, int line, rule_t* r, char* err, size_t errlen) {
+  unsigned long long v;
+  int any;
+  memset(r, 0, sizeof *r);
+  r->line = line;
+  if ((r->coll = index_of(w[0], FUNC_NAMES, NUM_FUNCS)) == UNSET) return set_error(err, errlen, line, "unknown collective");
+  if (parse_number(w[1], 1, 1UL << 30, 1, &v, &any)) return set_error(err, errlen, line, "bad nRanks");
+  r->nRanks = any ? ANY : (long)v;
+  if (parse_number(w[2], 1, 1UL << 30, 1, &v, &any)) return set_error(err, errlen, line, "bad nNodes");
+  r->nNodes = any ? ANY : (long)v;
+  if (parse_number(w[3], 0, (unsigned long long)INT64_MAX, 0, &r->minBytes, &any)) return set_error(err, errlen, line, "bad minBytes");
+  if (parse_number(w[4], 0, (unsigned long long)INT64_MAX, 0, &r->maxBytes, &any)) return set_error(err, errlen, line, "bad maxBytes");
+  if (r->minBytes > r->maxBytes) return set_error(err, errlen, line, "minBytes above maxBytes");
+  r->algo = strcmp(w[5], "*") == 0 ? UNSET : index_of(w[5], ALGO_NAMES, NUM_ALGOS);
+  if (r->algo == UNSET && strcmp(w[5], "*") != 0) return set_error(err, errlen, line, "unknown algorithm");
+  r->proto = strcmp(w[6], "*") == 0 ? UNSET : index_of(w[6], PROTO_NAMES, NUM_PROTOS);
+  if (r->proto == UNSET && strcmp(w[6], "*") != 0) return set_error(err, errlen, line, "unknown protocol");
+  if (parse_number(w[7], 1, MAX_CHANNELS, 1, &v, &any)) return set_error(err, errlen, line, "bad channels");
+  r->channels = any ? UNSET : (int)v;
+  if (r->algo == UNSET && r->proto == UNSET && r->channels == UNSET) return set_error(err, errlen, line, "rule sets nothing");
+  return 0;
+}
+
+/* Parse a whole rules text. On success returns the number of rules and, when `out` is not NULL,
+ * a malloc'd array of them in *out; on failure returns -1 with a message in `err`. */
+static int parse_rules(const char* text, size_t len, rule_t** out, char* err, size_t errlen) {
+  if (out) *out = NULL;
+  if (len > MAX_FILE_BYTES) return set_error(err, errlen, 0, "file too large");
+  if (memchr(text, '\0', len) != NULL) return set_error(err, errlen, 0, "NUL byte in file");
+  rule_t* rules = NULL;
+  int n = 0, line = 0, seen_header = 0;
+  size_t pos = 0;
+  while (pos < len) {
+    size_t end = pos;
+    while (end < len && text[end] != '\n') end++;
+    line++;
+    if (end - pos >= MAX_LINE) { free(rules); return set_error(err, errlen, line, "line too long"); }
+    char buf[MAX_LINE];
+    memcpy(buf, text + pos, end - pos);
+    buf[end - pos] = '\0';
+    pos = end + 1;
+
+    char* words[9];
+    int nw = split_words(buf, words, 9);
+    if (nw == 0 || words[0][0] == '#') continue;
+    if (!seen_header) {
+      if (nw != 2 || strcmp(words[0], RULES_MAGIC) != 0) { free(rules); return set_error(err, errlen, line, "not a lagom-tune rules file (expected '" RULES_MAGIC " 1')"); }
+      if (strcmp(words[1], "1") != 0) { free(rules); return set_error(err, errlen, line, "unsupported rules version"); }
+      seen_header = 1;
+      continue;
+    }
+    if (nw != 8) { free(rules); return set_error(err, errlen, line, "expected 8 fields"); }
+    if (n >= MAX_RULES) { free(rules); return set_error(err, errlen, line, "too many rules"); }
+    if (out) {
+      rule_t* grown = realloc(rules, (size_t)(n + 1) * sizeof *rules);
+      if (!grown) { free(rules); return set_error(err, errlen, line, "out of memory"); }
+      rules = grown;
+      if (parse_rule(words, line, &rules[n], err, errlen)) { free(rules); return -1; }
+    } else {
+      rule_t scratch;
+      if (parse_rule(words, line, &scratch, err, errlen)) return -1;
+    }
+    n++;
+  }
+  if (!seen_header) { free(rules); return set_error(err, errlen, line, "empty file (no '" RULES_MAGIC " 1' line)"); }
+  if (out) *out = rules;
+  else free(rules);
+  return n;
+}
+
+/* Read at most MAX_FILE_BYTES + 1 bytes of `path` into a malloc'd buffer. */
+static char* read_file(const char* path, size_t* len, char* err, size_t errlen) {
+  FILE* f = fopen(path, "rb");
+  if (!f) { set_error(err, errlen, 0, "cannot open the rules file"); return NULL; }
+  char* buf = malloc(MAX_FILE_BYTES + 1);
+  if (!buf) { fclose(f); set_error(err, errlen, 0, "out of memory"); return NULL; }
+  *len = fread(buf, 1, MAX_FILE_BYTES + 1, f);
+  int failed = ferror(f);
+  fclose(f);
+  if (failed) { free(buf); set_error(err, errlen, 0, "cannot read the rules file"); return NULL; }
+  return buf;
+}
+
+/* Validate a rules text (for tests and tools): the number of rules, or -1 with `err` set. */
+EXPORT int lagom_tuner_check_text(const char* text, size_t len, char* err, size_t errlen) {
+  if (text == NULL) return set_error(err, errlen, 0, "no text");
+  return parse_rules(text, len, NULL, err, errlen);
+}
+
+/* Validate a rules file: the number of rules, or -1 with `err` set. */
+EXPORT int lagom_tuner_check_file(const char* path, char* err, size_t errlen) {
+  size_t len = 0;
+  if (path == NULL) return set_error(err, errlen, 0, "no path");
+  char* text = read_file(path, &len, err, errlen);
+  if (!text) return -1;
+  int n = parse_rules(text, len, NULL, err, errlen);
+  free(text);
+  return n;
+}
+
+/* ---- the plugin ------------------------------------------------------------------------------- */
+
+static ncclResult_t plugin_init(size_t nRanks, size_t nNodes, ncclDebugLogger_t log, void** ctx_out) {
+  context_t* c = calloc(1, sizeof *c);
+  if (!c) return ncclSystemError;
+  c->log = log;
+  c->nRanks = nRanks;
+  c->nNodes = nNodes;
+  *ctx_out = c;
+
+  const char* path = getenv(RULES_ENV);
+  if (path == NULL || *path == '\0') {
+    say(c, NCCL_LOG_INFO, __LINE__, "lagom-tune tuner: %s not set; NCCL's own choices are kept", RULES_ENV);
+    return ncclSuccess;
+  }
+  char err[256] = "";
+  size_t len = 0;
+  char* text = read_file(path, &len, err, sizeof err);
+  rule_t* all = NULL;
+  int n = text ? parse_rules(text, len, &all, err, sizeof err) : -1;
+  free(text);
+  if (n < 0) {
+    say(c, NCCL_LOG_WARN, __LINE__, "lagom-tune tuner: rules file %s is not usable (%s); NCCL's own choices are kept",
+        path, err);
+    return ncclSuccess;
+  }
+  /* Keep only the rules for this communicator, so each call only checks collective and size. */
+  int kept = 0;
+  for (int i = 0; i < n; i++) {
+    if ((all[i].nRanks == ANY || (size_t)all[i].nRanks == nRanks) && (all[i].nNodes == ANY || (size_t)all[i].nNodes == nNodes))
+      all[kept++] = all[i];
+  }
+  c->rules = all;
+  c->n = kept;
+  c->logged = kept ? calloc((size_t)kept, 1) : NULL;
+  if (kept && !c->logged) { free(all); c->rules = NULL; c->n = 0; }
+  say(c, NCCL_LOG_INFO, __LINE__, "lagom-tune tuner: %d of %d rules from %s apply to this communicator (nRanks %zu, nNodes %zu)",
+      c->n, n, path, nRanks, nNodes);
+  return ncclSuccess;
+}
+
+static ncclResult_t plugin_destroy(void* ctx) {
+  context_t* c = ctx;
+  if (c) {
+    free(c->rules);
+    free(c->logged);
+    free(c);
+  }
+  return ncclSuccess;
+}
+
+static const rule_t* first_match(const context_t* c, ncclFunc_t coll, size_t nBytes, int* index) {
+  if (c == NULL) return NULL;
+  for (int i = 0; i < c->n; i++) {
+    const rule_t* r = &c->rules[i];
+    if (r->coll == coll && r->minBytes <= nBytes && nBytes <= r->maxBytes) {
+      *index = i;
+      return r;
+    }
+  }
+  return NULL;
+}
+
+/* An entry NCCL may pick: NCCL marks the others with a negative time (NCCL_ALGO_PROTO_IGNORE, -1.0). */
+static int available(float cost) { return cost == cost && cost >= 0.0f; }
+
+/* The (algo, proto) a rule asks for, among the entries available in this table, or -1. A rule
+ * that names only one of the two gets the cheapest available partner, as NCCL would pick it. */
+static int pick_entry(const rule_t* r, const float* table, int numAlgo, int numProto) {
+  int best = -1;
+  for (int a = 0; a < numAlgo; a++) {
+    if (r->algo != UNSET && a != r->algo) continue;
+    for (int p = 0; p < numProto; p++) {
+      if (r->proto != UNSET && p != r->proto) continue;
+      int i = a * numProto + p;
+      if (available(table[i]) && (best < 0 || table[i] < table[best])) best = i;
+    }
+  }
+  return best;
+}
+
+static const char* algo_name(int a) { return a >= 0 && a < NUM_ALGOS ? ALGO_NAMES[a] : "*"; }
+static const char* proto_name(int p) { return p >= 0 && p < NUM_PROTOS ? PROTO_NAMES[p] : "*"; }
+
+static void log_once(context_t* c, int i, int what, const rule_t* r, const char* how) {
+  if (c->logged[i] & what) return;
+  c->logged[i] |= (unsigned char)what;
+  say(c, NCCL_LOG_INFO, __LINE__, "lagom-tune tuner: rule at line %d (%s %llu..%llu B, %s/%s, %d channels) %s",
+      r->line, FUNC_NAMES[r->coll], r->minBytes, r->maxBytes, algo_name(r->algo), proto_name(r->proto),
+      r->channels, how);
+}
+
+/* v3 and newer: steer NCCL through its cost table. */
+static ncclResult_t coll_info_table(void* ctx, ncclFunc_t coll, size_t nBytes, int numPipeOps, float** costTable,
+                                    int numAlgo, int numProto, int regBuff, int* nChannels) {
+  (void)numPipeOps;
+  (void)regBuff;
+  context_t* c = ctx;
+  int i;
+  const rule_t* r = first_match(c, coll, nBytes, &i);
+  if (r == NULL) return ncclSuccess;
+  int skipped = 0;
+  if (r->algo != UNSET || r->proto != UNSET) {
+    /* The table is float[numAlgo][numProto] handed over as float**. Guard the shape: a table
+     * this plugin does not understand is left alone rather than written out of bounds. */
+    float* table = (float*)costTable;
+    int entry = (table && numAlgo > 0 && numAlgo <= 64 && numProto > 0 && numProto <= 16)
+                    ? pick_entry(r, table, numAlgo, numProto) : -1;
+    if (entry >= 0) table[entry] = 0.0f; /* the cheapest: NCCL picks the minimum available time */
+    else skipped = 1;
+  }
+  if (r->channels != UNSET && nChannels) *nChannels = r->channels;
+  if (skipped) log_once(c, i, LOGGED_SKIPPED, r, "skipped algorithm/protocol: not available for this call (channels still set)");
+  else log_once(c, i, LOGGED_APPLIED, r, "applied");
+  return ncclSuccess;
+}
+
+/* v1 and v2: no cost table; NCCL takes algorithm and protocol as given (both or neither). */
+static ncclResult_t coll_info_direct(context_t* c, ncclFunc_t coll, size_t nBytes, int collNetSupport, int nvlsSupport,
+                                     int* algorithm, int* protocol, int* nChannels) {
+  int i;
+  const rule_t* r = first_match(c, coll, nBytes, &i);
+  if (r == NULL) return ncclSuccess;
+  int skipped = 0;
+  if (r->algo != UNSET || r->proto != UNSET) {
+    /* Without a cost table only what these versions always have is forced: ring, and tree for
+     * all-reduce; CollNet and NVLS only when NCCL says they are supported. */
+    int a = r->algo, p = r->proto;
+    int ok = a != UNSET && p != UNSET &&
+             (a == ALGO_RING || (a == ALGO_TREE && coll == FUNC_ALLREDUCE) ||
+              ((a == ALGO_COLLNET_DIRECT || a == ALGO_COLLNET_CHAIN) && collNetSupport) ||
+              ((a == ALGO_NVLS || a == ALGO_NVLS_TREE) && nvlsSupport));
+    if (ok && algorithm && protocol) {
+      *algorithm = a;
+      *protocol = p;
+    } else {
+      skipped = 1;
+    }
+  }
+  if (r->channels != UNSET && nChannels) *nChannels = r->channels;
+  if (skipped) log_once(c, i, LOGGED_SKIPPED, r, "skipped algorithm/protocol: not known to be available with this NCCL's tuner API (channels still set)");
+  else log_once(c, i, LOGGED_APPLIED, r, "applied");
+  return ncclSuccess;
+}
+
+/* ---- one entry point per tuner API version ----------------------------------------------------- */
+
+static context_t* v1_context; /* v1 has no context argument: one per process */
+
+static ncclResult_t init_v1(size_t nRanks, size_t nNodes, ncclDebugLogger_t log) {
+  plugin_destroy(v1_context);
+  v1_context = NULL;
+  void* ctx = NULL;
+  ncclResult_t res = plugin_init(nRanks, nNodes, log, &ctx);
+  v1_context = ctx;
+  return res;
+}
+static ncclResult_t coll_info_v1(ncclFunc_t coll, size_t nBytes, int collNetSupport, int nvlsSupport, int numPipeOps,
+                                 int* algorithm, int* protocol, int* nChannels) {
+  (void)numPipeOps;
+  return coll_info_direct(v1_context, coll, nBytes, collNetSupport, nvlsSupport, algorithm, protocol, nChannels);
+}
+static ncclResult_t destroy_v1(void) {
+  plugin_destroy(v1_context);
+  v1_context = NULL;
+  return ncclSuccess;
+}
+
+static ncclResult_t coll_info_v2(void* ctx, ncclFunc_t coll, size_t nBytes, int collNetSupport, int nvlsSupport,
+                                 int numPipeOps, int* algorithm, int* protocol, int* nChannels) {
+  (void)numPipeOps;
+  return coll_info_direct(ctx, coll, nBytes, collNetSupport, nvlsSupport, algorithm, protocol, nChannels);
+}
+
+static ncclResult_t coll_info_v3(void* ctx, ncclFunc_t coll, size_t nBytes, int numPipeOps, float** costTable,
+                                 int numAlgo, int numProto, int* nChannels) {
+  return coll_info_table(ctx, coll, nBytes, numPipeOps, costTable, numAlgo, numProto, 0, nChannels);
+}
+
+static ncclResult_t init_v5(void** ctx, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t log,
+                            void* nvlDomainInfo, void* constants) {
+  (void)commId;
+  (void)nvlDomainInfo;
+  (void)constants; /* NCCL's tuning constants are left as they are */
+  return plugin_init(nRanks, nNodes, log, ctx);
+}
+
+EXPORT const tuner_v1_t ncclTunerPlugin_v1 = {PLUGIN_NAME, init_v1, coll_info_v1, destroy_v1};
+EXPORT const tuner_v2_t ncclTunerPlugin_v2 = {PLUGIN_NAME, plugin_init, coll_info_v2, plugin_destroy};
+EXPORT const tuner_v3_t ncclTunerPlugin_v3 = {PLUGIN_NAME, plugin_init, coll_info_v3, plugin_destroy};
+EXPORT const tuner_v4_t ncclTunerPlugin_v4 = {PLUGIN_NAME, plugin_init, coll_info_table, plugin_destroy};
+EXPORT const tuner_v5_t ncclTunerPlugin_v5 = {PLUGIN_NAME, init_v5, coll_info_table, plugin_destroy};
+EXPORT const tuner_v6_t ncclTunerPlugin_v6 = {PLUGIN_NAME, init_v5, coll_info_table, plugin_destroy, NULL};
+EXPORT const tuner_v6_t ncclTunerPlugin_v7 = {PLUGIN_NAME, init_v5, coll_info_table, plugin_destroy, NULL};

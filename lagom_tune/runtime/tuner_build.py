@@ -1,0 +1,117 @@
+"""Build lagom-tune's NCCL tuner plugin (``lagom_tuner.c``) with the system C compiler, once.
+
+The library goes to a cache folder keyed by a hash of the source, the compiler command and the
+machine, so an edited source or another architecture gets its own build and an unchanged one is
+never rebuilt. It is compiled to a temporary name and renamed into place: concurrent ``apply``
+runs (one per node, say) never load a half-written file. No CUDA headers are needed: the plugin
+declares the few NCCL types it uses itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().with_name("lagom_tuner.c")
+# NCCL's naming convention, so NCCL_TUNER_PLUGIN=lagom-tune also finds it on LD_LIBRARY_PATH.
+LIBRARY_NAME = "libnccl-tuner-lagom-tune.so"
+CFLAGS = ("-O2", "-std=c99", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra")
+# NCCL copies NCCL_TUNER_PLUGIN into a 255-byte buffer (src/plugin/plugin_open.cc, MAX_STR_LEN):
+# a longer path would be cut and not found.
+NCCL_MAX_PLUGIN_PATH = 254
+COMPILE_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class PluginBuild:
+    """The outcome of :func:`ensure_plugin`.
+
+    ``path`` is the built library (absolute), or None with ``reason`` saying in one line why not.
+    ``built`` is False when an earlier build was reused.
+    """
+
+    path: Path | None
+    reason: str = ""
+    built: bool = False
+    compiler: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.path is not None
+
+
+def cache_root(env: dict[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/lagom-tune`` (default ``~/.cache/lagom-tune``)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lagom-tune"
+
+
+def find_compiler(env: dict[str, str] | None = None) -> list[str] | None:
+    """The C compiler command: ``$CC`` when set, else ``cc``; None when neither is on PATH."""
+    env = os.environ if env is None else env
+    cmd = shlex.split(env.get("CC", "")) or ["cc"]
+    found = shutil.which(cmd[0], path=env.get("PATH"))
+    return [found, *cmd[1:]] if found else None
+
+
+def build_key(source: bytes, compiler: list[str]) -> str:
+    """Hash of what determines the library: the source, the compile command and the machine."""
+    h = hashlib.sha256(source)
+    h.update("\0".join([*compiler, *CFLAGS, platform.system(), platform.machine()]).encode())
+    return h.hexdigest()[:16]
+
+
+def ensure_plugin(cache: Path | None = None, env: dict[str, str] | None = None) -> PluginBuild:
+    """Return the plugin library, building it on first use.
+
+    Args:
+        cache: the cache root (default :func:`cache_root`).
+        env: the environment to read ``CC``, ``PATH`` and ``XDG_CACHE_HOME`` from (default: this process's).
+    Returns:
+        A :class:`PluginBuild`; never raises for a missing or failing compiler (the caller falls back).
+    """
+    compiler = find_compiler(env)
+    if compiler is None:
+        return PluginBuild(None, "no C compiler found (`cc`, or set CC) to build lagom-tune's NCCL tuner plugin")
+    source = SOURCE.read_bytes()
+    folder = (cache or cache_root(env)) / f"nccl-tuner-{build_key(source, compiler)}"
+    target = folder / LIBRARY_NAME
+    if len(str(target)) > NCCL_MAX_PLUGIN_PATH:
+        return PluginBuild(None, f"plugin path longer than NCCL accepts ({NCCL_MAX_PLUGIN_PATH} characters): "
+                                 f"{target}; set XDG_CACHE_HOME to a shorter folder", compiler=compiler[0])
+    if target.is_file():
+        return PluginBuild(target, built=False, compiler=compiler[0])
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{LIBRARY_NAME}.", suffix=".tmp")
+        os.close(fd)
+    except OSError as e:
+        return PluginBuild(None, f"cannot write to the plugin cache folder {folder}: {e.strerror}", compiler=compiler[0])
+    try:
+        proc = subprocess.run([*compiler, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+                              timeout=COMPILE_TIMEOUT_S)
+        if proc.returncode != 0:
+            first = next((ln for ln in proc.stderr.splitlines() if "error" in ln),
+                         proc.stderr.strip()[:200] or f"exit code {proc.returncode}")
+            return PluginBuild(None, f"{compiler[0]} could not build the NCCL tuner plugin: {first}", compiler=compiler[0])
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)  # atomic: readers see the old state or the whole library
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return PluginBuild(None, f"building the NCCL tuner plugin failed: {e}", compiler=compiler[0])
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return PluginBuild(target, built=True, compiler=compiler[0])
+
+
+def rules_path(text: str, cache: Path | None = None, env: dict[str, str] | None = None) -> Path:
+    """Where a rules text lives in the cache: named by its hash, so a path always means one content."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return (cache or cache_root(env)) / "tuner-rules" / f"{digest}.rules"

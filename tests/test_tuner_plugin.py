@@ -1,0 +1,443 @@
+"""lagom-tune's NCCL tuner plugin, on CPU: built with `cc`, loaded with dlopen (ctypes) and driven
+the way NCCL drives it, with fake cost tables, for every rule of the plans in plans/."""
+
+import ctypes
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_float, c_int, c_size_t, c_uint64, c_ulong, c_void_p
+from pathlib import Path
+
+import pytest
+
+from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
+from lagom_tune.runtime.nccl import RULES_ENV, TunerRules, communicator_nodes, tuner_rules
+from lagom_tune.runtime.tuner_build import LIBRARY_NAME, ensure_plugin
+from lagom_tune.search.space import Settings
+
+from conftest import ROOT, cli
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs the system C compiler `cc`")
+
+# NCCL's numbering (nccl_common.h, plugin/nccl_tuner.h): the cost table is float[NUM_ALGOS][NUM_PROTOS].
+FUNC = {"broadcast": 0, "reduce": 1, "all_gather": 2, "reduce_scatter": 3, "all_reduce": 4}
+ALGO = {"tree": 0, "ring": 1}
+PROTO = {"ll": 0, "ll128": 1, "simple": 2}
+NUM_ALGOS, NUM_PROTOS = 7, 3
+IGNORE = -1.0
+LOG_WARN, LOG_INFO, TUNING = 2, 3, 0x40
+UNTOUCHED = -7  # what *nChannels holds before the call: a rule that sets nothing leaves it
+
+LOGGER = CFUNCTYPE(None, c_int, c_ulong, c_char_p, c_int, c_char_p, c_char_p)  # the plugin logs with fmt "%s"
+TABLE_CALL = CFUNCTYPE(c_int, c_void_p, c_int, c_size_t, c_int, c_void_p, c_int, c_int, c_int, POINTER(c_int))
+V3_CALL = CFUNCTYPE(c_int, c_void_p, c_int, c_size_t, c_int, c_void_p, c_int, c_int, POINTER(c_int))
+DIRECT_CALL = CFUNCTYPE(c_int, c_void_p, c_int, c_size_t, c_int, c_int, c_int, POINTER(c_int), POINTER(c_int), POINTER(c_int))
+OLD_INIT = CFUNCTYPE(c_int, c_size_t, c_size_t, LOGGER, POINTER(c_void_p))
+NEW_INIT = CFUNCTYPE(c_int, POINTER(c_void_p), c_uint64, c_size_t, c_size_t, LOGGER, c_void_p, c_void_p)
+FINALIZE = CFUNCTYPE(c_int, c_void_p)
+
+
+class V2(Structure):
+    _fields_ = [("name", c_char_p), ("init", OLD_INIT), ("getCollInfo", DIRECT_CALL), ("destroy", FINALIZE)]
+
+
+class V3(Structure):
+    _fields_ = [("name", c_char_p), ("init", OLD_INIT), ("getCollInfo", V3_CALL), ("destroy", FINALIZE)]
+
+
+class V4(Structure):
+    _fields_ = [("name", c_char_p), ("init", OLD_INIT), ("getCollInfo", TABLE_CALL), ("destroy", FINALIZE)]
+
+
+class V5(Structure):
+    _fields_ = [("name", c_char_p), ("init", NEW_INIT), ("getCollInfo", TABLE_CALL), ("finalize", FINALIZE)]
+
+
+class V6(Structure):
+    _fields_ = V5._fields_ + [("getChunkSize", c_void_p)]
+
+
+STRUCTS = {2: V2, 3: V3, 4: V4, 5: V5, 6: V6, 7: V6}
+TABLE_VERSIONS = (3, 4, 5, 6, 7)
+
+
+@pytest.fixture(scope="session")
+def library(tmp_path_factory) -> Path:
+    build = ensure_plugin(cache=tmp_path_factory.mktemp("cache"))
+    assert build.ok and build.built, build.reason
+    return build.path
+
+
+class Tuner:
+    """One tuner API version of the loaded plugin, called as NCCL calls it."""
+
+    def __init__(self, lib: ctypes.CDLL, version: int):
+        self.version = version
+        self.api = STRUCTS[version].in_dll(lib, f"ncclTunerPlugin_v{version}")
+        self.logs: list[tuple[int, int, str]] = []
+        self.logger = LOGGER(lambda level, flags, file, line, fmt, msg: self.logs.append((level, flags, msg.decode())))
+
+    def init(self, n_ranks: int, n_nodes: int) -> c_void_p:
+        ctx = c_void_p()
+        if self.version >= 5:
+            rc = self.api.init(ctypes.byref(ctx), 0x1234, n_ranks, n_nodes, self.logger, None, None)
+        else:
+            rc = self.api.init(n_ranks, n_nodes, self.logger, ctypes.byref(ctx))
+        assert rc == 0
+        return ctx
+
+    def finalize(self, ctx) -> None:
+        assert (self.api.finalize if self.version >= 5 else self.api.destroy)(ctx) == 0
+
+    def call(self, ctx, func: int, n_bytes: int, table: list[float]) -> tuple[list[float], int]:
+        """getCollInfo with a cost table; returns the table after the call and *nChannels."""
+        arr = (c_float * len(table))(*table)
+        nch = c_int(UNTOUCHED)
+        args = (ctx, func, n_bytes, 1, ctypes.cast(arr, c_void_p), NUM_ALGOS, NUM_PROTOS)
+        rc = self.api.getCollInfo(*args, ctypes.byref(nch)) if self.version == 3 else \
+            self.api.getCollInfo(*args, 0, ctypes.byref(nch))
+        assert rc == 0
+        return list(arr), nch.value
+
+    def call_direct(self, ctx, func: int, n_bytes: int, coll_net=0, nvls=0) -> tuple[int, int, int]:
+        """v2's getCollInfo: returns (algorithm, protocol, nChannels) as the plugin left them."""
+        algo, proto, nch = c_int(-1), c_int(-1), c_int(UNTOUCHED)
+        assert self.api.getCollInfo(ctx, func, n_bytes, coll_net, nvls, 1, ctypes.byref(algo), ctypes.byref(proto),
+                                    ctypes.byref(nch)) == 0
+        return algo.value, proto.value, nch.value
+
+
+@pytest.fixture(scope="session")
+def lib(library) -> ctypes.CDLL:
+    return ctypes.CDLL(str(library))
+
+
+def fake_table(rng: random.Random) -> list[float]:
+    """NCCL-like times (all positive, so the plugin's 0.0 is the unique minimum)."""
+    return [rng.uniform(1.0, 100.0) for _ in range(NUM_ALGOS * NUM_PROTOS)]
+
+
+def cheapest(table: list[float]) -> tuple[int, int]:
+    """The (algo, proto) NCCL picks from a cost table: the smallest available time."""
+    i = min((i for i, t in enumerate(table) if t >= 0), key=lambda i: table[i])
+    return divmod(i, NUM_PROTOS)
+
+
+def use_rules(monkeypatch, tmp_path: Path, rules: TunerRules) -> Path:
+    path = tmp_path / "plan.rules"
+    path.write_text(rules.text())
+    monkeypatch.setenv(RULES_ENV, str(path))
+    return path
+
+
+# -- the plans ---------------------------------------------------------------------------------
+
+IN_TEST_PLAN = Plan(
+    backend="nccl", world_size=16, nodes=2, hardware={"gpu": "NVIDIA H100 80GB HBM3"}, groups={"dp": 16, "tp": 8},
+    settings=Settings({"threads": 256}),
+    rules=(CollectiveRule("all_gather", "dp", 1 << 20, 1 << 28, {"algo": "ring", "proto": "simple", "channels": 2}),
+           CollectiveRule("reduce_scatter", "dp", 1 << 20, 1 << 28, {"algo": "ring", "proto": "ll128", "channels": 4}),
+           CollectiveRule("all_reduce", "tp", 1, 1 << 26, {"algo": "tree", "proto": "ll", "channels": 8}),
+           CollectiveRule("all_reduce", "tp", 1 << 26, 1 << 30, {"channels": 16}),
+           CollectiveRule("broadcast", "*", 0, 4096, {"algo": "ring", "proto": "ll"}),
+           CollectiveRule("all_to_all", "dp", 0, 1 << 30, {"channels": 4})),
+)
+PLANS = {p.name: load_plan(p) for p in sorted((ROOT / "plans").glob("*.yaml"))}
+PLANS["in-test"] = IN_TEST_PLAN
+NCCL_PLANS = {name: plan for name, plan in PLANS.items() if plan.backend in ("nccl", "sim") and plan.rules}
+
+
+def test_the_repository_has_nccl_plans_with_rules():
+    assert len([n for n in NCCL_PLANS if n.startswith("sim-")]) >= 2
+
+
+def expected(plan: Plan, op: str, n_ranks: int, n_nodes: int, n_bytes: int) -> CollectiveRule | None:
+    """The plan's first rule for this call, read straight from the plan (what the plugin must apply)."""
+    for r in plan.rules:
+        ranks = plan.groups.get(r.group)
+        nodes = communicator_nodes(plan, ranks)
+        if (r.op == op and r.min_bytes <= n_bytes <= r.max_bytes and ranks in (None, n_ranks)
+                and nodes in (None, n_nodes)):
+            return r
+    return None
+
+
+def calls_for(plan: Plan):
+    """Every (op, nRanks, nNodes, nBytes) worth checking: each rule's edges, middle and just outside,
+    on each communicator the plan names (both node counts when the plan leaves it open)."""
+    comms = {(ranks, nodes) for ranks in {*plan.groups.values(), plan.world_size}
+             for nodes in ({communicator_nodes(plan, ranks)} - {None} or {1, plan.nodes})}
+    for r in plan.rules:
+        if r.op not in FUNC:
+            continue
+        sizes = {r.min_bytes, r.max_bytes, (r.min_bytes + r.max_bytes) // 2, r.max_bytes + 1}
+        if r.min_bytes > 0:
+            sizes.add(r.min_bytes - 1)
+        for ranks, nodes in sorted(comms):
+            for n in sorted(sizes):
+                yield r.op, ranks, nodes, n
+
+
+@pytest.mark.parametrize("version", TABLE_VERSIONS)
+@pytest.mark.parametrize("name", sorted(NCCL_PLANS))
+def test_every_rule_of_every_plan_is_chosen_inside_its_range_and_nothing_outside(lib, version, name, tmp_path, monkeypatch):
+    plan = NCCL_PLANS[name]
+    use_rules(monkeypatch, tmp_path, tuner_rules(plan))
+    tuner, rng, checked = Tuner(lib, version), random.Random(name), 0
+    contexts = {}
+    for op, ranks, nodes, n_bytes in calls_for(plan):
+        if (ranks, nodes) not in contexts:  # NCCL: one tuner context per communicator
+            contexts[ranks, nodes] = tuner.init(ranks, nodes)
+        ctx = contexts[ranks, nodes]
+        table = fake_table(rng)
+        after, nch = tuner.call(ctx, FUNC[op], n_bytes, table)
+        want = expected(plan, op, ranks, nodes, n_bytes)
+        where = f"{op} {n_bytes} B on nRanks={ranks} nNodes={nodes}"
+        if want is None:
+            assert after == pytest.approx(table) and nch == UNTOUCHED, where
+            continue
+        if "algo" in want.set and "proto" in want.set:
+            assert cheapest(after) == (ALGO[want.set["algo"]], PROTO[want.set["proto"]]), where
+            assert [a for a, b in zip(after, table) if a != pytest.approx(b)] == [0.0], where  # one entry lowered
+        elif "algo" not in want.set and "proto" not in want.set:
+            assert after == pytest.approx(table), where
+        assert nch == want.set.get("channels", UNTOUCHED), where
+        checked += 1
+    for ctx in contexts.values():
+        tuner.finalize(ctx)
+    assert checked >= len([r for r in plan.rules if r.op in FUNC])
+
+
+def test_a_communicator_no_rule_names_is_left_alone(lib, tmp_path, monkeypatch):
+    use_rules(monkeypatch, tmp_path, tuner_rules(IN_TEST_PLAN))
+    tuner = Tuner(lib, 5)
+    ctx = tuner.init(3, 1)
+    table = fake_table(random.Random(0))
+    for op, func in FUNC.items():
+        if op == "broadcast":
+            continue  # the plan's broadcast rule is for any communicator
+        assert tuner.call(ctx, func, 1 << 20, table) == (pytest.approx(table), UNTOUCHED)
+    tuner.finalize(ctx)
+
+
+@pytest.mark.parametrize("version", TABLE_VERSIONS)
+def test_an_unavailable_algorithm_is_never_forced(lib, version, tmp_path, monkeypatch):
+    use_rules(monkeypatch, tmp_path, tuner_rules(IN_TEST_PLAN))
+    tuner = Tuner(lib, version)
+    ctx = tuner.init(8, 1)
+    table = fake_table(random.Random(1))
+    table[ALGO["tree"] * NUM_PROTOS + PROTO["ll"]] = IGNORE  # NCCL has no tree/LL for this call
+    after, nch = tuner.call(ctx, FUNC["all_reduce"], 4096, table)
+    assert after == pytest.approx(table) and nch == 8  # the table untouched; channels still set
+    assert any("skipped" in msg for _, _, msg in tuner.logs), tuner.logs
+    tuner.finalize(ctx)
+
+
+def test_a_rule_naming_only_an_algorithm_gets_its_cheapest_available_protocol(lib, tmp_path, monkeypatch):
+    plan = Plan(backend="nccl", world_size=8, hardware={}, settings=Settings({}), groups={"tp": 8},
+                rules=(CollectiveRule("all_reduce", "tp", 0, 1 << 30, {"algo": "ring"}),))
+    use_rules(monkeypatch, tmp_path, tuner_rules(plan))
+    tuner = Tuner(lib, 5)
+    ctx = tuner.init(8, 1)
+    table = [50.0] * (NUM_ALGOS * NUM_PROTOS)
+    table[ALGO["ring"] * NUM_PROTOS + PROTO["ll"]] = IGNORE
+    table[ALGO["ring"] * NUM_PROTOS + PROTO["simple"]] = 20.0
+    table[ALGO["tree"] * NUM_PROTOS + PROTO["simple"]] = 10.0  # NCCL's own pick
+    after, nch = tuner.call(ctx, FUNC["all_reduce"], 1 << 20, table)
+    assert cheapest(after) == (ALGO["ring"], PROTO["simple"]) and nch == UNTOUCHED
+    tuner.finalize(ctx)
+
+
+def test_each_rule_is_logged_once_through_nccls_logger(lib, tmp_path, monkeypatch):
+    rules_file = use_rules(monkeypatch, tmp_path, tuner_rules(IN_TEST_PLAN))
+    tuner = Tuner(lib, 6)
+    ctx = tuner.init(16, 2)
+    for _ in range(5):
+        tuner.call(ctx, FUNC["all_gather"], 1 << 22, fake_table(random.Random(2)))
+    tuner.finalize(ctx)
+    msgs = [msg for level, flags, msg in tuner.logs if level == LOG_INFO and flags == TUNING]
+    assert any(f"from {rules_file} apply to this communicator (nRanks 16, nNodes 2)" in m for m in msgs), msgs
+    applied = [m for m in msgs if "applied" in m]
+    assert len(applied) == 1 and "allgather 1048576..268435456 B, ring/simple, 2 channels" in applied[0], msgs
+
+
+def test_tuner_api_v2_returns_algorithm_and_protocol(lib, tmp_path, monkeypatch):
+    use_rules(monkeypatch, tmp_path, tuner_rules(IN_TEST_PLAN))
+    tuner = Tuner(lib, 2)
+    ctx = tuner.init(16, 2)
+    assert tuner.call_direct(ctx, FUNC["reduce_scatter"], 1 << 20) == (ALGO["ring"], PROTO["ll128"], 4)
+    assert tuner.call_direct(ctx, FUNC["reduce_scatter"], 1 << 29) == (-1, -1, UNTOUCHED)
+    tuner.finalize(ctx)
+    ctx = tuner.init(8, 1)
+    assert tuner.call_direct(ctx, FUNC["all_reduce"], 1 << 20) == (ALGO["tree"], PROTO["ll"], 8)
+    assert tuner.call_direct(ctx, FUNC["all_reduce"], 1 << 27) == (-1, -1, 16)
+    tuner.finalize(ctx)
+
+
+def test_tuner_api_v1_has_one_context_per_process(lib, tmp_path, monkeypatch):
+    use_rules(monkeypatch, tmp_path, tuner_rules(IN_TEST_PLAN))
+    v1_init = CFUNCTYPE(c_int, c_size_t, c_size_t, LOGGER)
+    v1_call = CFUNCTYPE(c_int, c_int, c_size_t, c_int, c_int, c_int, POINTER(c_int), POINTER(c_int), POINTER(c_int))
+
+    class V1(Structure):
+        _fields_ = [("name", c_char_p), ("init", v1_init), ("getCollInfo", v1_call), ("destroy", CFUNCTYPE(c_int))]
+
+    v1 = V1.in_dll(lib, "ncclTunerPlugin_v1")
+    assert v1.name == b"lagom-tune"
+    logger = LOGGER(lambda *a: None)
+    assert v1.init(16, 2, logger) == 0
+    algo, proto, nch = c_int(-1), c_int(-1), c_int(UNTOUCHED)
+    assert v1.getCollInfo(FUNC["all_gather"], 1 << 20, 0, 0, 1, ctypes.byref(algo), ctypes.byref(proto), ctypes.byref(nch)) == 0
+    assert (algo.value, proto.value, nch.value) == (ALGO["ring"], PROTO["simple"], 2)
+    assert v1.destroy() == 0
+
+
+# -- bad rules never break NCCL ------------------------------------------------------------------
+
+BAD_RULES = {
+    "no header": "allreduce 8 * 0 10 ring simple 4\n",
+    "wrong version": "lagom-tune-tuner-rules 2\n",
+    "empty": "",
+    "seven fields": "lagom-tune-tuner-rules 1\nallreduce 8 * 0 10 ring simple\n",
+    "nine fields": "lagom-tune-tuner-rules 1\nallreduce 8 * 0 10 ring simple 4 x\n",
+    "unknown collective": "lagom-tune-tuner-rules 1\nalltoall 8 * 0 10 ring simple 4\n",
+    "unknown algorithm": "lagom-tune-tuner-rules 1\nallreduce 8 * 0 10 fast simple 4\n",
+    "negative size": "lagom-tune-tuner-rules 1\nallreduce 8 * -1 10 ring simple 4\n",
+    "overflow": "lagom-tune-tuner-rules 1\nallreduce 8 * 0 99999999999999999999999 ring simple 4\n",
+    "min above max": "lagom-tune-tuner-rules 1\nallreduce 8 * 10 0 ring simple 4\n",
+    "zero channels": "lagom-tune-tuner-rules 1\nallreduce 8 * 0 10 ring simple 0\n",
+    "sets nothing": "lagom-tune-tuner-rules 1\nallreduce 8 * 0 10 * * *\n",
+    "long line": "lagom-tune-tuner-rules 1\n" + "#" * 5000 + "\n",
+    "NUL byte": "lagom-tune-tuner-rules 1\nallreduce 8 * 0 10 ring\0 simple 4\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RULES))
+def test_malformed_rules_are_refused_with_the_line(lib, case, tmp_path, monkeypatch):
+    text = BAD_RULES[case].encode()
+    err = ctypes.create_string_buffer(256)
+    assert lib.lagom_tuner_check_text(text, c_size_t(len(text)), err, c_size_t(256)) == -1
+    assert err.value.startswith(b"line "), err.value
+    # In NCCL: init still succeeds (NCCL would fail the communicator otherwise), says why in a
+    # WARN, and the plugin then leaves every collective to NCCL.
+    path = tmp_path / "bad.rules"
+    path.write_bytes(text)
+    monkeypatch.setenv(RULES_ENV, str(path))
+    tuner = Tuner(lib, 5)
+    ctx = tuner.init(8, 1)
+    table = fake_table(random.Random(3))
+    assert tuner.call(ctx, FUNC["all_reduce"], 5, table) == (pytest.approx(table), UNTOUCHED)
+    tuner.finalize(ctx)
+    assert any(level == LOG_WARN and "is not usable (line" in msg for level, _, msg in tuner.logs), tuner.logs
+
+
+def test_a_missing_rules_file_or_variable_keeps_nccls_choices(lib, tmp_path, monkeypatch):
+    for value in (str(tmp_path / "nope.rules"), None):
+        if value:
+            monkeypatch.setenv(RULES_ENV, value)
+        else:
+            monkeypatch.delenv(RULES_ENV, raising=False)
+        tuner = Tuner(lib, 7)
+        ctx = tuner.init(8, 1)
+        table = fake_table(random.Random(4))
+        assert tuner.call(ctx, FUNC["all_reduce"], 5, table) == (pytest.approx(table), UNTOUCHED)
+        tuner.finalize(ctx)
+        assert tuner.logs
+
+
+def test_the_rules_apply_writes_parse_in_the_plugin(lib):
+    for plan in NCCL_PLANS.values():
+        text = tuner_rules(plan).text().encode()
+        err = ctypes.create_string_buffer(256)
+        assert lib.lagom_tuner_check_text(text, c_size_t(len(text)), err, c_size_t(256)) == len(tuner_rules(plan).rules), err.value
+
+
+FUZZ = textwrap.dedent("""
+    import ctypes, os, random, sys, tempfile
+    from hypothesis import given, settings, strategies as st, HealthCheck
+
+    lib = ctypes.CDLL(sys.argv[1])
+    err = ctypes.create_string_buffer(128)
+    words = st.sampled_from(["lagom-tune-tuner-rules", "1", "2", "*", "allreduce", "allgather", "broadcast", "ring",
+                             "tree", "pat", "ll", "ll128", "simple", "0", "-1", "4", "64", "1024", "1025",
+                             "18446744073709551616", "9223372036854775807", "#", "", "\\t", "\\r", "\\0", "x" * 300])
+    lines = st.lists(st.lists(words, max_size=10).map(" ".join), max_size=12).map(
+        lambda ls: "\\n".join(["lagom-tune-tuner-rules 1"] + ls).encode())
+
+    def check(data):
+        n = lib.lagom_tuner_check_text(data, ctypes.c_size_t(len(data)), err, ctypes.c_size_t(len(err)))
+        assert n >= -1
+        if n == -1:
+            assert err.value.startswith(b"line ")
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.binary(max_size=3000) | lines)
+    def fuzz(data):
+        check(data)
+
+    fuzz()
+    # the file path as NCCL's init reads it, with random truncations of a valid file
+    good = open(sys.argv[2], "rb").read()
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "r")
+        for i in range(300):
+            cut = good[: rng.randrange(len(good) + 1)]
+            data = bytes(b ^ (rng.randrange(256) if rng.random() < 0.02 else 0) for b in cut)
+            open(path, "wb").write(data)
+            assert lib.lagom_tuner_check_file(path.encode(), err, ctypes.c_size_t(len(err))) >= -1
+    print("fuzz ok")
+""")
+
+
+def test_fuzzed_rules_never_crash_the_parser(library, tmp_path):
+    """Run in a child process: a crash there fails this test instead of killing pytest."""
+    good = tmp_path / "good.rules"
+    good.write_text(tuner_rules(IN_TEST_PLAN).text())
+    script = tmp_path / "fuzz.py"
+    script.write_text(FUZZ)
+    r = subprocess.run([sys.executable, script, library, good], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0 and "fuzz ok" in r.stdout, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+
+
+# -- build and CLI ----------------------------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm")
+def test_the_library_exports_every_tuner_api_version(library):
+    out = subprocess.run(["nm", "-D", "--defined-only", library], capture_output=True, text=True, check=True).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert {f"ncclTunerPlugin_v{v}" for v in range(1, 8)} <= exported
+    assert not {"plugin_init", "parse_rules"} & exported  # everything else stays hidden
+
+
+def test_a_build_is_reused_and_keyed_by_the_source(tmp_path):
+    first = ensure_plugin(cache=tmp_path)
+    again = ensure_plugin(cache=tmp_path)
+    assert first.built and not again.built and again.path == first.path and first.path.name == LIBRARY_NAME
+    assert not list(first.path.parent.glob(".*.tmp"))  # nothing half-written left behind
+
+
+def test_dry_run_names_the_built_plugin(tmp_path):
+    r = cli("apply", ROOT / "plans" / "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml", "--dry-run", "--", "true",
+            env={"XDG_CACHE_HOME": str(tmp_path)}, check=True)
+    plugin = next(tmp_path.glob(f"lagom-tune/nccl-tuner-*/{LIBRARY_NAME}"))
+    rules = next(tmp_path.glob("lagom-tune/tuner-rules/*.rules"))
+    out = r.stdout
+    assert f"export NCCL_TUNER_PLUGIN={plugin}" in out and f"{RULES_ENV}={rules}" in out
+    assert "allreduce 8 * 16777216 16777216 tree ll128 32" in out and "rules that need the plugin" in out
+    assert rules.read_text() == tuner_rules(PLANS["sim-h100-nvlink-mpt-7b-tp8-dp2.yaml"]).text()
+
+
+def test_without_a_compiler_apply_says_so_and_falls_back_to_cta_bounds(tmp_path):
+    plan = IN_TEST_PLAN.save(tmp_path / "p.yaml")
+    r = cli("apply", plan, "--dry-run", env={"XDG_CACHE_HOME": str(tmp_path), "CC": "/nonexistent/cc"}, check=True)
+    out = " ".join(r.stdout.split())  # rich may wrap long lines
+    assert "no C compiler found" in out and "falling back to per-communicator CTA bounds" in out
+    assert "NCCL_TUNER_PLUGIN" not in r.stdout.split("ProcessGroupNCCL")[0]  # not exported
+    assert "not deployed without the plugin: all_reduce on tp (8 ranks) 1..67108864 B: algo=tree, proto=ll, channels=8" in out
+    assert "not deployable: all_to_all on dp" in out
+    assert "config.min_ctas=2, config.max_ctas=4" in out  # the fallback still reaches every communicator
+    r = cli("apply", plan, "--print-env", env={"XDG_CACHE_HOME": str(tmp_path), "CC": "/nonexistent/cc"}, check=True)
+    assert r.stdout.startswith("export ") and "NCCL_TUNER_PLUGIN" not in r.stdout and "no C compiler" in r.stderr
