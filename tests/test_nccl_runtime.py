@@ -187,3 +187,18 @@ def test_apply_reaches_a_real_nccl_communicator(tmp_path):
     records = [rec for rank in record["ranks"].values() for rec in rank["records"]]
     assert any(rec["setting"] == "ctas[world]" and rec["applied"] for rec in records), record
     assert any(rec["setting"] == "collective_rules" and rec["applied"] for rec in records), record
+
+
+def test_a_process_that_joins_a_group_itself_is_recorded_as_a_rank(tmp_path, monkeypatch):
+    """No torchrun (a plain script, mpirun): init_process_group(rank=...) makes the process a rank,
+    so applied.json records it (seen empty on the H200 before)."""
+    import json
+
+    for var in ("RANK", "NCCL_MAX_CTAS", "NCCL_MIN_CTAS"):
+        monkeypatch.delenv(var, raising=False)
+    shim = Shim(PLAN, str(tmp_path / "p.yaml"), str(tmp_path))
+    c10d = fake_c10d()
+    shim.on_c10d(c10d)
+    c10d.init_process_group("nccl", world_size=16, rank=3)
+    (rec,) = json.loads((tmp_path / "rank-3.json").read_text())["records"]
+    assert rec["setting"] == "ctas[dp]" and rec["applied"]

@@ -70,6 +70,7 @@ class Shim:
         self.records: list[dict[str, Any]] = []
         self.logged = 0
         self.built_ddp = False
+        self.joined_rank: int | None = None  # the rank this process gave init_process_group itself
         self.pending = {}
         for knob in ("bucket_cap_mb", "chunk_bytes"):
             if plan.settings.communicators.get(DDP_ROLE, {}).get(knob):
@@ -79,6 +80,8 @@ class Shim:
     def rank(self) -> str:
         if "RANK" in os.environ:
             return os.environ["RANK"]
+        if self.joined_rank is not None and self.joined_rank >= 0:
+            return str(self.joined_rank)
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             return str(dist.get_rank())
@@ -86,8 +89,9 @@ class Shim:
 
     @property
     def is_rank(self) -> bool:
-        """A training rank (launched by torchrun, or one that built a DDP model), not a launcher or helper."""
-        return "RANK" in os.environ or self.built_ddp
+        """A training rank (launched by torchrun, joined a process group itself, or built a DDP model),
+        not a launcher or helper."""
+        return "RANK" in os.environ or self.joined_rank is not None or self.built_ddp
 
     def record(self, setting: str, value: Any, applied: bool, how: str) -> None:
         self.records.append({"setting": setting, "value": value, "applied": applied, "how": how})
@@ -214,11 +218,13 @@ class Shim:
                         f"ProcessGroupNCCL.Options for a group of {size} ranks")
             return opts
 
-        def wrap(fn, size_of):
+        def wrap(fn, size_of, joins: bool = False):
             signature = inspect.signature(fn)
 
             def wrapper(*args, **kwargs):
                 bound = signature.bind_partial(*args, **kwargs)
+                if joins:  # a process started without torchrun (mpirun, a plain script) is a rank too
+                    shim.joined_rank = int(bound.arguments.get("rank", -1) if bound.arguments.get("rank") is not None else -1)
                 backend = str(bound.arguments.get("backend") or "")
                 if "nccl" in backend or (not backend and _cuda_available()):
                     bound.arguments["pg_options"] = options_for(size_of(bound.arguments), bound.arguments.get("pg_options"))
@@ -228,7 +234,7 @@ class Shim:
             return wrapper
 
         world = lambda a: int(a.get("world_size") if a.get("world_size", -1) != -1 else os.environ.get("WORLD_SIZE", 0) or 0)
-        c10d.init_process_group = wrap(c10d.init_process_group, world)
+        c10d.init_process_group = wrap(c10d.init_process_group, world, joins=True)
         c10d.new_group = wrap(c10d.new_group, lambda a: len(a["ranks"]) if a.get("ranks") else int(c10d.get_world_size()))
 
 
