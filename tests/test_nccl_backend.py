@@ -326,9 +326,12 @@ def test_probe_mode_rows_fit_are_refused_by_search_and_tabulate(tmp_path):
     from gpu_check import tables, write_report
 
     text = write_report(run.path, tmp_path / "results", "probe-shapes", 12.0)
-    assert "MEASURED" in text and "single-gpu-probe" in text and (tmp_path / "results" / "gpu_check_gemm.csv").is_file()
+    assert "MEASURED" in text and "single-gpu-probe" in text and (tmp_path / "results" / "gpu_check-probe-shapes_gemm.csv").is_file()
     out = tables(run.path)
     assert len(out["gemm"]) == 3 and (out["gemm"]["TFLOPs"] > 0).all()
+    assert out["probe_GBps"].notna().all().all() and len(out["probe_GBps"].columns) == 1 + 4  # every channels × buffsize cell
+    assert len(out["windows"]) == 3 * len(out["probe_GBps"]) * 4 and out["windows"]["predicted_window_us"].gt(0).all()
+    assert "Median-shape Spearman" in text and "Measured" in text
     assert list(out["probe_GBps"]["channels"]) == sorted(out["probe_GBps"]["channels"])
     slow = out["gemm_slowdown"].set_index("channels")
     assert (slow.to_numpy() >= 0.99).all() and slow.iloc[-1].mean() > slow.iloc[0].mean()  # more channels, more slowdown

@@ -7,16 +7,18 @@ point that was also in the training set.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
+from lagom_tune.backends.base import PAIRED
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import (
     COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, Linear, comm_features, gemm_features,
 )
+from lagom_tune.model.ranking import RankingSummary, rank_settings
 from lagom_tune.search.timeline import simulate
 from lagom_tune.workload.spec import Collective, Gemm
 
@@ -39,8 +41,101 @@ def point_medians(df: pd.DataFrame) -> pd.DataFrame:
     """One row per measured point: medians over repeats."""
     num = [c for c in ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us", "n_compute") if c in df.columns]
     keys = [c for c in ("point", "kind", "gemm", "m", "n", "k", "batch", "dtype", "op", "nbytes", "ranks", "nodes",
-                        "threads", "algo", "proto", "channels", "buffsize", "chunk_bytes") if c in df.columns]
+                        "threads", "algo", "proto", "channels", "buffsize", "chunk_bytes", "baseline") if c in df.columns]
     return df.groupby("point", sort=True).agg({**{k: "first" for k in keys if k != "point"}, **{c: "median" for c in num}}).reset_index()
+
+
+MIN_SLOWDOWN = 0.97  # a measured compute slowdown below this is a measurement error (DESIGN.md §10)
+
+
+def consistent_baselines(pts: pd.DataFrame) -> pd.DataFrame:
+    """Overlapped points' compute baselines, timed the way their overlapped times were.
+
+    An overlapped row whose ``baseline`` is ``"paired"`` had its alone times measured right
+    before it, the same way: kept. Any other (profiles before 2026-11-30, without the column) is
+    legacy: its ``compute_alone_us`` was timed from single launches, 1.2-2.1x slower than the
+    same launches back to back on an H200, and is replaced by ``n_compute`` times the median
+    ``time_us`` of that shape's ``gemm`` point (at the same thread count where GEMM points have
+    one). A legacy row whose shape has no GEMM point gets NaN: unknown, rather than a figure known
+    to be off (the GPU fit then infers that shape's time alone). Pure pandas; idempotent.
+
+    Args:
+        pts: point medians (:func:`point_medians`).
+
+    Returns:
+        A copy with consistent ``compute_alone_us``.
+    """
+    out = pts.copy()
+    if "compute_alone_us" not in out or "n_compute" not in out:
+        return out
+    paired = out["baseline"].eq(PAIRED) if "baseline" in out else pd.Series(False, index=out.index)
+    legacy = out.index[(out["kind"] == "overlap") & ~paired]
+    if legacy.empty:
+        return out
+    gemm = out[out["kind"] == "gemm"]
+    keys = ["gemm", "threads"] if "threads" in gemm and gemm["threads"].notna().any() else ["gemm"]
+    per_shape = gemm.groupby(keys)["time_us"].median()
+    lookup = pd.MultiIndex.from_frame(out.loc[legacy, keys]) if len(keys) > 1 else pd.Index(out.loc[legacy, "gemm"])
+    base = per_shape.reindex(lookup).to_numpy(dtype=float)
+    out.loc[legacy, "compute_alone_us"] = out.loc[legacy, "n_compute"].to_numpy(float) * base
+    return out
+
+
+def compute_slowdowns(pts: pd.DataFrame) -> pd.Series:
+    """Each overlapped point's measured compute slowdown: overlapped GEMM-stream time over its
+    alone time, after :func:`consistent_baselines`. Indexed like the overlapped rows of ``pts``."""
+    over = consistent_baselines(pts)
+    over = over[over["kind"] == "overlap"]
+    return over["time_us"] / over["compute_alone_us"]
+
+
+@dataclass(frozen=True)
+class LowSlowdown:
+    """An overlapped point that measured its GEMMs faster beside communication than alone."""
+
+    point: str
+    gemm: str
+    channels: float
+    buffsize: float
+    slowdown: float
+
+
+def low_slowdowns(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN) -> list[LowSlowdown]:
+    """The overlapped points whose measured compute slowdown is below ``threshold`` (a measurement
+    error: they are left out of the contention fit), slowest-looking first.
+
+    Args:
+        pts: point medians.
+        threshold: the smallest credible slowdown.
+
+    Returns:
+        One record per such point, sorted by slowdown.
+    """
+    slow = compute_slowdowns(pts)
+    low = slow[slow < threshold].sort_values()
+    rows = pts.loc[low.index].reindex(columns=["point", "gemm", "channels", "buffsize"])  # CPU rows have no channels
+    return [LowSlowdown(str(p), str(g), float(c), float(b), float(s))
+            for p, g, c, b, s in zip(rows["point"], rows["gemm"], rows["channels"], rows["buffsize"], low)]
+
+
+def slowdown_warnings(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN, listed: int = 3) -> list[str]:
+    """Lines for ``show`` about :func:`low_slowdowns` (empty when there are none)."""
+    low = low_slowdowns(pts, threshold)
+    if not low:
+        return []
+    worst = "; ".join(f"{x.gemm} at {x.channels:g} channel(s), buffsize {x.buffsize / 2**20:g} MiB: {x.slowdown:.3f}"
+                      for x in low[:listed])
+    return [f"{len(low)} overlapped point(s) measured a GEMM slowdown below {threshold} (a measurement error; left out of "
+            f"the contention fit), lowest: {worst}"]
+
+
+def contention_points(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN) -> pd.DataFrame:
+    """The overlapped points the contention fit uses: consistent baselines, and no point whose
+    measured compute slowdown is below ``threshold``."""
+    over = consistent_baselines(pts)
+    over = over[over["kind"] == "overlap"]
+    slow = over["time_us"] / over["compute_alone_us"]
+    return over[~(slow < threshold)]
 
 
 def gemm_of_row(row: pd.Series) -> Gemm:
@@ -108,7 +203,7 @@ def predict_point(model: CostModel, row: pd.Series) -> dict[str, float]:
 
     coll = Collective("c", str(row["op"]), int(row["nbytes"]), ranks=col("ranks", 2), nodes=col("nodes", 1))
     if row["kind"] == "collective":
-        return {"time_us": model.comm_time(coll, settings) * 1e6}
+        return {"time_us": _timed_alone(model, coll, settings) * 1e6}
     g = gemm_of_row(row)
     n = int(row["n_compute"])
     tl = simulate([g] * n, [model.compute_time(g, settings)] * n, [coll], [model.comm_time(coll, settings)],
@@ -118,6 +213,16 @@ def predict_point(model: CostModel, row: pd.Series) -> dict[str, float]:
     return {"window_us": tl.makespan * 1e6, "time_us": comp_end * 1e6, "comm_us": comm_end * 1e6}
 
 
+def _timed_alone(model: CostModel, coll: Collective, settings: dict) -> float:
+    """A collective point as the profiler timed it: alone, back to back on one buffer. The GPU
+    model knows that such repeats read an L2-resident buffer faster than in a workload."""
+    from lagom_tune.model.gpu import LagomGpuModel
+
+    if isinstance(model, LagomGpuModel):
+        return model.repeated_comm_time(coll, settings)
+    return model.comm_time(coll, settings)
+
+
 ACCURACY_TARGETS = {"gemm": ("time_us",), "collective": ("time_us",), "overlap": ("window_us", "time_us", "comm_us")}
 ACCURACY_NAMES = {("gemm", "time_us"): "gemm", ("collective", "time_us"): "collective", ("overlap", "window_us"): "overlap_window",
                   ("overlap", "time_us"): "overlap_compute", ("overlap", "comm_us"): "overlap_comm"}
@@ -125,32 +230,55 @@ ACCURACY_NAMES = {("gemm", "time_us"): "gemm", ("collective", "time_us"): "colle
 
 @dataclass(frozen=True)
 class FitResult:
+    """A fitted model and its measured accuracy.
+
+    Attributes:
+        model: fitted on every point.
+        mape: held-out MAPE per quantity (``ACCURACY_NAMES``).
+        folds: the k of the k-fold split.
+        points: measured points per kind.
+        ranking: how well held-out predictions rank channel/buffer settings per GEMM shape
+            (GPU profiles with overlapped points; else None).
+        warnings: lines for ``show`` about measurements the fit refused.
+    """
+
     model: CostModel
     mape: dict[str, float]
     folds: int
     points: dict[str, int]
+    ranking: RankingSummary | None = None
+    warnings: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self, rows: int, simulated: bool) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "lagom-model",
-            **self.model.to_dict(),
-            "simulated": simulated,
-            "accuracy": {
-                "mape": {k: round(val, 4) for k, val in self.mape.items()},
-                "method": f"{self.folds}-fold cross-validation over measured points (medians of repeats)",
-                "points": self.points,
-                "rows": rows,
-            },
+        accuracy: dict[str, Any] = {
+            "mape": {k: round(val, 4) for k, val in self.mape.items()},
+            "method": f"{self.folds}-fold cross-validation over measured points (medians of repeats)",
+            "points": self.points,
+            "rows": rows,
+            "warnings": list(self.warnings),
         }
+        if self.ranking is not None:
+            accuracy["ranking"] = self.ranking.to_dict()
+        return {"schema_version": SCHEMA_VERSION, "kind": "lagom-model", **self.model.to_dict(), "simulated": simulated,
+                "accuracy": accuracy}
 
 
 def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulated: bool = False,
               folds: int = 5, seed: int = 0, progress: Callable[[int, int], None] | None = None) -> FitResult:
-    """Fit on all points; report MAPE of ``folds``-fold held-out predictions per op kind.
+    """Fit on all points; report MAPE of ``folds``-fold held-out predictions per op kind, and (GPU
+    profiles) the ranking figures of the same held-out predictions.
 
-    ``device`` (with ``sms`` and ``hbm_GBps``) selects the GPU family (Lagom's model); without it
-    the CPU per-pair model is fitted.
+    Args:
+        df: measurement rows (every repeat).
+        device: ``sms`` and ``hbm_GBps``: selects the GPU family (Lagom's model); without it the
+            CPU per-pair model is fitted.
+        simulated: whether the rows came from the simulator.
+        folds: k of the k-fold split (stratified by kind).
+        seed: the split's seed.
+        progress: called with (done, total) fits.
+
+    Returns:
+        The model fitted on every point, with its held-out accuracy.
     """
     pts = point_medians(df)
     if pts.empty:
@@ -166,6 +294,7 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
         order = rng.permutation(np.asarray(idx))
         fold_of[order] = np.arange(len(order)) % folds
     errors: dict[str, list[float]] = {}
+    held_out_window: dict[Any, float] = {}
     for f in range(folds):
         train, test = pts[fold_of != f], pts[fold_of == f]
         if test.empty:
@@ -185,9 +314,18 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
                 measured = float(row[col])
                 if measured > 0:
                     errors.setdefault(ACCURACY_NAMES[(row["kind"], col)], []).append(abs(pred[col] - measured) / measured)
+            if row["kind"] == "overlap":
+                held_out_window[row.name] = pred["window_us"]
     mape = {k: float(np.mean(val)) for k, val in errors.items()}
     counts = {str(k): int(n) for k, n in pts["kind"].value_counts().items()}
-    return FitResult(model, mape, folds, counts)
+    over = pts[pts["kind"] == "overlap"]
+    ranking = None
+    if device is not None and not over.empty and "channels" in over and over["channels"].notna().all():
+        ranking = rank_settings(over, pd.Series(held_out_window, dtype=float),
+                                f"out-of-fold: each point predicted by the model of the {folds}-fold split that held it out")
+    # the GPU fit leaves such points out of its contention terms; the CPU family has none to leave them out of
+    warnings = tuple(slowdown_warnings(pts)) if device is not None else ()
+    return FitResult(model, mape, folds, counts, ranking, warnings)
 
 
 def _fit(pts: pd.DataFrame, device: dict[str, Any] | None, simulated: bool) -> CostModel:

@@ -15,7 +15,7 @@ def write_fit_plots(run_dir: Path, df: pd.DataFrame, model: CostModel, simulated
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lagom_tune.model.fit import point_medians, predict_point
+    from lagom_tune.model.fit import compute_slowdowns, point_medians, predict_point
 
     tag = " (SIMULATED)" if simulated else ""
     pts = point_medians(df)
@@ -39,7 +39,7 @@ def write_fit_plots(run_dir: Path, df: pd.DataFrame, model: CostModel, simulated
     x_col = "channels" if "channels" in over and over["channels"].notna().any() else "threads"
     if not over.empty and x_col in over:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        over = over.assign(slowdown=over["time_us"] / over["compute_alone_us"])
+        over = over.assign(slowdown=compute_slowdowns(pts))  # against consistent baselines
         for shape, rows in over.groupby("gemm"):
             series = rows.groupby(x_col)["slowdown"].median()
             ax.plot(series.index, series.values, marker="o", ms=3, lw=1, label=shape)
