@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 from lagom_tune.backends.base import trimmed_mean  # noqa: E402
 from lagom_tune.backends.nccl_sweep import PROBE_THREADS  # noqa: E402
 from lagom_tune.model.contention import load_model  # noqa: E402
-from lagom_tune.model.fit import consistent_baselines, point_medians, predict_point, two_rate_slowdowns  # noqa: E402
+from lagom_tune.model.fit import predict_point  # noqa: E402
+from lagom_tune.model.rows import consistent_baselines, point_medians, two_rate_slowdowns  # noqa: E402
 
 
 def tables(run: Path) -> dict[str, pd.DataFrame]:

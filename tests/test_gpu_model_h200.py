@@ -14,9 +14,8 @@ import yaml
 
 from lagom_tune.backends.base import PAIRED
 from lagom_tune.model.contention import model_from_dict
-from lagom_tune.model.fit import (
-    MIN_SLOWDOWN, compute_slowdowns, consistent_baselines, contention_points, fit_model, low_slowdowns, point_medians, predict_point,
-)
+from lagom_tune.model.fit import fit_model, predict_point
+from lagom_tune.model.rows import MIN_SLOWDOWN, compute_slowdowns, consistent_baselines, contention_points, low_slowdowns, point_medians
 from lagom_tune.model.gpu import FORM_EQ46, FORM_WAVES, LagomGpuModel, waves
 from lagom_tune.model.ranking import rank_settings, spearman
 from lagom_tune.workload.spec import Collective, Gemm

@@ -11,9 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
+import numpy as np
+
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import read_yaml
 from lagom_tune.errors import UserError
+from lagom_tune.model.gpu import LagomGpuModel
 from lagom_tune.workload.spec import Collective, Gemm
 
 SCHEMA_VERSION = 1
@@ -53,6 +56,20 @@ class Linear:
     def from_dict(cls, d: Any, path: str, names: tuple[str, ...]) -> "Linear":
         d = v.mapping(d, path)
         return cls(v.field(d, "intercept_us", path, float), tuple((n, v.field(d, f"{n}_us", path, float)) for n in names))
+
+
+def fit_linear(features: np.ndarray, names: tuple[str, ...], target: np.ndarray) -> Linear:
+    """Least squares on relative error with non-negative slopes (a negative one is dropped and refitted)."""
+    active = list(range(len(names)))
+    while True:
+        a = np.column_stack([np.ones(len(target))] + [features[:, c] for c in active]) / target[:, None]
+        coef, *_ = np.linalg.lstsq(a, np.ones(len(target)), rcond=None)
+        slopes = dict(zip(active, coef[1:]))
+        negative = [c for c, s in slopes.items() if s < 0]
+        if not negative:
+            break
+        active.remove(min(negative, key=lambda c: slopes[c]))
+    return Linear(float(coef[0]), tuple((names[c], float(slopes.get(c, 0.0))) for c in range(len(names))))
 
 
 GEMM_FEATURES = ("per_gflop", "per_mb", "per_m_outputs")
@@ -154,10 +171,7 @@ class CpuPairwiseModel:
         )
 
 
-def _families() -> dict[str, Any]:
-    from lagom_tune.model.gpu import LagomGpuModel
-
-    return {"cpu-pairwise": CpuPairwiseModel, "lagom-gpu": LagomGpuModel}
+FAMILIES: dict[str, Any] = {"cpu-pairwise": CpuPairwiseModel, "lagom-gpu": LagomGpuModel}  # model.yaml's family -> reader
 
 
 def model_from_dict(d: Any, path: str = "model") -> CostModel:
@@ -165,9 +179,8 @@ def model_from_dict(d: Any, path: str = "model") -> CostModel:
     version = v.field(d, "schema_version", path, int)
     if version != SCHEMA_VERSION:
         raise UserError(f"{path}.schema_version: unknown version {version} (this lagom-tune reads {SCHEMA_VERSION})")
-    families = _families()
-    family = v.one_of(v.field(d, "family", path, str), families, f"{path}.family")
-    return families[family].from_dict(d, path)
+    family = v.one_of(v.field(d, "family", path, str), FAMILIES, f"{path}.family")
+    return FAMILIES[family].from_dict(d, path)
 
 
 def load_model(path: str | Path) -> tuple[CostModel, dict[str, Any]]:

@@ -13,145 +13,17 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from lagom_tune.backends.base import PAIRED
+from lagom_tune.artifact_io import write_yaml
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import (
-    COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, Linear, comm_features, gemm_features,
+    COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
 )
+from lagom_tune.model.gpu_fit import fit_gpu
+from lagom_tune.model.plots import plotted_column, write_fit_plots
 from lagom_tune.model.ranking import RankingSummary, rank_settings
+from lagom_tune.model.rows import gemm_of_row, point_medians, row_settings, slowdown_warnings, two_rate_slowdowns
 from lagom_tune.search.timeline import simulate
-from lagom_tune.workload.spec import Collective, Gemm
-
-
-def fit_linear(features: np.ndarray, names: tuple[str, ...], target: np.ndarray) -> Linear:
-    """Least squares on relative error with non-negative slopes (a negative one is dropped and refitted)."""
-    active = list(range(len(names)))
-    while True:
-        a = np.column_stack([np.ones(len(target))] + [features[:, c] for c in active]) / target[:, None]
-        coef, *_ = np.linalg.lstsq(a, np.ones(len(target)), rcond=None)
-        slopes = dict(zip(active, coef[1:]))
-        negative = [c for c, s in slopes.items() if s < 0]
-        if not negative:
-            break
-        active.remove(min(negative, key=lambda c: slopes[c]))
-    return Linear(float(coef[0]), tuple((names[c], float(slopes.get(c, 0.0))) for c in range(len(names))))
-
-
-def point_medians(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per measured point: medians over repeats."""
-    num = [c for c in ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us", "n_compute") if c in df.columns]
-    keys = [c for c in ("point", "kind", "gemm", "m", "n", "k", "batch", "dtype", "op", "nbytes", "ranks", "nodes",
-                        "threads", "algo", "proto", "channels", "buffsize", "chunk_bytes", "baseline") if c in df.columns]
-    return df.groupby("point", sort=True).agg({**{k: "first" for k in keys if k != "point"}, **{c: "median" for c in num}}).reset_index()
-
-
-MIN_SLOWDOWN = 0.97  # a measured compute slowdown below this is a measurement error (DESIGN.md §10)
-
-
-def consistent_baselines(pts: pd.DataFrame) -> pd.DataFrame:
-    """Overlapped points' compute baselines, timed the way their overlapped times were.
-
-    An overlapped row whose ``baseline`` is ``"paired"`` had its alone times measured right
-    before it, the same way: kept. Any other (profiles before 2026-11-30, without the column) is
-    legacy: its ``compute_alone_us`` was timed from single launches, 1.2-2.1x slower than the
-    same launches back to back on an H200, and is replaced by ``n_compute`` times the median
-    ``time_us`` of that shape's ``gemm`` point (at the same thread count where GEMM points have
-    one). A legacy row whose shape has no GEMM point gets NaN: unknown, rather than a figure known
-    to be off (the GPU fit then infers that shape's time alone). Pure pandas; idempotent.
-
-    Args:
-        pts: point medians (:func:`point_medians`).
-
-    Returns:
-        A copy with consistent ``compute_alone_us``.
-    """
-    out = pts.copy()
-    if "compute_alone_us" not in out or "n_compute" not in out:
-        return out
-    paired = out["baseline"].eq(PAIRED) if "baseline" in out else pd.Series(False, index=out.index)
-    legacy = out.index[(out["kind"] == "overlap") & ~paired]
-    if legacy.empty:
-        return out
-    gemm = out[out["kind"] == "gemm"]
-    keys = ["gemm", "threads"] if "threads" in gemm and gemm["threads"].notna().any() else ["gemm"]
-    per_shape = gemm.groupby(keys)["time_us"].median()
-    lookup = pd.MultiIndex.from_frame(out.loc[legacy, keys]) if len(keys) > 1 else pd.Index(out.loc[legacy, "gemm"])
-    base = per_shape.reindex(lookup).to_numpy(dtype=float)
-    out.loc[legacy, "compute_alone_us"] = out.loc[legacy, "n_compute"].to_numpy(float) * base
-    return out
-
-
-def compute_slowdowns(pts: pd.DataFrame) -> pd.Series:
-    """Each overlapped point's measured compute slowdown: overlapped GEMM-stream time over its
-    alone time, after :func:`consistent_baselines`. Indexed like the overlapped rows of ``pts``."""
-    over = consistent_baselines(pts)
-    over = over[over["kind"] == "overlap"]
-    return over["time_us"] / over["compute_alone_us"]
-
-
-@dataclass(frozen=True)
-class LowSlowdown:
-    """An overlapped point that measured its GEMMs faster beside communication than alone."""
-
-    point: str
-    gemm: str
-    channels: float
-    buffsize: float
-    slowdown: float
-
-
-def low_slowdowns(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN) -> list[LowSlowdown]:
-    """The overlapped points whose measured compute slowdown is below ``threshold`` (a measurement
-    error: they are left out of the contention fit), slowest-looking first.
-
-    Args:
-        pts: point medians.
-        threshold: the smallest credible slowdown.
-
-    Returns:
-        One record per such point, sorted by slowdown.
-    """
-    slow = compute_slowdowns(pts)
-    low = slow[slow < threshold].sort_values()
-    rows = pts.loc[low.index].reindex(columns=["point", "gemm", "channels", "buffsize"])  # CPU rows have no channels
-    return [LowSlowdown(str(p), str(g), float(c), float(b), float(s))
-            for p, g, c, b, s in zip(rows["point"], rows["gemm"], rows["channels"], rows["buffsize"], low)]
-
-
-def slowdown_warnings(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN, listed: int = 3) -> list[str]:
-    """Lines for ``show`` about :func:`low_slowdowns` (empty when there are none)."""
-    low = low_slowdowns(pts, threshold)
-    if not low:
-        return []
-    worst = "; ".join(f"{x.gemm} at {x.channels:g} channel(s), buffsize {x.buffsize / 2**20:g} MiB: {x.slowdown:.3f}"
-                      for x in low[:listed])
-    return [f"{len(low)} overlapped point(s) measured a GEMM slowdown below {threshold} (a measurement error; left out of "
-            f"the contention fit), lowest: {worst}"]
-
-
-def contention_points(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN) -> pd.DataFrame:
-    """The overlapped points the contention fit uses: consistent baselines, and no point whose
-    measured compute slowdown is below ``threshold``."""
-    over = consistent_baselines(pts)
-    over = over[over["kind"] == "overlap"]
-    slow = over["time_us"] / over["compute_alone_us"]
-    return over[~(slow < threshold)]
-
-
-def gemm_of_row(row: pd.Series) -> Gemm:
-    """The GEMM a measurement row describes."""
-    return Gemm("g", int(row["m"]), int(row["n"]), int(row["k"]), str(row["dtype"]), int(row["batch"]))
-
-
-def two_rate_slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
-    """Solve the two-rate model for one overlapped measurement (both streams start at 0): the
-    factors by which computation and communication ran slower while both were running."""
-    w, x, ty, tc = row["compute_alone_us"], row["comm_alone_us"], row["time_us"], row["comm_us"]
-    if tc <= ty:
-        w1 = w - (ty - tc)
-        return (tc / w1 if w1 > 0 else None), tc / x
-    x1 = x - (tc - ty)
-    return ty / w, (ty / x1 if x1 > 0 else None)
+from lagom_tune.workload.spec import Collective
 
 
 def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
@@ -181,18 +53,6 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
     return CpuPairwiseModel(compute, comm, compute_slow, comm_slow, measured=measured)
 
 
-KNOB_COLUMNS = ("algo", "proto", "channels", "threads", "buffsize", "chunk_bytes")
-
-
-def row_settings(row: pd.Series) -> dict:
-    """The knob settings a measurement row was taken at (integers as integers)."""
-    out = {}
-    for k in KNOB_COLUMNS:
-        if k in row and not pd.isna(row[k]):
-            out[k] = row[k] if isinstance(row[k], str) else int(row[k])
-    return out
-
-
 def predict_point(model: CostModel, row: pd.Series) -> dict[str, float]:
     """Predicted microseconds for a point, in the columns it was measured in."""
     settings = row_settings(row)
@@ -216,11 +76,8 @@ def predict_point(model: CostModel, row: pd.Series) -> dict[str, float]:
 def _timed_alone(model: CostModel, coll: Collective, settings: dict) -> float:
     """A collective point as the profiler timed it: alone, back to back on one buffer. The GPU
     model knows that such repeats read an L2-resident buffer faster than in a workload."""
-    from lagom_tune.model.gpu import LagomGpuModel
-
-    if isinstance(model, LagomGpuModel):
-        return model.repeated_comm_time(coll, settings)
-    return model.comm_time(coll, settings)
+    repeated = getattr(model, "repeated_comm_time", None)  # asked by capability: only the GPU model has it
+    return repeated(coll, settings) if repeated is not None else model.comm_time(coll, settings)
 
 
 ACCURACY_TARGETS = {"gemm": ("time_us",), "collective": ("time_us",), "overlap": ("window_us", "time_us", "comm_us")}
@@ -331,8 +188,6 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
 def _fit(pts: pd.DataFrame, device: dict[str, Any] | None, simulated: bool) -> CostModel:
     if device is None:
         return _fit_cpu(pts)
-    from lagom_tune.model.gpu import fit_gpu
-
     return fit_gpu(pts, device, simulated)
 
 
@@ -359,8 +214,6 @@ def new_shape_mape(df: pd.DataFrame, *, device: dict[str, Any] | None = None, fo
 
 def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResult:
     """Fit the run folder's measurements and write ``model.yaml`` beside them."""
-    from lagom_tune.artifact_io import write_yaml
-
     df = run.measurements()
     meta = run.read_meta()
     simulated = bool(meta.get("simulated", False))
@@ -368,7 +221,7 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     device = {"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]} if fp.get("backend") in ("sim", "nccl") else None
     result = fit_model(df, device=device, simulated=simulated, progress=progress)
     write_yaml(run.model_path, result.to_dict(len(df), simulated))
-    from lagom_tune.model.plots import write_fit_plots
-
-    write_fit_plots(run.path, df, result.model, simulated)
+    pts = point_medians(df)
+    predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for _, r in pts.iterrows()], index=pts.index)
+    write_fit_plots(run.path, pts, predicted, simulated)
     return result

@@ -6,25 +6,37 @@ from pathlib import Path
 
 import pandas as pd
 
-from lagom_tune.model.contention import CostModel
+from lagom_tune.model.rows import compute_slowdowns
 
 
-def write_fit_plots(run_dir: Path, df: pd.DataFrame, model: CostModel, simulated: bool) -> list[Path]:
-    import matplotlib
+def plotted_column(kind: str) -> str:
+    """The measured column ``fit.png`` compares for a point of ``kind``."""
+    return "window_us" if kind == "overlap" else "time_us"
+
+
+def write_fit_plots(run_dir: Path, pts: pd.DataFrame, predicted: pd.Series, simulated: bool) -> list[Path]:
+    """Write ``fit.png`` (measured vs predicted) and ``slowdown.png`` into ``run_dir``.
+
+    Args:
+        run_dir: where the pictures go.
+        pts: point medians (``rows.point_medians``).
+        predicted: the model's prediction of each point's :func:`plotted_column`, indexed like ``pts``.
+        simulated: label every picture SIMULATED.
+
+    Returns:
+        The files written.
+    """
+    import matplotlib  # imported here: only fitting draws, and matplotlib takes a second to import
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lagom_tune.model.fit import compute_slowdowns, point_medians, predict_point
-
     tag = " (SIMULATED)" if simulated else ""
-    pts = point_medians(df)
     out = []
     fig, ax = plt.subplots(figsize=(6, 6))
     for kind, rows in pts.groupby("kind"):
-        col = "window_us" if kind == "overlap" else "time_us"
-        pred = [predict_point(model, r)[col] for _, r in rows.iterrows()]
-        ax.scatter(rows[col], pred, s=8, alpha=0.6, label=f"{kind} ({col})")
+        col = plotted_column(str(kind))
+        ax.scatter(rows[col], predicted.loc[rows.index], s=8, alpha=0.6, label=f"{kind} ({col})")
     lo, hi = pts["time_us"].min() * 0.8, pts[["time_us"] + (["window_us"] if "window_us" in pts else [])].max().max() * 1.2
     ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
     ax.set(xscale="log", yscale="log", xlabel="measured µs", ylabel="predicted µs", title=f"fit: measured vs predicted{tag}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from lagom_tune.backends.base import bandwidth_columns, trimmed_mean
-from lagom_tune.model.fit import row_settings
+from lagom_tune.model.rows import row_settings
 
 
 def collective_summary(df: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,418 @@
+"""Fitting the GPU model (``model/gpu.py``) to a run folder's point medians.
+
+The communication curves are fitted with torch on relative error; the computation side by
+alternating least squares between each shape's GEMM parameters (and, in ``lagom-waves-v2``, its
+CTA grid and the wave width) and the HBM bandwidth each collective takes, on consistent baselines
+only (``rows.consistent_baselines``), each overlapped point weighted by how long both streams ran
+together. See ``model/gpu.py`` for the two forms.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+import torch
+
+from lagom_tune.backends.base import bus_factor
+from lagom_tune.errors import UserError
+from lagom_tune.model.contention import fit_linear
+from lagom_tune.model.gpu import (
+    FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_V_PER_BYTE, MIN_FREE_HBM, TIE, TILE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
+    LagomGpuModel, ShapeRegression, block_bytes, blocks, channel_bandwidth, comm_group_of_row, cta_candidates, l2_hit_share,
+    tile_bytes, waves,
+)
+from lagom_tune.model.rows import consistent_baselines, contention_points, gemm_of_row, two_rate_slowdowns
+from lagom_tune.workload.spec import Gemm
+
+
+def alone_comm_rows(pts: pd.DataFrame) -> pd.DataFrame:
+    """Every alone-timed collective in the point medians: the collective points, and the alone time
+    measured with each overlapped pair. Columns: group, bus_bytes, nbytes, channels, threads,
+    buffsize, seconds."""
+    coll = pts[pts["kind"] == "collective"].assign(seconds=lambda d: d["time_us"] / 1e6)
+    over = pts[(pts["kind"] == "overlap") & pts["comm_alone_us"].notna()].assign(seconds=lambda d: d["comm_alone_us"] / 1e6) \
+        if "comm_alone_us" in pts else pts.iloc[:0].assign(seconds=0.0)
+    rows = pd.concat([coll, over])
+    rows = rows[rows["seconds"] > 0]
+    ranks = rows["ranks"].fillna(1) if "ranks" in rows else pd.Series(1, index=rows.index)
+    return pd.DataFrame({
+        "group": [comm_group_of_row(r) for _, r in rows.iterrows()],
+        "bus_bytes": [b * bus_factor(op, int(n)) for b, op, n in zip(rows["nbytes"], rows["op"], ranks)],
+        "nbytes": rows["nbytes"].to_numpy(float), "channels": rows["channels"].to_numpy(float),
+        "threads": rows["threads"].to_numpy(float), "buffsize": rows["buffsize"].to_numpy(float),
+        "seconds": rows["seconds"].to_numpy(float)})
+
+
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """Torch on one thread for a while: the communication fit's tensors are tiny, and intra-op
+    threads only add synchronisation (seconds per fit when other processes share the CPUs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def fit_comm(rows: pd.DataFrame, steps: int = 1000) -> dict[str, CommFit]:
+    """Fit each group's curve on relative error with torch, every row timed alone and repeated.
+
+    All groups are optimised in one Adam loop: each group's loss is its own mean, so its
+    parameters move exactly as in a fit of its own (Adam is elementwise), at a fraction of the time.
+
+    Args:
+        rows: :func:`alone_comm_rows`'s frame.
+        steps: Adam steps.
+
+    Returns:
+        comm_group -> its fit.
+    """
+    if rows.empty:
+        return {}
+    keys = sorted(rows["group"].unique())
+    group = torch.tensor(rows["group"].map({k: i for i, k in enumerate(keys)}).to_numpy(), dtype=torch.long)
+    t = {c: torch.tensor(rows[c].to_numpy(float), dtype=torch.float64)
+         for c in ("bus_bytes", "nbytes", "channels", "threads", "buffsize", "seconds")}
+    best_bw = rows.assign(bw=rows["bus_bytes"] / rows["seconds"] / 1e9).groupby("group")["bw"].max().reindex(keys).to_numpy()
+    # log-parameters keep every quantity positive
+    start = [[5.0, b * 1.1, b / 8, 0.3, 16e3, 0.3, 32e6] for b in best_bw]  # in COMM_PARAMS order
+    raw = torch.tensor(start, dtype=torch.float64).log().requires_grad_()
+    share = 1.0 / torch.bincount(group, minlength=len(keys)).to(torch.float64)[group]  # each group's loss is its mean
+    opt = torch.optim.Adam([raw], lr=0.05)
+    with _one_torch_thread():
+        for _ in range(steps):
+            opt.zero_grad()
+            lat, link, per_ch, tau, pipe, gain, l2 = raw.exp()[group].T
+            bw = channel_bandwidth(torch, link, per_ch, tau, pipe, t["channels"], t["threads"], t["buffsize"])
+            pred = lat * 1e-6 + t["bus_bytes"] / (bw * (1 + gain * l2_hit_share(torch, l2, t["nbytes"], t["channels"], t["buffsize"])))
+            loss = (((pred - t["seconds"]) / t["seconds"]).pow(2) * share).sum()
+            loss.backward()
+            opt.step()
+    return {k: CommFit(*(float(x) for x in p)) for k, p in zip(keys, raw.detach().exp())}
+
+
+# ---------------------------------------------------------------------------------------------
+# Computation fit
+
+
+@dataclass(frozen=True)
+class _Observations:
+    """Contended per-GEMM times, one per usable overlapped point (arrays aligned)."""
+
+    shape: np.ndarray  # shape keys
+    channels: np.ndarray
+    buffsize: np.ndarray
+    comm_bw: np.ndarray  # the collective's cold bus bandwidth at the point's settings, bytes/s
+    seconds: np.ndarray  # one GEMM's time beside it
+    weight: np.ndarray  # the share of the GEMM stream's time the collective ran beside it
+
+
+def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: str = FORM_WAVES, iterations: int = 6) -> LagomGpuModel:
+    """Fit from point medians (one row per measured point).
+
+    Args:
+        pts: point medians (``fit.point_medians``); legacy baselines are made consistent here.
+        device: ``sms`` and ``hbm_GBps``.
+        simulated: whether the measurements came from the simulator.
+        form: ``lagom-waves-v2`` (default) or the paper's ``lagom-eq4-6``.
+        iterations: alternations between the per-shape terms and the shared contention terms.
+
+    Returns:
+        The fitted model.
+    """
+
+    if form not in FORMS:
+        raise ValueError(f"unknown GPU model form {form!r}")
+    sms, hbm = int(device["sms"]), float(device["hbm_GBps"]) * 1e9
+    pts = consistent_baselines(pts)
+    gemm = pts[pts["kind"] == "gemm"]
+    if gemm.empty or pts[pts["kind"] == "collective"].empty:
+        raise UserError("the profile has no GEMM or no collective measurements to fit")
+    comm = fit_comm(alone_comm_rows(pts))
+    over = contention_points(pts)
+    # A shape's time alone: its own point, and the alone times measured beside each of its
+    # overlapped pairs (real measurements too, taken just before the pair).
+    seen: dict[str, list[float]] = {}
+    for _, r in gemm.iterrows():
+        seen.setdefault(r["gemm"], []).append(r["time_us"] / 1e6)
+    for _, r in over[over["compute_alone_us"].notna()].iterrows():
+        seen.setdefault(r["gemm"], []).append(r["compute_alone_us"] / r["n_compute"] / 1e6)
+    alone = {k: float(np.median(val)) for k, val in seen.items()}
+    shapes = {r["gemm"]: gemm_of_row(r) for _, r in pts[pts["gemm"].notna()].iterrows()}
+    regression = _fit_new_shapes(alone, shapes, sms, hbm, form)
+
+    # A shape overlapped without a consistent baseline (legacy rows, no GEMM point) starts from
+    # its fastest overlapped GEMM and then from the fit's own time alone, a few rounds.
+    unknown = {k: float((rows["time_us"] / rows["n_compute"]).min()) / 1e6
+               for k, rows in over[over["compute_alone_us"].isna()].groupby("gemm") if k not in alone}
+    for _ in range(3 if unknown else 1):
+        filled = _fill_baselines(over, {**unknown, **alone})
+        obs = _observations(filled, comm, sms)
+        if form == FORM_EQ46:
+            gemms, contention = _fit_eq46(obs, alone, shapes, sms, hbm, iterations)
+        else:
+            gemms, contention = _fit_waves(obs, alone, shapes, regression, sms, hbm, iterations)
+        model = LagomGpuModel(sms, hbm, gemms, regression, comm, contention, simulated)
+        unknown = {k: model.gemm_time(shapes[k]) for k in unknown if k in gemms}
+    return replace(model, contention=_fit_comm_slowdown(model, filled))
+
+
+def _fill_baselines(over: pd.DataFrame, alone: dict[str, float]) -> pd.DataFrame:
+    """Overlapped rows with every missing ``compute_alone_us`` set from ``alone`` (seconds per GEMM)."""
+    missing = over["compute_alone_us"].isna()
+    if not missing.any():
+        return over
+    out = over.copy()
+    out.loc[missing, "compute_alone_us"] = out.loc[missing, "n_compute"] * out.loc[missing, "gemm"].map(alone) * 1e6
+    return out
+
+
+def _observations(over: pd.DataFrame, comm: dict[str, CommFit], sms: int) -> _Observations:
+    """One GEMM's contended time at each overlapped point whose two-rate solution exists, weighted
+    by the share of the GEMM stream's time the collective ran beside it: a collective that ended
+    early moves the measured time little, and the slowdown solved from it is ill-conditioned."""
+
+    s_y = pd.Series([two_rate_slowdowns(r)[0] for _, r in over.iterrows()], index=over.index, dtype=float)
+    rows = over[(s_y > 0) & (over["channels"] < sms)]
+    s_y = s_y.loc[rows.index]
+    share = (rows["comm_us"] / rows["time_us"]).clip(upper=1.0)
+    return _Observations(
+        shape=rows["gemm"].to_numpy(object), channels=rows["channels"].to_numpy(float), buffsize=rows["buffsize"].to_numpy(float),
+        comm_bw=np.array([comm[comm_group_of_row(r)].bandwidth(r["channels"], r["threads"], r["buffsize"]) for _, r in rows.iterrows()]),
+        seconds=(s_y * rows["compute_alone_us"] / rows["n_compute"] / 1e6).to_numpy(float), weight=share.to_numpy(float))
+
+
+def _fit_new_shapes(alone: dict[str, float], shapes: dict[str, Gemm], sms: int, hbm: float, form: str) -> ShapeRegression:
+    """Shapes never measured: per wave, math in proportion to the block's k, and memory in proportion
+    to the bytes its blocks read and write; fitted jointly over the measured shapes on relative
+    error, with non-negative coefficients."""
+
+    measured = [k for k in alone if k in shapes]
+    if not measured:
+        return ShapeRegression()
+
+    def features(g: Gemm) -> list[float]:
+        n_waves = math.ceil(blocks(g) / sms)
+        in_flight = n_waves * sms if form == FORM_EQ46 else blocks(g)  # Eq. 5 charges full waves
+        return [n_waves * 2 * TILE * TILE * g.k / 1e3, in_flight * block_bytes(g) / hbm, in_flight * tile_bytes(g) / hbm]
+
+    lin = fit_linear(np.array([features(shapes[k]) for k in measured]), ("math", "read", "write"), np.array([alone[k] for k in measured]))
+    slopes = dict(lin.coefs)
+    return ShapeRegression(slopes["math"], slopes["read"], slopes["write"], max(lin.intercept_us, 0.0))
+
+
+def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
+    """Weighted least squares with non-negative coefficients (two or fewer columns: try the
+    unconstrained solution, then each column alone). Returns the coefficients and the weighted SSE."""
+    aw, yw = a * w[:, None], y * w
+    tries = [np.linalg.lstsq(aw, yw, rcond=None)[0]]
+    for j in range(a.shape[1]):
+        col = aw[:, j]
+        c = np.zeros(a.shape[1])
+        c[j] = max(0.0, (col @ yw) / (col @ col)) if col @ col > 0 else 0.0
+        tries.append(c)
+    best = min((c for c in tries if (c >= 0).all()), key=lambda c: float(((aw @ c - yw) ** 2).sum()))
+    return best, float(((aw @ best - yw) ** 2).sum())
+
+
+def _huber(r: np.ndarray) -> np.ndarray:
+    """Huber's loss of relative errors ``r``: squared up to :data:`HUBER_DELTA`, linear beyond."""
+    a = np.abs(r)
+    return np.where(a <= HUBER_DELTA, 0.5 * a ** 2, HUBER_DELTA * (a - 0.5 * HUBER_DELTA))
+
+
+def _two_term_fits(math: np.ndarray, memory: np.ndarray, y: np.ndarray, weight: np.ndarray,
+                   rounds: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``y ~ theta * math + D * memory`` with ``theta, D >= 0``, on relative error under Huber's loss
+    (iteratively reweighted: one outlying point, a GPU that ran slow while it was timed, must not
+    bend a shape's terms); one fit per candidate row of ``math``/``memory`` at once.
+
+    Args:
+        math: waves per point, one row per candidate (K x n).
+        memory: bytes-to-seconds factor per point (K x n).
+        y: measured seconds (n).
+        weight: each point's importance (n).
+        rounds: reweighting rounds.
+
+    Returns:
+        ``theta`` (K), ``D`` (K) and each candidate's weighted Huber loss (K).
+    """
+    w2 = np.broadcast_to((weight / y) ** 2, math.shape)
+    for _ in range(rounds):
+        s00, s01, s11 = (w2 * math * math).sum(1), (w2 * math * memory).sum(1), (w2 * memory * memory).sum(1)
+        t0, t1 = (w2 * math * y).sum(1), (w2 * memory * y).sum(1)
+        det = s00 * s11 - s01 ** 2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            both = np.stack([(s11 * t0 - s01 * t1) / det, (s00 * t1 - s01 * t0) / det], axis=1)
+            only_math = np.stack([np.maximum(t0 / s00, 0.0), np.zeros_like(t0)], axis=1)
+            only_memory = np.stack([np.zeros_like(t1), np.maximum(t1 / s11, 0.0)], axis=1)
+        options = np.stack([both, only_math, only_memory])  # 3 x K x 2
+        feasible = (options >= 0).all(axis=2) & np.isfinite(options).all(axis=2)
+        options = np.where(np.isfinite(options), options, 0.0)  # a singular system: that option is infeasible
+        pred = options[..., 0:1] * math + options[..., 1:2] * memory
+        sse = np.where(feasible, (w2 * (pred - y) ** 2).sum(axis=2), np.inf)
+        coef = options[sse.argmin(axis=0), np.arange(math.shape[0])]
+        r = (coef[:, 0:1] * math + coef[:, 1:2] * memory - y) / y
+        w2 = (weight / y) ** 2 * np.minimum(1.0, HUBER_DELTA / np.maximum(np.abs(r), 1e-12))
+    return coef[:, 0], coef[:, 1], (weight * _huber(r)).sum(axis=1)
+
+
+def _fit_waves(obs: _Observations, alone: dict[str, float], shapes: dict[str, Gemm], regression: ShapeRegression,
+               sms: int, hbm: float, iterations: int) -> tuple[dict[str, GemmFit], Contention]:
+    """waves-v2: per shape ``mu_i`` (among :func:`cta_candidates`), ``theta_i`` and ``D_i`` by linear
+    least squares given ``V``; ``V``'s two terms by a grid over all shapes given theirs; the wave
+    width that fits best."""
+    def shapes_step(contention: Contention) -> tuple[dict[str, GemmFit], float]:
+        taken = np.minimum(contention.v_base + contention.v_per_byte * obs.comm_bw, (1 - MIN_FREE_HBM) * hbm)
+        gemms, loss = {}, 0.0
+        for key, g in shapes.items():
+            sel = obs.shape == key
+            if key in alone or sel.any():
+                gemms[key], err = _fit_shape_waves(g, alone.get(key), obs.channels[sel], taken[sel], obs.seconds[sel],
+                                                   obs.weight[sel], sms, hbm, contention.wave_width, regression)
+                loss += err
+        return gemms, loss
+
+    best: tuple[float, dict[str, GemmFit], Contention] | None = None
+    for width in WAVE_WIDTHS:
+        contention = Contention(FORM_WAVES, wave_width=width)
+        gemms, loss = shapes_step(contention)
+        for _ in range(iterations):
+            contention = _fit_v(obs, gemms, contention, sms, hbm)
+            gemms, loss = shapes_step(contention)
+        if best is None or loss < best[0]:
+            best = (loss, gemms, contention)
+    _, gemms, contention = best
+    return gemms, contention
+
+
+def _fit_shape_waves(g: Gemm, alone: float | None, channels: np.ndarray, taken: np.ndarray, seconds: np.ndarray,
+                     weights: np.ndarray, sms: int, hbm: float, width: float, regression: ShapeRegression) -> tuple[GemmFit, float]:
+    """One shape's ``(mu, theta, D)``: the CTA count whose least-squares fit has the smallest
+    relative error. Without overlapped points ``mu`` is unidentifiable: Eq. 4's tiles, and the alone
+    time split between math and memory as the regression over all shapes splits it. Without a
+    consistent time alone (``None``) the overlapped points alone decide."""
+    if not len(seconds):
+        est = regression.estimate(g)
+        math_s, mem_s = waves(est.ctas, sms, width) * est.theta, est.ctas * est.dbytes / hbm
+        if math_s + mem_s <= 0:
+            return GemmFit(alone / waves(est.ctas, sms, width), 0.0, est.ctas), 0.0
+        scale = alone / (math_s + mem_s)
+        return GemmFit(est.theta * scale, est.dbytes * scale, est.ctas), 0.0
+    # the time alone counts as one more point (weighting it more fitted the H200 worse: its GEMM
+    # points were timed minutes before the overlaps)
+    anchor = [] if alone is None else [alone]
+    free = np.concatenate([[sms] * len(anchor), sms - channels])
+    bandwidth = np.concatenate([[hbm] * len(anchor), hbm - taken])
+    y = np.concatenate([anchor, seconds])
+    weight = np.concatenate([[1.0] * len(anchor), weights])
+    ctas = np.array(cta_candidates(g, sms), dtype=float)
+    theta, d, loss = _two_term_fits(waves(ctas[:, None], free[None, :], width), ctas[:, None] / bandwidth[None, :], y, weight)
+    # candidates come fewest CTAs first, and the first that fits as well as the best is taken:
+    # where the data cannot tell grids apart (no point at the channel counts that would), the
+    # model assumes no slowdown the data did not show
+    i = int(np.argmax(loss <= loss.min() * (1 + TIE)))
+    return GemmFit(float(theta[i]), float(d[i]), int(ctas[i])), float(loss[i])
+
+
+def _fit_v(obs: _Observations, gemms: dict[str, GemmFit], contention: Contention, sms: int, hbm: float) -> Contention:
+    """``v_base`` and ``v_per_byte`` by a coarse, then a fine, grid on the weighted Huber loss of the
+    relative error of every contended observation, the shapes' terms held."""
+    known = np.array([k in gemms for k in obs.shape], dtype=bool)
+    if not known.any():
+        return contention
+    fits = [gemms[k] for k in obs.shape[known]]
+    theta = np.array([f.theta for f in fits])
+    traffic = np.array([f.ctas * f.dbytes for f in fits])
+    n_waves = waves(np.array([f.ctas for f in fits], dtype=float), sms - obs.channels[known], contention.wave_width)
+    bw, y, weight = obs.comm_bw[known], obs.seconds[known], obs.weight[known]
+
+    def sse(base: np.ndarray, per_byte: np.ndarray) -> np.ndarray:
+        taken = np.minimum(base[:, None] + per_byte[:, None] * bw[None, :], (1 - MIN_FREE_HBM) * hbm)
+        pred = n_waves * theta + traffic / (hbm - taken)
+        return (weight * _huber((pred - y) / y)).sum(axis=1)
+
+    top = (1 - MIN_FREE_HBM) * hbm
+    bases, per_bytes = np.linspace(0, top, 19), np.linspace(0, MAX_V_PER_BYTE, 25)
+    for _ in range(2):
+        b_grid, p_grid = (x.ravel() for x in np.meshgrid(bases, per_bytes))
+        i = int(np.argmin(sse(b_grid, p_grid)))
+        db, dp = bases[1] - bases[0], per_bytes[1] - per_bytes[0]
+        bases = np.linspace(max(0.0, b_grid[i] - db), min(top, b_grid[i] + db), 11)
+        per_bytes = np.linspace(max(0.0, p_grid[i] - dp), p_grid[i] + dp, 11)
+    return replace(contention, v_base=float(b_grid[i]), v_per_byte=float(p_grid[i]))
+
+
+def _fit_eq46(obs: _Observations, alone: dict[str, float], shapes: dict[str, Gemm], sms: int, hbm: float,
+              iterations: int) -> tuple[dict[str, GemmFit], Contention]:
+    """The paper's form: ``theta_i``, ``D_i`` per shape by least squares given ``V``, and ``V`` per
+    (channels, buffsize) from each observation where memory matters, alternately."""
+    v_table: dict[tuple[int, int], float] = {}
+    gemms: dict[str, GemmFit] = {}
+    for _ in range(iterations):
+        # (1) per GEMM, theta and D by least squares given V: y/g = theta + D * free / (Bbar - V)
+        for key, g in shapes.items():
+            sel = obs.shape == key
+            if key not in alone and not sel.any():
+                continue
+            rows = ([(sms, 0.0, alone[key])] if key in alone else []) + [(sms - c, v_table.get((int(c), int(b)), 0.0), y)
+                                               for c, b, y in zip(obs.channels[sel], obs.buffsize[sel], obs.seconds[sel])]
+            a = np.array([[1.0, free / max(MIN_FREE_HBM * hbm, hbm - vv)] for free, vv, _ in rows])
+            t = np.array([y / math.ceil(blocks(g) / free) for free, _, y in rows])
+            (theta, d), _ = _nonneg_lstsq(a, t, 1 / t)
+            gemms[key] = GemmFit(float(theta), float(d), blocks(g))
+        # (2) per (channels, buffsize), V from each observation where memory matters
+        sums: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        for key, c, b, y in zip(obs.shape, obs.channels, obs.buffsize, obs.seconds):
+            f = gemms.get(key)
+            if f is None or f.dbytes <= 0:
+                continue
+            free = sms - c
+            per_wave = y / math.ceil(f.ctas / free) - f.theta
+            if per_wave <= 0:
+                continue
+            mem_share = free * f.dbytes / hbm / (f.theta + free * f.dbytes / hbm)
+            v_row = hbm - free * f.dbytes / per_wave
+            sums.setdefault((int(c), int(b)), []).append((min(max(v_row, 0.0), (1 - MIN_FREE_HBM) * hbm), mem_share))
+        v_table = {k: float(np.average([x for x, _ in vals], weights=[w + 1e-9 for _, w in vals])) for k, vals in sums.items()}
+    return gemms, Contention(FORM_EQ46, v_table=v_table)
+
+
+def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> Contention:
+    """``kappa`` (and for waves-v2 ``kappa_channel``) by non-negative least squares on the
+    collective's slowdown while both ran, each point weighted by the share of the collective's
+    time the GEMMs ran beside it. The pair's alone time was timed repeated (L2-warm): it is
+    converted to the cold time the model's overlap starts from before the slowdown is solved."""
+
+    memory, per_channel, extra, weight = [], [], [], []
+    for _, r in over.iterrows():
+        fit = model.comm.get(comm_group_of_row(r))
+        if fit is None or pd.isna(r["comm_alone_us"]):
+            continue
+        bus = r["nbytes"] * bus_factor(str(r["op"]), int(r["ranks"]) if not pd.isna(r["ranks"]) else 1)
+        args = (bus, r["nbytes"], r["channels"], r["threads"], r["buffsize"])
+        cold = r.copy()
+        cold["comm_alone_us"] = r["comm_alone_us"] * fit.seconds(*args) / fit.seconds(*args, repeated=True)
+        _, s_x = two_rate_slowdowns(cold)
+        if s_x is None or not s_x > 0:
+            continue
+        g = gemm_of_row(r)
+        memory.append(model.memory_share(g) if model.form == FORM_EQ46 else model.hbm_demand(g))
+        per_channel.append(r["channels"] / model.sms)
+        extra.append(s_x - 1)
+        weight.append(min(1.0, r["time_us"] / r["comm_us"]))
+    c = model.contention
+    if not extra:
+        return c
+    y, w = np.array(extra), np.array(weight)
+    if c.form == FORM_EQ46:
+        (kappa,), _ = _nonneg_lstsq(np.array(memory)[:, None], y, w)
+        return replace(c, kappa=float(kappa))
+    (kappa, kappa_channel), _ = _nonneg_lstsq(np.column_stack([memory, per_channel]), y, w)
+    return replace(c, kappa=float(kappa), kappa_channel=float(kappa_channel))

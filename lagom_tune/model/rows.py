@@ -1,0 +1,141 @@
+"""Measurement rows as the model layer reads them: one row per point, the GEMM and settings a
+row was taken at, and the consistent baselines every slowdown is computed against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from lagom_tune.backends.base import PAIRED
+from lagom_tune.workload.spec import Gemm
+
+
+def point_medians(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per measured point: medians over repeats."""
+    num = [c for c in ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us", "n_compute") if c in df.columns]
+    keys = [c for c in ("point", "kind", "gemm", "m", "n", "k", "batch", "dtype", "op", "nbytes", "ranks", "nodes",
+                        "threads", "algo", "proto", "channels", "buffsize", "chunk_bytes", "baseline") if c in df.columns]
+    return df.groupby("point", sort=True).agg({**{k: "first" for k in keys if k != "point"}, **{c: "median" for c in num}}).reset_index()
+
+
+MIN_SLOWDOWN = 0.97  # a measured compute slowdown below this is a measurement error (DESIGN.md §10)
+
+
+def consistent_baselines(pts: pd.DataFrame) -> pd.DataFrame:
+    """Overlapped points' compute baselines, timed the way their overlapped times were.
+
+    An overlapped row whose ``baseline`` is ``"paired"`` had its alone times measured right
+    before it, the same way: kept. Any other (profiles before 2026-11-30, without the column) is
+    legacy: its ``compute_alone_us`` was timed from single launches, 1.2-2.1x slower than the
+    same launches back to back on an H200, and is replaced by ``n_compute`` times the median
+    ``time_us`` of that shape's ``gemm`` point (at the same thread count where GEMM points have
+    one). A legacy row whose shape has no GEMM point gets NaN: unknown, rather than a figure known
+    to be off (the GPU fit then infers that shape's time alone). Pure pandas; idempotent.
+
+    Args:
+        pts: point medians (:func:`point_medians`).
+
+    Returns:
+        A copy with consistent ``compute_alone_us``.
+    """
+    out = pts.copy()
+    if "compute_alone_us" not in out or "n_compute" not in out:
+        return out
+    paired = out["baseline"].eq(PAIRED) if "baseline" in out else pd.Series(False, index=out.index)
+    legacy = out.index[(out["kind"] == "overlap") & ~paired]
+    if legacy.empty:
+        return out
+    gemm = out[out["kind"] == "gemm"]
+    keys = ["gemm", "threads"] if "threads" in gemm and gemm["threads"].notna().any() else ["gemm"]
+    per_shape = gemm.groupby(keys)["time_us"].median()
+    lookup = pd.MultiIndex.from_frame(out.loc[legacy, keys]) if len(keys) > 1 else pd.Index(out.loc[legacy, "gemm"])
+    base = per_shape.reindex(lookup).to_numpy(dtype=float)
+    out.loc[legacy, "compute_alone_us"] = out.loc[legacy, "n_compute"].to_numpy(float) * base
+    return out
+
+
+def compute_slowdowns(pts: pd.DataFrame) -> pd.Series:
+    """Each overlapped point's measured compute slowdown: overlapped GEMM-stream time over its
+    alone time, after :func:`consistent_baselines`. Indexed like the overlapped rows of ``pts``."""
+    over = consistent_baselines(pts)
+    over = over[over["kind"] == "overlap"]
+    return over["time_us"] / over["compute_alone_us"]
+
+
+@dataclass(frozen=True)
+class LowSlowdown:
+    """An overlapped point that measured its GEMMs faster beside communication than alone."""
+
+    point: str
+    gemm: str
+    channels: float
+    buffsize: float
+    slowdown: float
+
+
+def low_slowdowns(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN) -> list[LowSlowdown]:
+    """The overlapped points whose measured compute slowdown is below ``threshold`` (a measurement
+    error: they are left out of the contention fit), slowest-looking first.
+
+    Args:
+        pts: point medians.
+        threshold: the smallest credible slowdown.
+
+    Returns:
+        One record per such point, sorted by slowdown.
+    """
+    slow = compute_slowdowns(pts)
+    low = slow[slow < threshold].sort_values()
+    rows = pts.loc[low.index].reindex(columns=["point", "gemm", "channels", "buffsize"])  # CPU rows have no channels
+    return [LowSlowdown(str(p), str(g), float(c), float(b), float(s))
+            for p, g, c, b, s in zip(rows["point"], rows["gemm"], rows["channels"], rows["buffsize"], low)]
+
+
+def slowdown_warnings(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN, listed: int = 3) -> list[str]:
+    """Lines for ``show`` about :func:`low_slowdowns` (empty when there are none)."""
+    low = low_slowdowns(pts, threshold)
+    if not low:
+        return []
+    worst = "; ".join(f"{x.gemm} at {x.channels:g} channel(s), buffsize {x.buffsize / 2**20:g} MiB: {x.slowdown:.3f}"
+                      for x in low[:listed])
+    return [f"{len(low)} overlapped point(s) measured a GEMM slowdown below {threshold} (a measurement error; left out of "
+            f"the contention fit), lowest: {worst}"]
+
+
+def contention_points(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN) -> pd.DataFrame:
+    """The overlapped points the contention fit uses: consistent baselines, and no point whose
+    measured compute slowdown is below ``threshold``."""
+    over = consistent_baselines(pts)
+    over = over[over["kind"] == "overlap"]
+    slow = over["time_us"] / over["compute_alone_us"]
+    return over[~(slow < threshold)]
+
+
+def gemm_of_row(row: pd.Series) -> Gemm:
+    """The GEMM a measurement row describes."""
+    return Gemm("g", int(row["m"]), int(row["n"]), int(row["k"]), str(row["dtype"]), int(row["batch"]))
+
+
+def two_rate_slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
+    """Solve the two-rate model for one overlapped measurement (both streams start at 0): the
+    factors by which computation and communication ran slower while both were running."""
+    w, x, ty, tc = row["compute_alone_us"], row["comm_alone_us"], row["time_us"], row["comm_us"]
+    if tc <= ty:
+        w1 = w - (ty - tc)
+        return (tc / w1 if w1 > 0 else None), tc / x
+    x1 = x - (tc - ty)
+    return ty / w, (ty / x1 if x1 > 0 else None)
+
+
+KNOB_COLUMNS = ("algo", "proto", "channels", "threads", "buffsize", "chunk_bytes")
+
+
+def row_settings(row: pd.Series) -> dict:
+    """The knob settings a measurement row was taken at (integers as integers)."""
+    out = {}
+    for k in KNOB_COLUMNS:
+        if k in row and not pd.isna(row[k]):
+            out[k] = row[k] if isinstance(row[k], str) else int(row[k])
+    return out
