@@ -15,9 +15,10 @@ pytestmark = pytest.mark.slow
 
 
 def start_profile(workload, run, *extra):
+    # A session of its own, so a test can send Ctrl-C to the whole group as a terminal does.
     return subprocess.Popen([str(BIN / "lagom-tune"), "profile", "--workload", str(workload), "--ranks", "2",
                              "--out", str(run), "--repeats", "3", *extra],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def wait_for_points(run, n, proc, limit=120):
@@ -48,9 +49,10 @@ def test_ctrl_c_then_resume(tiny_workload, tmp_path):
     run = tmp_path / "run"
     proc = start_profile(tiny_workload, run)
     wait_for_points(run, 8, proc)
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the parent and both spawned ranks get it
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "rerun the same command to resume" in err
+    assert err.strip().splitlines() == ["lagom-tune: interrupted; rerun the same command to resume"], err  # one line, no rank traceback
     meta = yaml.safe_load((run / "meta.yaml").read_text())
     assert not meta["complete"]
     done_before = meta["points_done"]

@@ -229,6 +229,8 @@ def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: i
             persisted.get(timeout=3 * timeout_s)
         dist.barrier()
         dist.destroy_process_group()
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the group: the parent says it once
+        raise SystemExit(130) from None
     except Exception as e:  # reported to the parent, which names the rank
         results.put(("error", rank, f"{type(e).__name__}: {e}"))
         raise SystemExit(1)

@@ -63,6 +63,8 @@ def worker_main(spec: WorkerSpec, results) -> None:
         dist.barrier()
         dist.destroy_process_group()
         results.put(("done",))
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the group: the parent says it once
+        raise SystemExit(130) from None
     except Exception as e:  # the parent names the rank and ends the run
         results.put(("error", f"{type(e).__name__}: {e}"))
         raise SystemExit(1)
