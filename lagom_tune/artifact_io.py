@@ -61,6 +61,8 @@ def write_yaml(path: str | os.PathLike, data: Any) -> Path:
 def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
     """Load a YAML file, turning every failure into a one-line ``UserError``."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a {what}")
     if not path.is_file():
         raise UserError(f"{what} not found: {path}")
     try:

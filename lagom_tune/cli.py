@@ -40,9 +40,32 @@ def _usage_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from lagom_tune import __version__
+
+        print(f"lagom-tune {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _global(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks for errors.")) -> None:
-    _state["verbose"] = verbose
+def _global(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks for errors (before or after the verb)."),
+            version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                         help="Print the version and exit.")) -> None:
+    _state["verbose"] = _state["verbose"] or verbose
+
+
+VERBOSE_FLAGS = ("--verbose", "-v")
+
+
+def _take_verbose(argv: list[str]) -> list[str]:
+    """``argv`` without ``--verbose``/``-v`` anywhere before ``--`` (the command after ``--`` is the
+    user's), which sets verbose mode: errors tell users to rerun with it, wherever they put it."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    head = [a for a in argv[:cut] if a not in VERBOSE_FLAGS]
+    if len(head) < cut:
+        _state["verbose"] = True
+    return head + argv[cut:]
 
 
 def _progress() -> Progress:
@@ -296,12 +319,15 @@ def report(
 
 
 @workload_app.command("list")
-def workload_list() -> None:
+def workload_list(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Every preset and built-in workload, with a one-line description."""
     from rich.table import Table
 
     from lagom_tune.workload.presets import PRESETS
 
+    if as_json:
+        print(json.dumps([{"name": name, "description": p.description} for name, p in PRESETS.items()], indent=1))
+        return
     t = Table(title="workload presets", title_justify="left")
     t.add_column("name")
     t.add_column("description")
@@ -349,7 +375,7 @@ def workload_import(
 def main(argv: list[str] | None = None) -> None:
     """Entry point: one-line errors (exit 2 for bad input, 1 for runtime failures)."""
     try:
-        code = app(args=argv, standalone_mode=False)  # an Exit raised inside a command comes back as its code
+        code = app(args=_take_verbose(list(sys.argv[1:] if argv is None else argv)), standalone_mode=False)  # an Exit raised inside a command comes back as its code
         if code == 130:  # typer turns Ctrl-C into Exit(130)
             raise KeyboardInterrupt
         if isinstance(code, int) and code:

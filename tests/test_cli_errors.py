@@ -66,3 +66,21 @@ def test_lines_printed_to_a_pipe_are_never_hard_wrapped():
     out = subprocess.run([sys.executable, "-c", f"from lagom_tune.render import console; console.print('wrote {long}: groups cover 1 ms')"],
                          capture_output=True, text=True, check=True).stdout
     assert out.count("\n") == 1 and "groups cover" in out
+
+
+def test_small_things_a_new_user_meets(tmp_path):
+    """--version; --verbose after the verb; workload list --json; a folder given as a plan."""
+    import json
+
+    from lagom_tune import __version__
+
+    assert cli("--version", check=True).stdout.strip() == f"lagom-tune {__version__}"
+    late = cli("show", tmp_path / "nowhere", "--verbose")
+    assert late.returncode == 2 and "Traceback" in late.stderr  # asked for, after the subcommand
+    assert "Traceback" not in cli("show", tmp_path / "nowhere").stderr
+    names = [w["name"] for w in json.loads(cli("workload", "list", "--json", check=True).stdout)]
+    assert "cpu-demo" in names and "llama3-8b" in names
+    folder = cli("apply", tmp_path, "--", "true")
+    assert folder.returncode == 2 and "is a folder, not a plan file" in folder.stderr
+    passthrough = cli("apply", tmp_path / "nowhere.yaml", "--", "echo", "-v")  # the user's -v is theirs
+    assert passthrough.returncode == 2 and "Traceback" not in passthrough.stderr
