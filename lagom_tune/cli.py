@@ -281,10 +281,10 @@ def show(
                 render.console.print(render.frame_table(table, f"collectives{render.simulated_tag(meta.get('simulated', False))}"))
             return
         if as_json:
-            print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "workload"}, "rows": len(df),
+            print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "workload"}, "rows": len(df), "problems": run.health().problems(),
                               "model": model}, indent=1, default=str))
             return
-        for item in render.run_summary(meta, df, model):
+        for item in render.run_summary(meta, df, model, run.health().problems()):
             render.console.print(item)
         return
     if target in PRESETS:

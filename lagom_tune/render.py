@@ -112,7 +112,8 @@ def frame_table(df: pd.DataFrame, title: str) -> Table:
     return t
 
 
-def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | None) -> list[Any]:
+def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | None, problems: list[str] = ()) -> list[Any]:
+    """A run folder's tables; ``problems`` (from ``RunFolder.health``) print as warnings after them."""
     fp = meta.get("fingerprint", {})
     out: list[Any] = []
     t = Table(title=f"run folder · {meta.get('workload', {}).get('name', '?')}{simulated_tag(meta.get('simulated', False))}", title_justify="left")
@@ -121,7 +122,7 @@ def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | 
     for k, val in fp.items():
         t.add_row(k, str(val))
     t.add_row("points", f"{meta.get('points_done')} / {meta.get('points_total')}" + ("" if meta.get("complete") else " (incomplete: rerun profile to resume)"))
-    t.add_row("rows", str(len(df)))
+    t.add_row("rows", f"{len(df)} ({df['point'].nunique() if len(df) else 0} complete points in measurements.csv)")
     out.append(t)
     if not df.empty:
         k = Table(title="measured medians by kind", title_justify="left")
@@ -133,6 +134,7 @@ def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | 
         out.append(k)
     if model:
         out += model_tables(model)
+    out += [f"[yellow]warning[/] {p}" for p in problems]
     return out
 
 

@@ -90,6 +90,7 @@ def build_report(target: str | Path) -> str:
     if simulated:
         parts.append('<p class="sim">Every number on this page comes from a <b>simulated</b> GPU cluster: a what-if result, not a measurement.</p>')
     fp = meta.get("fingerprint", {})
+    parts += [f'<p class="warn">warning: {html.escape(p)}</p>' for p in run.health().problems()]
     parts.append("<h2>Environment</h2><table>" + "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in fp.items()) + "</table>")
     mape = model_doc.get("accuracy", {}).get("mape", {})
     if mape:

@@ -95,3 +95,24 @@ def test_a_hung_rank_ends_the_run_within_the_timeout_naming_it(tiny_workload, tm
     assert proc.returncode == 1
     assert time.monotonic() - t0 < 30
     assert "rank" in err and ("no progress" in err or "failed" in err), err
+
+
+def test_a_cut_short_csv_is_reported_and_its_points_measured_again(tiny_workload, tmp_path):
+    """A partial last line and a point with fewer rows than repeats: `show` says so, the readers
+    leave them out, and a resume re-measures them whole (once read as complete: 'points 100 / 100')."""
+    run = tmp_path / "run"
+    cli("profile", "--workload", tiny_workload, "--ranks", 2, "--out", run, "--repeats", 3, check=True)
+    csv = run / "measurements.csv"
+    lines = csv.read_text().splitlines(keepends=True)
+    victim = lines[1].split(",")[0]  # the first point: keep one of its three rows
+    kept = [ln for ln in lines[1:] if ln.split(",")[0] != victim]
+    first_row = next(ln for ln in lines[1:] if ln.split(",")[0] == victim)
+    csv.write_text(lines[0] + first_row + "".join(kept) + kept[-1][: len(kept[-1]) // 2])  # ends mid-line
+    shown = cli("show", run, check=True).stdout
+    assert "partial line" in shown and "fewer than 3 repeats" in shown
+    import json
+
+    assert len(json.loads(cli("show", run, "--json", check=True).stdout)["problems"]) == 2
+    cli("profile", "--workload", tiny_workload, "--ranks", 2, "--out", run, "--repeats", 3, check=True)
+    assert_complete_without_duplicates(run)
+    assert "warning" not in cli("show", run, check=True).stdout

@@ -31,6 +31,8 @@ def _resume_state(run: RunFolder, workload: Workload, backend: str, repeats: int
         raise UserError(f"{run.path} holds a profile of another workload or backend; choose a new --out")
     if meta.get("repeats") != repeats:
         raise UserError(f"{run.path} was profiled with --repeats {meta.get('repeats')}; resume with the same value")
+    if run.csv_path.exists():
+        run.drop_incomplete()  # a point cut short is measured again, whole
     return meta.get("started"), run.done_points() if run.csv_path.exists() else set()
 
 

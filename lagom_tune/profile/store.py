@@ -56,12 +56,21 @@ class RunFolder:
     def workload(self) -> Workload:
         return Workload.from_dict(self.read_meta().get("workload"), f"{self.meta_path}:workload")
 
-    def measurements(self) -> pd.DataFrame:
+    def _read_rows(self) -> tuple[pd.DataFrame, bool]:
+        """Every whole row of ``measurements.csv``, and whether a partial last line was dropped
+        (a writer stopped mid-line, or a copy was cut short)."""
         if not self.csv_path.is_file():
-            return pd.DataFrame(columns=list(REQUIRED_COLUMNS))
+            return pd.DataFrame(columns=list(REQUIRED_COLUMNS)), False
         try:
-            df = pd.read_csv(self.csv_path)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+            text = self.csv_path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{self.csv_path} is not a valid measurements CSV: {e}") from None
+        partial = bool(text) and not text.endswith("\n")
+        if partial:
+            text = text[:text.rfind("\n") + 1]
+        try:
+            df = pd.read_csv(io.StringIO(text))
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
             raise UserError(f"{self.csv_path} is not a valid measurements CSV: {str(e).splitlines()[0]}") from None
         missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
         if missing:
@@ -72,18 +81,75 @@ class RunFolder:
                 if converted.isna().sum() > df[col].isna().sum():
                     raise UserError(f"{self.csv_path}: column {col!r} holds non-numeric values")
                 df[col] = converted
-        return df
+        return df, partial
+
+    def _repeats(self) -> int | None:
+        if not self.meta_path.is_file():
+            return None
+        repeats = self.read_meta().get("repeats")
+        return repeats if isinstance(repeats, int) and repeats > 0 else None
+
+    def _short_points(self, df: pd.DataFrame) -> tuple[str, ...]:
+        repeats = self._repeats()
+        if not repeats or df.empty:
+            return ()
+        return tuple(sorted(str(p) for p, n in df.groupby("point").size().items() if n < repeats))
+
+    def health(self) -> CsvHealth:
+        """What is wrong with ``measurements.csv``, if anything: a partial last line, points with
+        fewer rows than the profile's repeats."""
+        df, partial = self._read_rows()
+        return CsvHealth(partial, self._short_points(df), self._repeats())
+
+    def measurements(self) -> pd.DataFrame:
+        """The rows of every complete point (all its repeats); a partial last line and points with
+        fewer rows than repeats are left out (``health`` says so; a resumed profile re-measures them)."""
+        df, _ = self._read_rows()
+        short = set(self._short_points(df))
+        return df[~df["point"].astype(str).isin(short)].reset_index(drop=True) if short else df
 
     def done_points(self) -> set[str]:
         return set(self.measurements()["point"].astype(str))
 
+    def drop_incomplete(self) -> CsvHealth:
+        """Rewrite ``measurements.csv`` with complete points only, before a resume re-measures the rest."""
+        health = self.health()
+        if health.partial_line or health.short_points:
+            self._write(self.measurements())
+        return health
+
     def append_rows(self, rows: list[dict[str, Any]]) -> None:
         new = pd.DataFrame(rows)
         old = self.measurements() if self.csv_path.is_file() else None
-        df = new if old is None or old.empty else pd.concat([old, new], ignore_index=True)
+        self._write(new if old is None or old.empty else pd.concat([old, new], ignore_index=True))
+
+    def _write(self, df: pd.DataFrame) -> None:
         buf = io.StringIO()
         df.to_csv(buf, index=False)
         atomic_write_text(self.csv_path, buf.getvalue())
+
+
+@dataclass(frozen=True)
+class CsvHealth:
+    """The state of a run folder's ``measurements.csv`` beyond what parses."""
+
+    partial_line: bool  # the last line was cut short (dropped when read)
+    short_points: tuple[str, ...]  # points with fewer rows than repeats (left out when read)
+    repeats: int | None
+
+    @property
+    def ok(self) -> bool:
+        return not self.partial_line and not self.short_points
+
+    def problems(self) -> list[str]:
+        """One line per problem, for ``show`` and ``report``."""
+        out = []
+        if self.partial_line:
+            out.append("measurements.csv ends in a partial line (cut short); it is ignored")
+        if self.short_points:
+            out.append(f"{len(self.short_points)} point(s) have fewer than {self.repeats} repeats and are left out "
+                       f"(e.g. {self.short_points[0]}); rerun the same profile command to re-measure them")
+        return out
 
 
 def open_run(path: str | Path) -> RunFolder:
