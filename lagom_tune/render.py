@@ -79,25 +79,44 @@ def prediction_table(plan: Plan) -> Table:
     return t
 
 
+def flat_settings(s: Any) -> dict[str, Any]:
+    """Every knob value of a ``Settings`` at its scope: ``knob``, ``role.knob``, ``collective.knob``."""
+    return {**dict(s.process), **{f"{g}.{k}": val for g, kv in s.communicators.items() for k, val in kv.items()},
+            **{f"{c}.{k}": val for c, kv in s.collectives.items() for k, val in kv.items()}}
+
+
 def compare_rows(results: list[SearchResult]) -> list[dict[str, Any]]:
-    base = next((r.evaluation.iteration_s for r in results if r.optimizer == "default"), None)
-    return [{
-        "optimizer": r.optimizer,
-        "iteration_ms": round(r.evaluation.iteration_s * 1e3, 4),
-        "speedup_vs_default": round(base / r.evaluation.iteration_s, 4) if base else None,
-        "evaluations": r.evaluations,
-        "seconds": round(r.seconds, 4),
-        "settings": {"process": dict(r.settings.process), "communicators": {k: dict(v) for k, v in r.settings.communicators.items()}},
-    } for r in results]
+    """One row per optimizer; ``changes`` lists every setting (process, communicator or per-collective)
+    that differs from the default optimizer's, which is where the speed-up comes from."""
+    base = next((r for r in results if r.optimizer == "default"), None)
+    defaults = flat_settings(base.settings) if base else {}
+    rows = []
+    for r in results:
+        flat = flat_settings(r.settings)
+        rows.append({
+            "optimizer": r.optimizer,
+            "iteration_ms": round(r.evaluation.iteration_s * 1e3, 4),
+            "speedup_vs_default": round(base.evaluation.iteration_s / r.evaluation.iteration_s, 4) if base else None,
+            "evaluations": r.evaluations,
+            "seconds": round(r.seconds, 4),
+            "settings": {"process": dict(r.settings.process), "communicators": {k: dict(v) for k, v in r.settings.communicators.items()},
+                         "collectives": {k: dict(v) for k, v in r.settings.collectives.items()}},
+            "changes": {k: val for k, val in flat.items() if defaults.get(k) != val},
+        })
+    return rows
+
+
+COMPARE_SHOWN = 6  # changes listed per optimizer in the table (--json has them all)
 
 
 def compare_table(rows: list[dict[str, Any]], simulated: bool) -> Table:
     t = Table(title="optimizers side by side (predicted)" + simulated_tag(simulated), title_justify="left")
-    for col in ("optimizer", "iteration ms", "vs default", "evaluations", "seconds", "settings"):
-        t.add_column(col, justify="right" if col not in ("optimizer", "settings") else "left")
+    for col in ("optimizer", "iteration ms", "vs default", "evaluations", "seconds", "settings that differ from the defaults"):
+        t.add_column(col, justify="left" if col in ("optimizer", "settings that differ from the defaults") else "right")
     for r in rows:
-        s = r["settings"]
-        desc = ", ".join([f"{k}={val}" for k, val in s["process"].items()] + [f"{g}.{k}={val}" for g, kv in s["communicators"].items() for k, val in kv.items()])
+        changes = [f"{k}={val}" for k, val in r["changes"].items()]
+        more = f" (+{len(changes) - COMPARE_SHOWN} more; --json lists all)" if len(changes) > COMPARE_SHOWN else ""
+        desc = ", ".join(changes[:COMPARE_SHOWN]) + more if changes else ("the defaults" if r["optimizer"] == "default" else "none")
         t.add_row(r["optimizer"], f"{r['iteration_ms']:.2f}", f"{r['speedup_vs_default']:.3f}×", str(r["evaluations"]), f"{r['seconds']:.3f}", desc)
     return t
 

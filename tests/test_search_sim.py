@@ -93,3 +93,17 @@ def test_multi_objective_writes_a_pareto_front(phi2, tmp_path):
     assert len(front) >= 2
     sms = [p["comm_sms"] for p in front]
     assert sms == sorted(sms, reverse=True)  # faster plans take more SMs for communication
+
+
+def test_compare_shows_the_per_collective_settings_that_differ(phi2):
+    """--compare once showed only process-wide settings, so lagom and default looked identical."""
+    import json
+
+    rows = {r["optimizer"]: r for r in json.loads(cli("search", phi2[0], "--compare", "--json", "--n-trials", "20", check=True).stdout)}
+    assert rows["default"]["changes"] == {}
+    lagom = rows["lagom"]
+    assert lagom["settings"]["collectives"]  # per-collective (per-rule) settings are in the output
+    if lagom["speedup_vs_default"] > 1.0:  # a faster plan must show what it changed
+        assert lagom["changes"] and any("." in k for k in lagom["changes"]), lagom["changes"]
+    table = cli("search", phi2[0], "--compare", "--n-trials", "20", check=True).stdout
+    assert "differ from the defaults" in table and "the defaults" in table
