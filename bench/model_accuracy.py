@@ -36,7 +36,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for cluster, name in SIM_CASES:
             w = build_preset(name)
-            b = get_backend("sim", BackendOptions(hardware=cluster, nodes=max(1, w.world_size // 8), noise=args.noise))
+            b = get_backend("sim", BackendOptions(hardware=cluster, noise=args.noise))
             run = run_profile(w, b, Path(tmp) / f"{cluster}-{name}", repeats=3)
             fit = fit_run(run)
             fp = run.read_meta()["fingerprint"]

@@ -62,7 +62,7 @@ class Recording(ModelEvaluator):
 
 def run_one(cluster: str, name: str, trials: int, work: Path) -> dict:
     w = build_preset(name)
-    backend = get_backend("sim", BackendOptions(hardware=cluster, nodes=max(1, w.world_size // 8), noise=0.02, seed=0))
+    backend = get_backend("sim", BackendOptions(hardware=cluster, noise=0.02, seed=0))
     t0 = time.perf_counter()
     run = run_profile(w, backend, work / f"{cluster}-{name}", repeats=3)
     fit = fit_run(run)

@@ -79,8 +79,10 @@ def profile(
     backend: str = typer.Option("gloo", help="gloo (real CPU ranks), nccl (GPUs; launch with torchrun, or one process for "
                                 "the single-GPU contention probe) or sim (a SIMULATED GPU cluster, for what-if questions)."),
     ranks: int = typer.Option(2, min=1, help="Ranks to spawn (gloo)."),
-    hardware: Optional[str] = typer.Option(None, help="sim: a40-pcie, a40-nvlink, a100-nvlink, h100-nvlink, h200-nvlink."),
-    nodes: int = typer.Option(1, min=1, help="sim: nodes of 8 GPUs, joined by InfiniBand."),
+    hardware: Optional[str] = typer.Option(None, help="sim: a40-pcie, a40-nvlink, a100-nvlink, h100-nvlink, h200-nvlink "
+                                           "(default h100-nvlink, said in the output)."),
+    nodes: Optional[int] = typer.Option(None, min=1, help="sim: nodes of 8 GPUs, joined by InfiniBand (default: as many as "
+                                        "the workload's largest communicator needs)."),
     ib_gbps: int = typer.Option(400, help="sim: InfiniBand speed per GPU, 100 or 400 Gb/s."),
     noise: float = typer.Option(0.0, min=0.0, max=0.5, help="sim: multiplicative noise (sigma), e.g. 0.02."),
     seed: int = typer.Option(0, help="sim: noise seed."),
@@ -111,6 +113,9 @@ def profile(
         return
     with _progress() as bar:
         task = bar.add_task(f"profile {w.name} on {backend}{' (simulated)' if b.simulated else ''}", total=None)
+        note = b.fingerprint().get("hardware_note")
+        if note:
+            render.console.print(f"[yellow]note[/] {note}{render.simulated_tag(b.simulated)}")
         run = run_profile(w, b, out, repeats=repeats,
                           progress=lambda done, total, what: bar.update(task, completed=done, total=total))
         fitting = bar.add_task("fit model (k-fold)", total=None)

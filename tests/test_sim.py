@@ -96,7 +96,7 @@ def test_fit_within_5_percent_on_the_other_benchmarked_workloads(tmp_path, hardw
     from lagom_tune.model.fit import fit_model
 
     w = build_preset(name)
-    b = get_backend("sim", BackendOptions(hardware=hardware, nodes=max(1, w.world_size // 8), noise=0.02))
+    b = get_backend("sim", BackendOptions(hardware=hardware, noise=0.02))  # nodes sized to the workload
     run = run_profile(w, b, tmp_path / "run", repeats=3)
     fp = run.read_meta()["fingerprint"]
     mape = fit_model(run.measurements(), device={"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]}, simulated=True).mape
@@ -126,3 +126,19 @@ def test_fitting_2000_rows_takes_under_30_seconds(tmp_path):
 def test_unknown_hardware_is_a_user_error(tmp_path):
     r = cli("profile", "--backend", "sim", "--hardware", "b200", "--workload", "phi-2-fsdp8", "--out", tmp_path / "x")
     assert r.returncode == 2 and "unknown --hardware 'b200'" in r.stderr
+
+
+def test_a_simulated_cluster_is_sized_to_the_workload_and_says_its_default(tmp_path):
+    """phi-2-fsdp16 without --nodes was recorded as 8 ranks on one node, and its plan said world_size 8."""
+    run = tmp_path / "run"
+    r = cli("profile", "--backend", "sim", "--hardware", "a40-nvlink", "--workload", "phi-2-fsdp16", "--out", run, check=True)
+    fp = yaml.safe_load((run / "meta.yaml").read_text())["fingerprint"]
+    assert (fp["nodes"], fp["ranks"]) == (2, 16) and "hardware_note" not in fp and "note" not in r.stdout
+    plan = tmp_path / "plan.yaml"
+    cli("search", run, "--out", plan, check=True)
+    assert yaml.safe_load(plan.read_text())["target"]["world_size"] == 16
+    few = cli("profile", "--backend", "sim", "--workload", "phi-2-fsdp16", "--nodes", "1", "--out", tmp_path / "few")
+    assert few.returncode == 2 and "needs 2 nodes" in few.stderr and not (tmp_path / "few" / "measurements.csv").exists()
+    default = cli("profile", "--backend", "sim", "--workload", "cpu-demo", "--out", tmp_path / "d", check=True)
+    assert "--hardware not given: the default h100-nvlink" in default.stdout
+    assert "h100" in cli("profile", "--help", check=True).stdout.replace("\n", " ")

@@ -174,7 +174,7 @@ class LocalBackend:
 class BackendOptions:
     ranks: int = 2
     hardware: str | None = None
-    nodes: int = 1
+    nodes: int | None = None  # None: a backend that simulates a cluster sizes it to the workload
     seed: int = 0
     noise: float = 0.0
     timeout_s: float = 60.0

@@ -59,6 +59,8 @@ CLUSTERS = {
     "h200-nvlink": Cluster("h200-nvlink", "H200", 132, 4.8e12, 989e12 * 0.8, 360 * GB, 48 * GB, 50 << 20, 16),
 }
 IB = {100: 12.5 * GB, 400: 50 * GB}
+DEFAULT_CLUSTER = "h100-nvlink"  # --hardware left out: said in the fingerprint and the profile's output
+GPUS_PER_NODE = 8  # every simulated cluster's node
 PROTO = {  # efficiency, latency per step (s)
     "ll": (0.5, 1.0e-6),
     "ll128": (0.92, 1.8e-6),
@@ -188,28 +190,32 @@ class SimBackend(LocalBackend):
     simulated = True
 
     def __init__(self, options: BackendOptions):
-        hw = options.hardware or "h100-nvlink"
+        hw = options.hardware or DEFAULT_CLUSTER
         if hw not in CLUSTERS:
             raise UserError(f"unknown --hardware {hw!r}; simulated clusters: {', '.join(CLUSTERS)}")
         ib = int(options.extra.get("ib_gbps", 400))
         if ib not in IB:
             raise UserError(f"--ib-gbps must be one of {', '.join(map(str, IB))}")
-        if options.nodes < 1:
+        if options.nodes is not None and options.nodes < 1:
             raise UserError("--nodes must be at least 1")
         self.cluster = CLUSTERS[hw]
+        self.hardware_said = options.hardware is not None
         self.options = options
         self.ib_gbps = ib
-        self.sim = SimCluster(self.cluster, options.nodes, ib)
+        self.nodes = options.nodes or 1  # sized to the workload by plan_points when --nodes was not given
+        self.sim = SimCluster(self.cluster, self.nodes, ib)
         self.knob_space = nccl_knob_space(self.cluster.max_channels, self.cluster.default_channels)
 
     def fingerprint(self) -> dict[str, Any]:
         c = self.cluster
         return {"backend": "sim", "simulated": True, "cluster": c.name, "device": f"{c.device} (simulated)", "gpu": c.device,
-                "sms": c.sms, "hbm_GBps": c.hbm / GB, "nodes": self.options.nodes, "gpus_per_node": 8,
-                "ranks": 8 * self.options.nodes, "ib_gbps": self.ib_gbps if self.options.nodes > 1 else None,
+                "sms": c.sms, "hbm_GBps": c.hbm / GB, "nodes": self.nodes, "gpus_per_node": GPUS_PER_NODE,
+                "ranks": GPUS_PER_NODE * self.nodes, "ib_gbps": self.ib_gbps if self.nodes > 1 else None,
+                **({} if self.hardware_said else {"hardware_note": f"--hardware not given: the default {c.name}"}),
                 "seed": self.options.seed, "noise": self.options.noise, "host": platform.node()}
 
     def plan_points(self, workload: Workload) -> list[Point]:
+        self._fit_layout(workload)
         space = self.knob_space
         points: list[Point] = []
         for g in sorted(workload.gemms().values(), key=lambda g: g.flops):
@@ -232,6 +238,19 @@ class SimBackend(LocalBackend):
                     for b in space["buffsize"].domain:
                         points.append(Point("overlap", nccl_config("ring", "simple", ch, 512, b, nodes), gemm=g, op=op, nbytes=nbytes, ranks=ranks))
         return points
+
+    def _fit_layout(self, workload: Workload) -> None:
+        """Nodes of 8 GPUs enough for the workload's communicators: inferred without --nodes,
+        else checked (a 16-rank workload on one simulated node was recorded as 8 ranks)."""
+        colls = workload.collectives()
+        needed = max([1] + [max(c.nodes, math.ceil(c.ranks / GPUS_PER_NODE)) for c in colls])
+        if self.options.nodes is None:
+            if needed != self.nodes:
+                self.nodes = needed
+                self.sim = SimCluster(self.cluster, needed, self.ib_gbps)
+        elif self.options.nodes < needed:
+            raise UserError(f"the workload needs {needed} nodes of {GPUS_PER_NODE} GPUs (its largest communicator); "
+                            f"--nodes {self.options.nodes} is too few (leave --nodes out to size the cluster to it)")
 
     def iteration(self, workload: Workload, items) -> float:
         return _ground_truth_iteration(self.sim, workload, items)

@@ -42,8 +42,8 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
     if repeats < 1:
         raise UserError("--repeats must be at least 1")
     run = RunFolder(Path(out))
+    points = backend.plan_points(workload)  # first: a simulated backend sizes its cluster to the workload
     fingerprint = backend.fingerprint()
-    points = backend.plan_points(workload)
     # The writer reads the run folder; every rank of a distributed backend then measures the same
     # points (and raises the same error).
     state: tuple = ("ok", None, [])
