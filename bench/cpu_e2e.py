@@ -1,7 +1,9 @@
 """CPU end to end: the example training's median step time with default settings and with a plan.
 
 Runs are interleaved (default, plan, default, plan, ...) so drift on the machine hits both
-alike; the table reports each configuration's median over rounds, its spread, and the ratio.
+alike; the table reports each configuration's median over rounds, its spread, the ratio, and a
+95% bootstrap confidence interval of the geometric-mean per-round ratio with a plain verdict:
+faster, slower, or no difference measurable on this machine.
 
     python bench/cpu_e2e.py --plan plans/demo-cpu.yaml --rounds 3 --out bench/results/cpu_e2e.md
 """
@@ -58,6 +60,40 @@ def measure_grid(plan_path: Path, steps: int, ranks: int) -> dict[int, float]:
     return out
 
 
+CI_LEVEL = 0.95
+BOOTSTRAP = 10_000
+
+
+def ratio_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """Geometric mean of per-round ratios and its 95% percentile-bootstrap interval (rounds resampled).
+
+    Args:
+        ratios: default / plan step time, one per interleaved round.
+        seed: the bootstrap's seed (the table is reproducible from the same rounds).
+
+    Returns:
+        (geometric mean, low, high).
+    """
+    import numpy as np
+
+    logs = np.log(np.asarray(ratios, dtype=float))
+    means = np.random.default_rng(seed).choice(logs, size=(BOOTSTRAP, len(logs)), replace=True).mean(axis=1)
+    tail = (1 - CI_LEVEL) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(np.exp(logs.mean())), float(np.exp(low)), float(np.exp(high))
+
+
+def verdict(low: float, high: float, same_settings: bool) -> str:
+    """The plain reading of an interval of default / plan ratios."""
+    if same_settings:
+        return "same settings: the plan keeps the defaults, any difference is noise"
+    if low > 1.0:
+        return "the plan is faster"
+    if high < 1.0:
+        return "the plan is slower"
+    return "no difference measurable on this machine"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--plan", type=Path, required=True)
@@ -95,8 +131,11 @@ def main() -> None:
     for name, s in (("default", d), ("plan", p_)):
         m = runs[name][0]
         lines.append(f"| {name} | {s[0]:.2f} | {s[1]:.2f} | {s[2]:.2f} | {m['bucket_cap_bytes'] / 2**20:g} | {m['threads']} |")
-    lines += ["", f"**speedup (default / plan): {ratio:.3f}×** (per-round ratios {min(ratios):.3f}–{max(ratios):.3f})", ""]
     same = all((runs["default"][0][k] == runs["plan"][0][k]) for k in ("bucket_cap_bytes", "threads"))
+    gmean, low, high = ratio_interval(ratios)
+    said = verdict(low, high, same)
+    lines += ["", f"**speedup (default / plan): {ratio:.3f}×** (per-round ratios {min(ratios):.3f}–{max(ratios):.3f}; "
+                  f"geometric mean {gmean:.3f}×, {CI_LEVEL:.0%} bootstrap interval {low:.3f}–{high:.3f}×): **{said}**", ""]
     if same:
         lines += ["The plan keeps the default settings (the model predicts no gain), so the two rows run the same",
                   "configuration and their difference is run-to-run noise on this machine.", ""]
@@ -111,9 +150,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print()
-    print(f"default {d[0]:.2f} ms | plan {p_[0]:.2f} ms | speedup {ratio:.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f}) -> {args.out}")
-    if same:
-        print("note: the plan keeps the default settings; the difference is run-to-run noise")
+    print(f"default {d[0]:.2f} ms | plan {p_[0]:.2f} ms | speedup {ratio:.3f}x, {CI_LEVEL:.0%} interval {low:.3f}-{high:.3f}x "
+          f"over {args.rounds} rounds -> {args.out}")
+    print(f"verdict: {said}")
 
 
 if __name__ == "__main__":

@@ -34,3 +34,17 @@ def test_search_validate_replays_default_and_plan_on_real_gloo_ranks(tiny_run, t
     assert r.returncode == 0, r.stderr[-2000:]
     validated = yaml.safe_load(plan.read_text())["validated"]
     assert validated and "NameError" not in r.stderr, validated
+
+
+def test_the_demo_verdict_follows_the_interval():
+    import sys
+
+    sys.path.insert(0, str(__import__("conftest").ROOT / "bench"))
+    from cpu_e2e import ratio_interval, verdict
+
+    g, low, high = ratio_interval([1.10, 1.12, 1.09, 1.11, 1.10])
+    assert 1.09 < low <= g <= high < 1.12 and verdict(low, high, False) == "the plan is faster"
+    _, low, high = ratio_interval([0.895, 1.451, 1.02, 0.97, 1.2])  # two demo runs once printed 0.895x and 1.451x
+    assert low < 1.0 < high and verdict(low, high, False) == "no difference measurable on this machine"
+    assert verdict(*ratio_interval([0.8, 0.82, 0.79])[1:], False) == "the plan is slower"
+    assert verdict(0.9, 1.2, True).startswith("same settings")
