@@ -25,7 +25,7 @@ from lagom_tune.plan.schema import knob_space_for
 from lagom_tune.plan.validate import validate
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.search.evaluate import ModelEvaluator
-from lagom_tune.search.run import OPTIMIZERS
+from lagom_tune.search.run import run_optimizer
 from lagom_tune.search.space import variables
 from lagom_tune.workload.presets import TABLE2, build_preset
 
@@ -73,7 +73,7 @@ def run_one(cluster: str, name: str, trials: int, work: Path) -> dict:
     for opt in ("default", "autoccl", "lagom", "optuna"):
         ev = Recording(w, fit.model)
         # Optuna unseeded here, so its count is its own (the CLI seeds it with the Lagom result).
-        res[opt] = OPTIMIZERS[opt](ev, vars_, n_trials=trials, seed=0, enqueue_lagom=False)
+        res[opt] = run_optimizer(opt, ev, vars_, {"n_trials": trials, "seed": 0, "enqueue_lagom": False})
         hist[opt] = ev.history
     best = min(r.evaluation.iteration_s for r in res.values())
     d = res["default"].evaluation.iteration_s

@@ -168,8 +168,12 @@ def search(
     def on_trial(done: int, total: int) -> None:
         bar.update(trials, completed=min(done, total), visible=True)
 
-    opts = dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name,
-                multi_objective=multi_objective, on_trial=None if as_json else on_trial)
+    from lagom_tune.search.run import OPTIMIZERS, taken_options
+
+    # Every optimizer's flags are offered; each optimizer gets the ones it takes.
+    opts = taken_options(list(OPTIMIZERS) if compare else ["default", "autoccl", optimizer],
+                         dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name,
+                              multi_objective=multi_objective, on_trial=None if as_json else on_trial))
     if compare:
         from lagom_tune.plan.build import load_search_inputs
         from lagom_tune.search.run import compare as compare_all

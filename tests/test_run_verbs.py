@@ -48,3 +48,15 @@ def test_the_demo_verdict_follows_the_interval():
     assert low < 1.0 < high and verdict(low, high, False) == "no difference measurable on this machine"
     assert verdict(*ratio_interval([0.8, 0.82, 0.79])[1:], False) == "the plan is slower"
     assert verdict(0.9, 1.2, True).startswith("same settings")
+
+
+def test_a_misspelled_search_option_is_an_error_not_a_no_op():
+    from lagom_tune.errors import UserError
+    from lagom_tune.search.run import check_options, option_names
+
+    assert option_names("optuna") >= {"n_trials", "timeout", "seed", "storage"} and option_names("default") == frozenset()
+    check_options(["lagom", "optuna"], {"n_trials": 5, "top_subspaces": 1})  # each goes to the optimizer that takes it
+    import pytest
+
+    with pytest.raises(UserError, match="n_trails"):
+        check_options(["lagom", "optuna"], {"n_trails": 5})

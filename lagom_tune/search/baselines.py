@@ -13,14 +13,14 @@ from lagom_tune.search.result import SearchResult
 from lagom_tune.search.space import Settings, Var, default_assignment
 
 
-def default_search(evaluate: ModelEvaluator, vars_: list[Var], **_) -> SearchResult:
+def default_search(evaluate: ModelEvaluator, vars_: list[Var]) -> SearchResult:
     """What the job gets without lagom-tune (NCCL's or gloo's/torch's own choices)."""
     t0, start = time.perf_counter(), evaluate.evaluations
     settings = Settings.from_assignment(default_assignment(vars_), vars_)
     return SearchResult("default", settings, evaluate(settings), evaluate.evaluations - start, time.perf_counter() - t0)
 
 
-def autoccl_search(evaluate: ModelEvaluator, vars_: list[Var], rounds: int = 2, **_) -> SearchResult:
+def autoccl_search(evaluate: ModelEvaluator, vars_: list[Var], *, rounds: int = 2) -> SearchResult:
     """Coordinate descent on each variable's own communication time under interference.
 
     Like AutoCCL, it is blind to what communication's resources cost the computation beside it.
@@ -42,7 +42,7 @@ def autoccl_search(evaluate: ModelEvaluator, vars_: list[Var], rounds: int = 2, 
     return SearchResult("autoccl", settings, evaluate(settings), evaluate.evaluations - start, time.perf_counter() - t0)
 
 
-def exhaustive_search(evaluate: ModelEvaluator, vars_: list[Var], max_points: int = 20000, **_) -> SearchResult:
+def exhaustive_search(evaluate: ModelEvaluator, vars_: list[Var], *, max_points: int = 20000) -> SearchResult:
     """Every combination: ground truth for small spaces."""
     size = math.prod(len(v.domain) for v in vars_)
     if size > max_points:

@@ -105,7 +105,7 @@ def _polish(evaluate: ModelEvaluator, vars_: list[Var], state: dict, ev: Evaluat
     return state, ev
 
 
-def lagom_search(evaluate: ModelEvaluator, vars_: list[Var], top_subspaces: int = 2, **_) -> SearchResult:
+def lagom_search(evaluate: ModelEvaluator, vars_: list[Var], *, top_subspaces: int = 2) -> SearchResult:
     """Priority search inside the (algorithm, protocol, ...) subspaces, as AutoCCL does (the
     ``top_subspaces`` best at the default resources), keeping the best; then a local polish (each
     collective's best subspace, neighbouring resource values)."""

@@ -26,7 +26,7 @@ def comm_sms(settings: Settings) -> int:
 def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int = 200, timeout: float | None = None,
                   seed: int = 0, storage: str | None = None, study_name: str | None = None, multi_objective: bool = False,
                   enqueue_lagom: bool = True,
-                  on_trial: Callable[[int, int], None] | None = None, **_) -> SearchResult:
+                  on_trial: Callable[[int, int], None] | None = None) -> SearchResult:
     """TPE over every variable; with ``multi_objective``, NSGA-II over (iteration time, SMs given to
     communication), returning the fastest plan and the Pareto front in ``extra["pareto"]``."""
     t0, start = time.perf_counter(), evaluate.evaluations

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from lagom_tune.backends.base import KnobSpace
 from lagom_tune.errors import UserError
@@ -16,6 +17,8 @@ from lagom_tune.search.result import SearchResult
 from lagom_tune.search.space import variables
 from lagom_tune.workload.spec import Workload
 
+# Every optimizer has one lifecycle: ``fn(evaluator, variables, **its keyword-only options)`` returns
+# a SearchResult. Its options are its keyword-only parameters, typed and documented there.
 OPTIMIZERS: dict[str, Callable[..., SearchResult]] = {
     "lagom": lagom_search,
     "optuna": optuna_search,
@@ -23,6 +26,35 @@ OPTIMIZERS: dict[str, Callable[..., SearchResult]] = {
     "default": default_search,
     "exhaustive": exhaustive_search,
 }
+
+
+def option_names(name: str) -> frozenset[str]:
+    """The options optimizer ``name`` takes (its keyword-only parameters)."""
+    if name not in OPTIMIZERS:
+        raise UserError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
+    params = inspect.signature(OPTIMIZERS[name]).parameters.values()
+    return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def run_optimizer(name: str, evaluate: ModelEvaluator, vars_: list, options: Mapping[str, Any]) -> SearchResult:
+    """Run optimizer ``name`` with the options meant for it (the others are other optimizers')."""
+    mine = option_names(name)
+    return OPTIMIZERS[name](evaluate, vars_, **{k: v for k, v in options.items() if k in mine})
+
+
+def taken_options(names: list[str], options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``options`` some optimizer in ``names`` takes: for a command line that offers every
+    optimizer's flags (with defaults) whichever optimizer runs."""
+    known = frozenset().union(*(option_names(n) for n in names))
+    return {k: v for k, v in options.items() if k in known}
+
+
+def check_options(names: list[str], options: Mapping[str, Any]) -> None:
+    """Refuse an option none of the optimizers ``names`` takes (a misspelling, not a no-op)."""
+    known = frozenset().union(*(option_names(n) for n in names))
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UserError(f"unknown search option(s) {', '.join(unknown)} for {', '.join(names)}; they take {', '.join(sorted(known)) or 'none'}")
 
 
 @dataclass(frozen=True)
@@ -44,8 +76,9 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
     if optimizer not in OPTIMIZERS:
         raise UserError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
     vars_ = variables(workload, space)
-    results = {name: OPTIMIZERS[name](ModelEvaluator(workload, model), vars_, **options)
-               for name in dict.fromkeys(["default", "autoccl", optimizer])}
+    names = list(dict.fromkeys(["default", "autoccl", optimizer]))
+    check_options(names, options)
+    results = {name: run_optimizer(name, ModelEvaluator(workload, model), vars_, options) for name in names}
     bound = min(r.evaluation.bound_s for r in results.values())
     chosen, default = results[optimizer], results["default"]
     gain = default.evaluation.iteration_s / chosen.evaluation.iteration_s - 1
@@ -60,10 +93,12 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
 def compare(workload: Workload, model: CostModel, space: KnobSpace, names: list[str] | None = None, **options: Any) -> list[SearchResult]:
     """Every optimizer side by side, each on a fresh evaluator."""
     vars_ = variables(workload, space)
+    names = names or list(OPTIMIZERS)
+    check_options(names, options)
     out = []
-    for name in names or list(OPTIMIZERS):
+    for name in names:
         try:
-            out.append(OPTIMIZERS[name](ModelEvaluator(workload, model), vars_, **options))
+            out.append(run_optimizer(name, ModelEvaluator(workload, model), vars_, options))
         except UserError:
             if name != "exhaustive":
                 raise
