@@ -42,7 +42,7 @@ def test_search_apply_train(tiny_run, tmp_path):
             ROOT / "examples" / "train_gpt.py", *TINY_ARGS, "--steps", "2", "--warmup", "1", "--metrics", metrics)
     assert r.returncode == 0, r.stderr
     seen = json.loads(metrics.read_text())
-    cap = plan.settings.communicators["dp"]["bucket_cap_mb"]
+    cap = plan.settings.communicators["dp_replicate"]["bucket_cap_mb"]  # torchtitan's name for DDP's dimension
     assert seen["bucket_cap_bytes"] == int(cap * 1024 * 1024)
     assert seen["threads"] == plan.settings.process["threads"]
     assert f"applied bucket_cap_mb={cap}" in r.stderr

@@ -36,7 +36,7 @@ def test_phi2_tp8_domino_shapes_and_all_reduce_bytes():
     assert shapes["L.scores"] == (2048, 2048, 80, 4 * 32 // 8)
     assert attn.comm[0].nbytes == 4 * 2048 * 2560 * 2 and attn.comm[0].group == "tp"
     bwd = next(g for g in w.groups if g.name == "backward.attention")
-    dp = [c for c in bwd.comm if c.group == "dp"]
+    dp = [c for c in bwd.comm if c.group == "dp_replicate"]
     # Phi-2 layer: attention 4*2560^2 + 4*2560 biases; MLP 2*2560*10240 + 10240 + 2560; 2 LayerNorms.
     layer = 4 * 2560**2 + 4 * 2560 + 2 * 2560 * 10240 + 10240 + 2560 + 4 * 2560
     assert dp and dp[0].nbytes == layer // 8 * 2 and dp[0].ranks == 2

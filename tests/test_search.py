@@ -22,21 +22,21 @@ def demo():
 def test_variables_tie_knobs_to_their_scope(demo):
     keys = [v.key for v in variables(demo, SPACE)]
     # threads is one value per process; bucket_cap_mb and chunk_bytes one per communicator.
-    assert keys == ["process:threads", "communicator:dp:bucket_cap_mb", "communicator:dp:chunk_bytes"]
+    assert keys == ["process:threads", "communicator:dp_replicate:bucket_cap_mb", "communicator:dp_replicate:chunk_bytes"]
 
 
 def test_settings_resolve_per_collective(demo):
-    s = Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 4, "chunk_bytes": 0}})
+    s = Settings({"threads": 1}, {"dp_replicate": {"bucket_cap_mb": 4, "chunk_bytes": 0}})
     assert s.for_collective(demo.collectives()[0]) == {"threads": 1, "bucket_cap_mb": 4, "chunk_bytes": 0}
 
 
 def test_bucket_cap_changes_the_evaluated_collectives(demo):
     ev = ModelEvaluator(demo, TRUE)
-    small = ev(Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 1}}))
-    big = ev(Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 50}}))
+    small = ev(Settings({"threads": 1}, {"dp_replicate": {"bucket_cap_mb": 1}}))
+    big = ev(Settings({"threads": 1}, {"dp_replicate": {"bucket_cap_mb": 50}}))
     assert len(small.comm_by_collective) > len(big.comm_by_collective)
     assert ev.evaluations == 2
-    ev(Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 1}}))
+    ev(Settings({"threads": 1}, {"dp_replicate": {"bucket_cap_mb": 1}}))
     assert ev.evaluations == 2  # cached
 
 

@@ -66,6 +66,9 @@ class Plan:
     predicted: dict[str, Any] = field(default_factory=dict)
     validated: dict[str, Any] | None = None
     groups: dict[str, int] = field(default_factory=dict)  # communicator role -> ranks in it
+    # Optional: role -> the exact global rank sets of its groups, for roles that neither their size
+    # nor a DeviceMesh dimension's name identifies (e.g. Megatron-style new_group layouts).
+    group_ranks: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,7 +76,10 @@ class Plan:
             "kind": KIND,
             "tool": {"name": "lagom-tune", "version": __version__},
             "target": {"backend": self.backend, "simulated": self.simulated, "hardware": dict(self.hardware),
-                       "world_size": self.world_size, "nodes": self.nodes, "groups": dict(self.groups)},
+                       "world_size": self.world_size, "nodes": self.nodes, "groups": dict(self.groups),
+                       # written only when given, so plans without rank sets read as before
+                       **({"group_ranks": {k: [list(s) for s in sets] for k, sets in self.group_ranks.items()}}
+                          if self.group_ranks else {})},
             "workload": dict(self.workload),
             "model": dict(self.model),
             "search": dict(self.search),
@@ -129,12 +135,14 @@ class Plan:
         groups = v.mapping(v.field(target, "groups", f"{path}.target", dict, {}), f"{path}.target.groups")
         for role in groups:
             v.field(groups, role, f"{path}.target.groups", int, minimum=1)
+        world_size = v.field(target, "world_size", f"{path}.target", int, minimum=1)
+        group_ranks = _group_ranks(target, {str(k): int(val) for k, val in groups.items()}, world_size, f"{path}.target")
         validated = d.get("validated")
         if validated is not None:
             v.mapping(validated, f"{path}.validated")
         return cls(
             backend=backend,
-            world_size=v.field(target, "world_size", f"{path}.target", int, minimum=1),
+            world_size=world_size,
             nodes=v.field(target, "nodes", f"{path}.target", int, 1, minimum=1),
             hardware=hardware,
             simulated=v.field(target, "simulated", f"{path}.target", bool, False),
@@ -146,7 +154,32 @@ class Plan:
             predicted=v.mapping(v.field(d, "predicted", path, dict, {}), f"{path}.predicted"),
             validated=validated,
             groups={str(k): int(val) for k, val in groups.items()},
+            group_ranks=group_ranks,
         )
+
+
+def _group_ranks(target: dict[str, Any], groups: dict[str, int], world_size: int, path: str
+                 ) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """``target.group_ranks``: per role, its groups' global rank sets (each of the role's size,
+    distinct ranks below the world size), validated; {} when absent."""
+    raw = v.mapping(v.field(target, "group_ranks", path, dict, {}), f"{path}.group_ranks")
+    out = {}
+    for role, sets in raw.items():
+        where = f"{path}.group_ranks.{role}"
+        if role not in groups:
+            raise UserError(f"{where}: no role {role!r} in {path}.groups")
+        if not isinstance(sets, list) or not sets:
+            raise UserError(f"{where}: expected a list of rank lists, e.g. [[0, 1], [2, 3]]")
+        parsed = []
+        for i, ranks in enumerate(sets):
+            ok = isinstance(ranks, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)
+            if not ok or len(set(ranks)) != len(ranks) or any(r < 0 or r >= world_size for r in ranks):
+                raise UserError(f"{where}[{i}]: expected distinct ranks from 0 to {world_size - 1}, got {ranks!r}")
+            if len(ranks) != groups[role]:
+                raise UserError(f"{where}[{i}]: {len(ranks)} ranks, but role {role} has {groups[role]}")
+            parsed.append(tuple(sorted(ranks)))
+        out[str(role)] = tuple(parsed)
+    return out
 
 
 def load_plan(path: str | Path) -> Plan:

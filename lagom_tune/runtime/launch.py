@@ -62,6 +62,7 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
     notes = []
     if plan.simulated:
         raise UserError("this plan was searched on a simulated cluster (a what-if result); profile the real machine to get one to apply")
+    check_roles(plan)
     if plan.backend == "nccl":
         import torch
 
@@ -82,6 +83,23 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
     else:
         notes.append(f"world size {world} matches")
     return notes
+
+
+def check_roles(plan: Plan) -> None:
+    """Refuse a plan whose communicator roles the runtime could not tell apart (UserError, exit 2):
+    the shim would otherwise give none of them its settings, silently.
+
+    Args:
+        plan: the plan to check.
+    """
+    from lagom_tune.runtime.nccl import ambiguous_roles
+
+    clashes = ambiguous_roles(plan)
+    if clashes:
+        names = "; ".join(" and ".join(c) for c in clashes)
+        raise UserError(f"ambiguous communicator roles in the plan: {names} cannot be told apart by mesh "
+                        "dimension, rank set or size; name them after the DeviceMesh dimensions that make their groups "
+                        "(e.g. dp_shard, tp) or give their ranks in target.group_ranks")
 
 
 @dataclass(frozen=True)

@@ -107,17 +107,155 @@ def tuner_rules(plan: Plan) -> TunerRules:
     return TunerRules(tuple(rules), tuple(skipped))
 
 
+# The DeviceMesh dimension names torchtitan uses (and the flattened dimensions it builds). A role
+# named so is identified by the mesh dimension that made its groups, so two such roles may share a
+# size; any other role must be told apart by its size or by rank sets the plan gives.
+MESH_DIM_NAMES = frozenset({"pp", "dp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "dp_shard_cp", "dp_cp",
+                            "dp_shard_mod_ep", "dp_shard_in_ep", "efsdp"})
+
+
 @dataclass(frozen=True)
 class CommunicatorConfig:
+    """A role's per-communicator NCCL settings: CTA bounds (``ncclConfig_t`` min/max CTAs)."""
+
     role: str
     ranks: int
     min_ctas: int
     max_ctas: int
 
 
+@dataclass(frozen=True)
+class Role:
+    """A communicator role of the plan: its name, its size, and the exact rank sets it names (if any)."""
+
+    name: str
+    size: int
+    rank_sets: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class GroupIdentity:
+    """What identifies a process group when it is made: its global ranks (sorted) and, when a
+    DeviceMesh made it, the mesh dimension's name."""
+
+    ranks: tuple[int, ...]
+    mesh_dim: str | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass(frozen=True)
+class RoleMatch:
+    """The role a group plays (None when no role or several match) and what identified it."""
+
+    role: str | None
+    by: str = ""  # "mesh dim", "rank set", "size" or "" (no match)
+    ambiguous: tuple[str, ...] = ()  # the roles that matched equally well, when more than one did
+    reason: str = ""  # why a group that names a role is still not given it
+
+    def describe(self, group: GroupIdentity) -> str:
+        """One line on the match, for the per-rank log."""
+        if self.role is not None:
+            return f"role {self.role} (by {self.by})"
+        if self.reason:
+            return f"no role: {self.reason}"
+        if self.ambiguous:
+            return (f"no role: {', '.join(self.ambiguous)} all match a group of {group.size} ranks "
+                    f"{list(group.ranks)} that no mesh dimension or rank set names")
+        return f"no role (no plan role has {group.size} ranks)"
+
+
+def plan_roles(plan: Plan) -> tuple[Role, ...]:
+    """The plan's communicator roles, with the rank sets it gives for them.
+
+    Args:
+        plan: any plan (``groups`` gives each role's size, ``group_ranks`` optional rank sets).
+    Returns:
+        One Role per entry of ``plan.groups``, in the plan's order.
+    """
+    sets = getattr(plan, "group_ranks", {}) or {}
+    return tuple(Role(name, int(size), tuple(tuple(sorted(s)) for s in sets.get(name, ()))) for name, size in plan.groups.items())
+
+
+def mesh_dim_of(group_desc: Any) -> str | None:
+    """The DeviceMesh dimension a group was made for, from the description DeviceMesh gives it
+    (``mesh_<dim name>``); None for other groups and for the mesh's reuse of the world group."""
+    if isinstance(group_desc, str) and group_desc.startswith("mesh_") and group_desc != "mesh_default":
+        return group_desc[len("mesh_"):]
+    return None
+
+
+def match_role(roles: tuple[Role, ...], group: GroupIdentity) -> RoleMatch:
+    """The role a process group plays: by its mesh dimension's name, else its exact rank set, else
+    its size when one role alone has it.
+
+    Args:
+        roles: the plan's roles (``plan_roles``).
+        group: the group's ranks and mesh dimension.
+    Returns:
+        The match; ``ambiguous`` names the roles when several fit at the deciding step.
+    """
+    if group.mesh_dim is not None:
+        for r in roles:
+            if r.name == group.mesh_dim:
+                if r.size == group.size:
+                    return RoleMatch(r.name, "mesh dim")
+                # The dimension is the role's, but not of the layout the plan was made for: its
+                # settings were chosen for another size, and no other role is this dimension's.
+                return RoleMatch(None, reason=f"mesh dim {r.name} has {group.size} ranks, the plan's role {r.name} "
+                                              f"has {r.size} (another layout than the plan's)")
+    by_set = [r.name for r in roles if group.ranks in r.rank_sets]
+    if len(by_set) == 1:
+        return RoleMatch(by_set[0], "rank set")
+    if by_set:
+        return RoleMatch(None, "", tuple(by_set))
+    # A role that lists its rank sets is identified by them: a group outside them is not that role.
+    by_size = [r.name for r in roles if r.size == group.size and not r.rank_sets]
+    if len(by_size) == 1:
+        return RoleMatch(by_size[0], "size")
+    return RoleMatch(None, "", tuple(by_size) if by_size else ())
+
+
+def ambiguous_roles(plan: Plan) -> list[tuple[str, ...]]:
+    """Sets of roles the runtime could not tell apart, whatever the training script does.
+
+    A role is told apart by a mesh dimension's name (a name in ``MESH_DIM_NAMES``), by the rank sets
+    the plan gives for it, or by its size; two roles of one size without rank sets are ambiguous
+    unless both are named for mesh dimensions, and so are two roles that list the same rank set.
+
+    Args:
+        plan: any plan.
+    Returns:
+        Each ambiguous set of role names (sorted); empty when every role can be identified.
+    """
+    roles = plan_roles(plan)
+    out: list[tuple[str, ...]] = []
+    by_size: dict[int, list[Role]] = {}
+    for r in roles:
+        if not r.rank_sets:
+            by_size.setdefault(r.size, []).append(r)
+    for same in by_size.values():
+        if len(same) > 1 and any(r.name not in MESH_DIM_NAMES for r in same):
+            out.append(tuple(sorted(r.name for r in same)))
+    owners: dict[tuple[int, ...], list[str]] = {}
+    for r in roles:
+        for s in r.rank_sets:
+            owners.setdefault(s, []).append(r.name)
+    out += [tuple(sorted(set(names))) for names in owners.values() if len(set(names)) > 1]
+    return list(dict.fromkeys(out))
+
+
 def communicator_configs(plan: Plan) -> dict[str, CommunicatorConfig]:
     """CTA bounds per communicator role, derived from its rules' channels so NCCL's own channel
-    choice can never fall outside what the tuner asks for."""
+    choice can never fall outside what the tuner asks for.
+
+    Args:
+        plan: any plan.
+    Returns:
+        Role name -> its bounds, for the roles that have a rule setting channels.
+    """
     out = {}
     for role, ranks in plan.groups.items():
         channels = [int(r.set["channels"]) for r in plan.rules if r.group == role and "channels" in r.set]
@@ -127,7 +265,9 @@ def communicator_configs(plan: Plan) -> dict[str, CommunicatorConfig]:
 
 
 def role_for(configs: Mapping[str, CommunicatorConfig], group_size: int) -> CommunicatorConfig | None:
-    """The role a process group plays, matched by its size; None when no role or several match."""
+    """The configured role a group of ``group_size`` ranks plays, by size alone (what the tuner
+    plugin sees inside NCCL); None when no role or several match. The shim identifies groups with
+    ``match_role`` instead, which also uses mesh dimensions and rank sets."""
     matches = [c for c in configs.values() if c.ranks == group_size]
     return matches[0] if len(matches) == 1 else None
 

@@ -15,6 +15,7 @@ import inspect
 import json
 import os
 import sys
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from lagom_tune.artifact_io import atomic_write_text
@@ -22,7 +23,52 @@ from lagom_tune.plan.schema import Plan, load_plan
 
 DDP_MODULE = "torch.nn.parallel.distributed"
 C10D_MODULE = "torch.distributed.distributed_c10d"
-DDP_ROLE = "dp"  # the plan communicator whose settings DDP's gradient reduction takes
+MESH_MODULE = "torch.distributed.device_mesh"
+# The plan communicator whose settings DDP's gradient reduction takes: torchtitan's name for the
+# replicated data-parallel dimension, or "dp" in plans made before roles were named so.
+DDP_ROLES = ("dp_replicate", "dp")
+DDP_ROLE = DDP_ROLES[0]
+# Group-making functions the shim wraps, in c10d and wherever a module imported them by name.
+GROUP_MAKERS = ("init_process_group", "new_group", "split_group", "new_subgroups", "new_subgroups_by_enumeration")
+# Backends whose groups take ProcessGroupNCCL.Options (tests on CPU add "gloo" to drive the same path).
+NCCL_BACKENDS = ("nccl",)
+
+
+def nccl_options_class(c10d) -> Any:
+    """``ProcessGroupNCCL.Options`` of this torch, or None when it was built without NCCL.
+
+    Args:
+        c10d: the ``torch.distributed.distributed_c10d`` module.
+    Returns:
+        The Options class, or None.
+    """
+    return getattr(getattr(c10d, "ProcessGroupNCCL", None), "Options", None)
+
+
+@dataclass
+class CommunicatorRecord:
+    """One process group this rank is a member of: how it was made, the role it plays, and what of
+    the role's per-communicator settings reached it (or why not)."""
+
+    via: str  # the call that made it: init_process_group, new_group, split_group, ...
+    ranks: list[int]  # global ranks, sorted
+    mesh_dim: str | None  # the DeviceMesh dimension that made (or reused) it
+    role: str | None
+    matched_by: str  # "mesh dim", "rank set", "size" or "" (no role)
+    backend: str = ""
+    group: str | None = None  # torch's group name, once made
+    applied: dict[str, Any] = field(default_factory=dict)  # setting -> value set on the communicator
+    not_applied: dict[str, str] = field(default_factory=dict)  # setting -> why not
+    note: str = ""  # how the role was matched, or why none was
+
+    def line(self) -> str:
+        """The record as one log line."""
+        where = f"mesh dim {self.mesh_dim}, " if self.mesh_dim else ""
+        parts = [f"communicator {self.ranks} ({where}{self.via}): {self.note}"]
+        if self.applied:
+            parts.append("applied " + ", ".join(f"{k}={v}" for k, v in self.applied.items()))
+        parts += [f"NOT applied {k}: {why}" for k, why in self.not_applied.items()]
+        return "; ".join(parts)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -69,11 +115,22 @@ class Shim:
         self.applied_dir = applied_dir
         self.records: list[dict[str, Any]] = []
         self.logged = 0
+        self.communicators: list[CommunicatorRecord] = []
+        self.logged_communicators = 0
+        self.by_group: dict[str, CommunicatorRecord] = {}  # torch group name -> its record
+        self.making: str | None = None  # the group-making call in progress (inner calls pass through)
+        self.via_outer: str | None = None  # new_subgroups*, whose groups new_group makes
+        self.c10d: Any = None
+        self.late = False  # installed after the script imported torch.distributed (an explicit install())
+        self.roles: tuple = ()
+        self.configs: dict = {}
+        self.overridden: list[str] = []
         self.built_ddp = False
         self.joined_rank: int | None = None  # the rank this process gave init_process_group itself
+        self.ddp_role = next((r for r in DDP_ROLES if r in plan.settings.communicators), DDP_ROLE)
         self.pending = {}
         for knob in ("bucket_cap_mb", "chunk_bytes"):
-            if plan.settings.communicators.get(DDP_ROLE, {}).get(knob):
+            if plan.settings.communicators.get(self.ddp_role, {}).get(knob):
                 self.pending[knob] = "no DistributedDataParallel model was built in this process"
 
     @property
@@ -89,9 +146,9 @@ class Shim:
 
     @property
     def is_rank(self) -> bool:
-        """A training rank (launched by torchrun, joined a process group itself, or built a DDP model),
-        not a launcher or helper."""
-        return "RANK" in os.environ or self.joined_rank is not None or self.built_ddp
+        """A training rank (launched by torchrun, joined a process group itself, was in one when the
+        shim was installed late, or built a DDP model), not a launcher or helper."""
+        return "RANK" in os.environ or self.joined_rank is not None or self.built_ddp or self._my_rank() is not None
 
     def record(self, setting: str, value: Any, applied: bool, how: str) -> None:
         self.records.append({"setting": setting, "value": value, "applied": applied, "how": how})
@@ -106,15 +163,19 @@ class Shim:
             verb = "applied" if r["applied"] else "NOT applied"
             sys.stderr.write(f"[lagom-tune rank {self.rank}] {verb} {r['setting']}={r['value']} ({r['how']})\n")
         self.logged = len(self.records)
+        for c in self.communicators[self.logged_communicators:]:
+            sys.stderr.write(f"[lagom-tune rank {self.rank}] {c.line()}\n")
+        self.logged_communicators = len(self.communicators)
         if not self.applied_dir:
             return
-        out = {"rank": self.rank, "pid": os.getpid(), "plan": self.plan_path, "records": self.records}
+        out = {"rank": self.rank, "pid": os.getpid(), "plan": self.plan_path, "records": self.records,
+               "communicators": [asdict(c) for c in self.communicators]}
         atomic_write_text(os.path.join(self.applied_dir, f"rank-{self.rank}.json"), json.dumps(out, indent=1))
 
     def at_exit(self) -> None:
         if self.is_rank:
             for setting, why in list(self.pending.items()):
-                self.record(setting, self.plan.settings.communicators.get(DDP_ROLE, {}).get(setting), False, why)
+                self.record(setting, self.plan.settings.communicators.get(self.ddp_role, {}).get(setting), False, why)
 
     # -- appliers ------------------------------------------------------------------------------
 
@@ -125,7 +186,7 @@ class Shim:
             self.record("threads", int(threads), torch.get_num_threads() == int(threads), "torch.set_num_threads")
 
     def on_ddp(self, module) -> None:
-        role = self.plan.settings.communicators.get(DDP_ROLE, {})
+        role = self.plan.settings.communicators.get(self.ddp_role, {})
         cap, chunk = role.get("bucket_cap_mb"), int(role.get("chunk_bytes") or 0)
         if cap is None and not chunk:
             return
@@ -158,8 +219,8 @@ class Shim:
 
     def on_c10d_gloo(self, c10d) -> None:
         """Chunk synchronous ``all_reduce`` calls on the plan's communicator (its size matches)."""
-        chunk = int(self.plan.settings.communicators.get(DDP_ROLE, {}).get("chunk_bytes") or 0)
-        size = self.plan.groups.get(DDP_ROLE, self.plan.world_size)
+        chunk = int(self.plan.settings.communicators.get(self.ddp_role, {}).get("chunk_bytes") or 0)
+        size = self.plan.groups.get(self.ddp_role, self.plan.world_size)
         if not chunk:
             return
         original = c10d.all_reduce
@@ -196,47 +257,324 @@ class Shim:
             if var:
                 self.record(name, value, os.environ.get(var) == str(value), f"{var} in the environment")
 
+    # -- process groups: every communicator this rank joins, its role, its per-communicator settings --
+
     def on_c10d(self, c10d) -> None:
+        """Wrap the functions that make process groups, in c10d and wherever a loaded module
+        imported them by name, so that every group this rank joins is matched to a plan role and,
+        for NCCL, made with the role's CTA bounds. Groups made before this ran are recorded as such.
+
+        ``new_subgroups`` and ``new_subgroups_by_enumeration`` make their groups through c10d's
+        ``new_group`` and DeviceMesh through ``new_group`` or ``split_group`` (see ``on_device_mesh``
+        for the groups a mesh reuses), so all of them pass through these wrappers.
+
+        Args:
+            c10d: the ``torch.distributed.distributed_c10d`` module (or a fake with its functions).
+        """
         from lagom_tune.runtime import nccl
 
-        configs = nccl.communicator_configs(self.plan)
-        if not configs:
-            return
-        overridden = nccl.overriding_env(os.environ)
+        self.c10d = c10d
+        self.roles = nccl.plan_roles(self.plan)
+        self.configs = nccl.communicator_configs(self.plan) if self.plan.backend == "nccl" else {}
+        self.overridden = nccl.overriding_env(os.environ) if self.configs else []
+        self._record_existing(c10d)
+        replaced: dict[int, tuple[Any, Any]] = {}
+        for name in GROUP_MAKERS:
+            fn = getattr(c10d, name, None)
+            if fn is None or getattr(fn, "_lagom_tune", False):
+                continue
+            wrapper = getattr(self, f"_wrap_{name}")(fn)
+            wrapper.__wrapped__, wrapper._lagom_tune = fn, True
+            wrapper.__name__, wrapper.__doc__ = getattr(fn, "__name__", name), getattr(fn, "__doc__", None)
+            setattr(c10d, name, wrapper)
+            replaced[id(fn)] = (fn, wrapper)
+        _rebind(replaced, skip=c10d, by_value=self.late)
+
+    def on_device_mesh(self, module) -> None:
+        """Record the groups a DeviceMesh reuses for a dimension instead of making them (the world
+        group, for a dimension that spans every rank): its communicator was made earlier, for
+        whatever role that call matched.
+
+        Args:
+            module: ``torch.distributed.device_mesh``.
+        """
+        mesh_cls = getattr(module, "DeviceMesh", None)
+        original = getattr(mesh_cls, "_init_one_process_group", None) if mesh_cls is not None else None
+        if original is None or getattr(original, "_lagom_tune", False):
+            return  # another torch: its mesh groups still pass through new_group and split_group
+        signature = inspect.signature(original)
         shim = self
 
-        def options_for(size: int, existing: Any):
-            cfg = nccl.role_for(configs, size)
-            if cfg is None:
-                return existing
-            if overridden:
-                shim.record(f"ctas[{cfg.role}]", f"{cfg.min_ctas}..{cfg.max_ctas}", False,
-                            f"{', '.join(overridden)} in the environment silently override every communicator's config")
-                return existing
-            opts = nccl.build_options(c10d.ProcessGroupNCCL.Options, cfg, existing)
-            shim.record(f"ctas[{cfg.role}]", f"{cfg.min_ctas}..{cfg.max_ctas}", True,
-                        f"ProcessGroupNCCL.Options for a group of {size} ranks")
-            return opts
+        def _init_one_process_group(*args, **kwargs):
+            name = original(*args, **kwargs)
+            dim = signature.bind_partial(*args, **kwargs).arguments.get("dim_name")
+            if name is not None and dim is not None:
+                shim._mesh_dim_made(str(name), str(dim))
+            return name
 
-        def wrap(fn, size_of, joins: bool = False):
-            signature = inspect.signature(fn)
+        _init_one_process_group.__wrapped__, _init_one_process_group._lagom_tune = original, True
+        mesh_cls._init_one_process_group = staticmethod(_init_one_process_group)
 
-            def wrapper(*args, **kwargs):
-                bound = signature.bind_partial(*args, **kwargs)
-                if joins:  # a process started without torchrun (mpirun, a plain script) is a rank too
-                    shim.joined_rank = int(bound.arguments.get("rank", -1) if bound.arguments.get("rank") is not None else -1)
-                backend = str(bound.arguments.get("backend") or "")
-                if "nccl" in backend or (not backend and _cuda_available()):
-                    bound.arguments["pg_options"] = options_for(size_of(bound.arguments), bound.arguments.get("pg_options"))
-                return fn(*bound.args, **bound.kwargs)
+    def _wrap_init_process_group(self, fn):
+        signature, shim = inspect.signature(fn), self
 
-            wrapper.__wrapped__ = fn
-            return wrapper
+        def wrapper(*args, **kwargs):
+            if shim.making:
+                return fn(*args, **kwargs)
+            bound = signature.bind_partial(*args, **kwargs)
+            a = bound.arguments
+            # a process started without torchrun (mpirun, a plain script) is a rank too
+            shim.joined_rank = int(a["rank"]) if a.get("rank") is not None else -1
+            world = a.get("world_size", -1)
+            world = int(world) if world not in (None, -1) else int(os.environ.get("WORLD_SIZE", 0) or 0)
+            backend = str(a.get("backend") or "")
+            is_nccl = _is_nccl(backend) or (not backend and _cuda_available())
+            from lagom_tune.runtime.nccl import GroupIdentity
 
-        world = lambda a: int(a.get("world_size") if a.get("world_size", -1) != -1 else os.environ.get("WORLD_SIZE", 0) or 0)
-        c10d.init_process_group = wrap(c10d.init_process_group, world, joins=True)
-        c10d.new_group = wrap(c10d.new_group, lambda a: len(a["ranks"]) if a.get("ranks") else int(c10d.get_world_size()))
+            return shim._make("init_process_group", fn, bound, GroupIdentity(tuple(range(world))), backend, is_nccl,
+                              lambda pg: shim._default_group_name())
 
+        return wrapper
+
+    def _wrap_new_group(self, fn):
+        signature, shim = inspect.signature(fn), self
+
+        def wrapper(*args, **kwargs):
+            if shim.making:
+                return fn(*args, **kwargs)
+            from lagom_tune.runtime.nccl import GroupIdentity, mesh_dim_of
+
+            bound = signature.bind_partial(*args, **kwargs)
+            a = bound.arguments
+            ranks = a.get("ranks")
+            try:
+                ranks = tuple(sorted(int(r) for r in (ranks if ranks is not None else range(shim.c10d.get_world_size()))))
+            except Exception:  # not initialized, odd ranks: torch itself reports it
+                return fn(*args, **kwargs)
+            me = shim._my_rank()
+            if me is not None and me not in ranks:  # a non-member makes no communicator
+                return fn(*args, **kwargs)
+            backend = str(a.get("backend") or shim._default_backend())
+            is_nccl = _is_nccl(backend) or (not backend and _cuda_available())
+            return shim._make("new_group", fn, bound, GroupIdentity(ranks, mesh_dim_of(a.get("group_desc"))), backend,
+                              is_nccl, lambda pg: getattr(pg, "group_name", None))
+
+        return wrapper
+
+    def _wrap_split_group(self, fn):
+        signature, shim = inspect.signature(fn), self
+
+        def wrapper(*args, **kwargs):
+            if shim.making:
+                return fn(*args, **kwargs)
+            from lagom_tune.runtime.nccl import GroupIdentity, mesh_dim_of
+
+            bound = signature.bind_partial(*args, **kwargs)
+            a = bound.arguments
+            c10d = shim.c10d
+            try:  # split_ranks are ranks in the parent group: this rank's split, in global ranks
+                parent = a.get("parent_pg") or c10d._get_default_group()
+                members = list(c10d.get_process_group_ranks(parent))
+                mine = members.index(c10d.get_rank())
+                split = next((s for s in a.get("split_ranks") or () if mine in s), None)
+                backend = str(c10d.get_backend(parent))
+                parent_name = getattr(parent, "group_name", None)
+            except Exception:  # bad arguments or no default group: split_group itself says so
+                return fn(*args, **kwargs)
+            if split is None:
+                return fn(*args, **kwargs)
+            ident = GroupIdentity(tuple(sorted(members[r] for r in split)), mesh_dim_of(a.get("group_desc")))
+            return shim._make("split_group", fn, bound, ident, backend, _is_nccl(backend),
+                              lambda pg: getattr(pg, "group_name", None), parent=shim.by_group.get(parent_name))
+
+        return wrapper
+
+    def _wrap_new_subgroups(self, fn, name: str = "new_subgroups"):
+        shim = self
+
+        def wrapper(*args, **kwargs):
+            if shim.making or shim.via_outer:
+                return fn(*args, **kwargs)
+            shim.via_outer = name  # its groups are made by c10d's new_group, wrapped too
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                shim.via_outer = None
+
+        return wrapper
+
+    def _wrap_new_subgroups_by_enumeration(self, fn):
+        return self._wrap_new_subgroups(fn, "new_subgroups_by_enumeration")
+
+    def _make(self, via: str, fn, bound, ident, backend: str, is_nccl: bool, name_of: Callable[[Any], Any],
+              parent: CommunicatorRecord | None = None):
+        """Make a group this rank is a member of, with the options its role asks for; record it."""
+        via = f"{self.via_outer} -> {via}" if self.via_outer else via
+        rec, opts = self._decide(via, ident, backend, is_nccl, bound.arguments.get("pg_options"))
+        if opts is None and parent is not None and parent.applied and bound.arguments.get("pg_options") is None:
+            # split_group copies the parent's options, CTA bounds included: a group of no role of
+            # the plan gets NCCL's defaults instead of another role's bounds.
+            cls = nccl_options_class(self.c10d)
+            if cls is not None and is_nccl:
+                opts = cls()
+                rec.note += f"; NCCL's default CTA bounds, not those of the parent group ({parent.role})"
+        if opts is not None:
+            bound.arguments["pg_options"] = opts
+        self.making = via
+        try:
+            pg = fn(*bound.args, **bound.kwargs)
+        finally:
+            self.making = None
+        try:
+            rec.group = name_of(pg)
+        except Exception:  # a fake or an odd return value: the record stands without the name
+            rec.group = None
+        self._add(rec)
+        return pg
+
+    def _decide(self, via: str, ident, backend: str, is_nccl: bool, existing: Any) -> tuple[CommunicatorRecord, Any]:
+        """The group's role and the ProcessGroupNCCL.Options to make it with (None: leave as given)."""
+        from lagom_tune.runtime import nccl
+
+        match = nccl.match_role(self.roles, ident)
+        rec = CommunicatorRecord(via, list(ident.ranks), ident.mesh_dim, match.role, match.by, backend,
+                                 note=match.describe(ident))
+        if match.role is None:
+            bounded = [r for r in match.ambiguous if r in self.configs]
+            if bounded:
+                why = f"{', '.join(match.ambiguous)} all match this group of {ident.size} ranks; name them after " \
+                      "the DeviceMesh dimensions or give their rank sets in the plan's target.group_ranks"
+                rec.not_applied["ctas"] = why
+                self.record(f"ctas[{'|'.join(bounded)}]", "?", False, why)
+            return rec, None
+        cfg = self.configs.get(match.role)
+        if cfg is None:
+            return rec, None
+        bounds = f"{cfg.min_ctas}..{cfg.max_ctas}"
+        if not is_nccl:
+            rec.not_applied["ctas"] = f"{bounds}: a {backend or 'non-NCCL'} group; CTA bounds are NCCL's"
+            return rec, None
+        why = ""
+        cls = nccl_options_class(self.c10d)
+        if self.overridden:
+            why = f"{', '.join(self.overridden)} in the environment silently override every communicator's config"
+        elif cls is None:
+            why = "this torch has no ProcessGroupNCCL"
+        if why:
+            rec.not_applied["ctas"] = f"{bounds}: {why}"
+            self.record(f"ctas[{cfg.role}]", bounds, False, why)
+            return rec, None
+        opts = nccl.build_options(cls, cfg, existing)
+        rec.applied = {"min_ctas": opts.config.min_ctas, "max_ctas": opts.config.max_ctas}  # as passed on
+        self.record(f"ctas[{cfg.role}]", bounds, True,
+                    f"ProcessGroupNCCL.Options for a group of {ident.size} ranks ({via}, role by {match.by})")
+        return rec, opts
+
+    def _mesh_dim_made(self, group_name: str, dim: str) -> None:
+        """A mesh dimension got ``group_name``: record it when the mesh reused a group made for
+        something else (its communicator keeps the settings it was made with)."""
+        made = self.by_group.get(group_name)
+        if made is None or made.mesh_dim == dim:
+            return  # made for this dimension (recorded then), or not a group this shim saw made
+        from lagom_tune.runtime import nccl
+
+        ident = nccl.GroupIdentity(tuple(made.ranks), dim)
+        match = nccl.match_role(self.roles, ident)
+        rec = CommunicatorRecord(f"DeviceMesh, reusing a group ({made.via})", list(made.ranks), dim, match.role,
+                                 match.by, made.backend, group_name, note=match.describe(ident))
+        cfg = self.configs.get(match.role) if match.role is not None else None
+        if match.role == made.role:
+            rec.applied, rec.not_applied = dict(made.applied), dict(made.not_applied)
+        elif cfg is not None:
+            why = (f"mesh dim {dim} reuses a group ({made.via}) whose communicator has "
+                   f"{'role ' + made.role if made.role else 'no role'}'s settings")
+            rec.not_applied["ctas"] = f"{cfg.min_ctas}..{cfg.max_ctas}: {why}"
+            self.record(f"ctas[{cfg.role}]", f"{cfg.min_ctas}..{cfg.max_ctas}", False, why)
+        self._add(rec, index=False)
+
+    def _record_existing(self, c10d) -> None:
+        """Record the groups this rank joined before the shim was installed (an explicit install()
+        late in a script): their communicators exist, so their settings cannot change."""
+        from lagom_tune.runtime import nccl
+
+        try:
+            if not c10d.is_initialized():
+                return
+            me, groups = c10d.get_rank(), list(c10d._world.pg_group_ranks.items())
+        except Exception:  # a fake, or a torch without this bookkeeping
+            return
+        for pg, mapping in groups:
+            if me not in mapping:
+                continue
+            ident = nccl.GroupIdentity(tuple(sorted(mapping)), nccl.mesh_dim_of(getattr(pg, "group_desc", None)))
+            match = nccl.match_role(self.roles, ident)
+            rec = CommunicatorRecord("made before the plan was installed", list(ident.ranks), ident.mesh_dim, match.role,
+                                     match.by, group=getattr(pg, "group_name", None), note=match.describe(ident))
+            cfg = self.configs.get(match.role) if match.role is not None else None
+            if cfg is not None:
+                why = "made before lagom-tune's shim was installed; its communicator's settings are fixed"
+                rec.not_applied["ctas"] = f"{cfg.min_ctas}..{cfg.max_ctas}: {why}"
+                self.record(f"ctas[{cfg.role}]", f"{cfg.min_ctas}..{cfg.max_ctas}", False, why)
+            self._add(rec)
+
+    def _add(self, rec: CommunicatorRecord, index: bool = True) -> None:
+        self.communicators.append(rec)
+        if index and rec.group is not None:
+            self.by_group[str(rec.group)] = rec
+        self.flush()
+
+    def _my_rank(self) -> int | None:
+        if self.c10d is None:  # torch.distributed not imported yet: no group to be in
+            return None
+        try:
+            return int(self.c10d.get_rank()) if self.c10d.is_initialized() else None
+        except Exception:  # a fake without them: treat this process as a member
+            return None
+
+    def _default_backend(self) -> str:
+        try:
+            return str(self.c10d.get_backend()) if self.c10d.is_initialized() else ""
+        except Exception:
+            return ""
+
+    def _default_group_name(self) -> str | None:
+        try:
+            return self.c10d._get_default_group().group_name
+        except Exception:
+            return None
+
+
+def _is_nccl(backend: str) -> bool:
+    """Whether a group of this backend (``nccl``, ``cuda:nccl,cpu:gloo``, ...) takes NCCL Options."""
+    return any(b in backend.lower() for b in NCCL_BACKENDS)
+
+
+def _rebind(replaced: dict[int, tuple[Any, Any]], skip: Any, by_value: bool = False) -> None:
+    """Point every loaded module's name for a wrapped function at its wrapper: torch.distributed,
+    device_mesh, and modules that imported e.g. ``new_group`` before the shim was installed.
+
+    Args:
+        replaced: id of each original function -> (original, wrapper).
+        skip: the module already patched (c10d).
+        by_value: look at every global of every module, so that ``from torch.distributed import
+            new_group as ng`` is found too; only worth its cost after a late install, since at
+            start-up no module can have imported c10d's names before c10d itself was patched.
+    """
+    for module in list(sys.modules.values()):
+        if module is None or module is skip:
+            continue
+        try:
+            names = vars(module)
+        except TypeError:
+            continue
+        items = list(names.items()) if by_value else [(n, names.get(n)) for n in GROUP_MAKERS]
+        for name, fn in items:
+            hit = replaced.get(id(fn)) if fn is not None else None
+            if hit is not None and hit[0] is fn:
+                try:
+                    setattr(module, name, hit[1])
+                except (AttributeError, TypeError):  # a read-only module: its calls keep the original
+                    pass
 
 def chunked_allreduce_hook(chunk_bytes: int):
     """A DDP comm hook that averages each gradient bucket in chunks of ``chunk_bytes``."""
@@ -268,7 +606,13 @@ def install(plan_path: str, applied_dir: str | None = None) -> Shim:
     if plan.backend == "nccl":
         hooks = {"torch": shim.on_torch_nccl, C10D_MODULE: shim.on_c10d}
     else:
-        hooks = {"torch": shim.on_torch, DDP_MODULE: shim.on_ddp, C10D_MODULE: shim.on_c10d_gloo}
+        def on_c10d(c10d) -> None:  # gloo: chunked all-reduce, and every group recorded with its role
+            shim.on_c10d_gloo(c10d)
+            shim.on_c10d(c10d)
+
+        hooks = {"torch": shim.on_torch, DDP_MODULE: shim.on_ddp, C10D_MODULE: on_c10d}
+    hooks[MESH_MODULE] = shim.on_device_mesh
+    shim.late = C10D_MODULE in sys.modules
     for name, hook in list(hooks.items()):
         if name in sys.modules:  # already imported (an explicit install() late in a script)
             hook(sys.modules[name])

@@ -43,6 +43,13 @@ from lagom_tune.workload.spec import DTYPES, Collective, Gemm, OverlapGroup, Wor
 
 GPUS_PER_NODE = 8
 
+# Communicator roles, named as torchtitan names its DeviceMesh dimensions, so that a plan's roles
+# are the mesh dimensions whose groups the runtime shim gives their settings (README, "apply").
+DP_REPLICATE = "dp_replicate"  # replicated data parallelism: DDP's (and HSDP's) gradient all-reduce
+DP_SHARD = "dp_shard"  # sharded data parallelism: FSDP's all-gathers and reduce-scatters
+TP = "tp"  # tensor parallelism
+EP = "ep"  # expert parallelism
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -197,7 +204,7 @@ def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", 
     # Token and position embeddings have no GEMM: their gradients are ready after the last one.
     grads.append(("embeddings", (arch.vocab + arch.max_seq) * d, len(bwd) - 1))
 
-    comm = tuple(Collective(f"grad.{name}", "all_reduce", n * gb, group="dp", ranks=ranks, nodes=_nodes(ranks), after=idx)
+    comm = tuple(Collective(f"grad.{name}", "all_reduce", n * gb, group=DP_REPLICATE, ranks=ranks, nodes=_nodes(ranks), after=idx)
                  for name, n, idx in grads)
     return Workload(
         name=f"{arch.name}-ddp{ranks}",
@@ -216,8 +223,8 @@ def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "bf16") -> 
     for kind, layers in _layer_kinds(arch).items():
         lp = arch.layer_params(layers[0])
         fwd = tuple(layer_gemms(arch, layers[0], seq, mbs, dtype))
-        ag = Collective("all_gather.next_layer", "all_gather", lp * b, group="dp", ranks=ranks, nodes=nodes)
-        rs = Collective("reduce_scatter.grads", "reduce_scatter", lp * b, group="dp", ranks=ranks, nodes=nodes)
+        ag = Collective("all_gather.next_layer", "all_gather", lp * b, group=DP_SHARD, ranks=ranks, nodes=nodes)
+        rs = Collective("reduce_scatter.grads", "reduce_scatter", lp * b, group=DP_SHARD, ranks=ranks, nodes=nodes)
         groups.append(OverlapGroup(f"forward.{kind}", fwd, (ag,), repeat=len(layers)))
         groups.append(OverlapGroup(f"backward.{kind}", tuple(backward_of(list(fwd))),
                                    (replace(ag, name="all_gather.prev_layer"), rs), repeat=len(layers)))
@@ -235,7 +242,7 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
         raise UserError(f"{arch.name} is an MoE model: use --parallel ep=N")
     b, half = DTYPES[dtype], mbs // 2
     act = seq * half * arch.hidden * b  # one half-batch's activations
-    ar = lambda name: Collective(name, "all_reduce", act, group="tp", ranks=tp, nodes=_nodes(tp))
+    ar = lambda name: Collective(name, "all_reduce", act, group=TP, ranks=tp, nodes=_nodes(tp))
     attn = attention_gemms(arch, "L", seq, half, dtype, tp)
     mlp = mlp_gemms(arch, "L.mlp", seq * half, arch.ffn, dtype, tp)
     groups = [
@@ -246,7 +253,7 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
     bwd_attn_comm = [ar("all_reduce.attn_in_grad.other_half")]
     if dp > 1:
         shard = arch.layer_params() // tp
-        bwd_attn_comm.append(Collective("all_reduce.dp_grads", "all_reduce", shard * b, group="dp", ranks=dp, nodes=dp))
+        bwd_attn_comm.append(Collective("all_reduce.dp_grads", "all_reduce", shard * b, group=DP_REPLICATE, ranks=dp, nodes=dp))
     groups.append(OverlapGroup("backward.attention", tuple(backward_of(attn)), tuple(bwd_attn_comm), repeat=arch.layers))
     head = Gemm("head", seq * mbs, arch.vocab // tp, arch.hidden, dtype)
     groups.append(OverlapGroup("head", (head, *_bwd(head))))
@@ -259,7 +266,7 @@ def expert_parallel(arch: Arch, *, seq: int, mbs: int, ep: int, dtype: str = "bf
     if not arch.experts:
         raise UserError(f"{arch.name} has no experts: use --parallel fsdp=N or tp=N")
     b, t = DTYPES[dtype], seq * mbs
-    a2a = lambda name: Collective(name, "all_to_all", t * arch.top_k * arch.hidden * b, group="ep", ranks=ep, nodes=_nodes(ep))
+    a2a = lambda name: Collective(name, "all_to_all", t * arch.top_k * arch.hidden * b, group=EP, ranks=ep, nodes=_nodes(ep))
     moe_layers = sum(arch.is_moe_layer(i) for i in range(arch.layers))
     experts = moe_expert_gemms(arch, "L", t, dtype, ep)
     attn = attention_gemms(arch, "L", seq, mbs, dtype) + [Gemm("L.router", t, arch.experts, arch.hidden, dtype)]
