@@ -232,7 +232,7 @@ def apply(
         import os
 
         tuner = launch.prepare_tuner(plan)
-        env = launch.plan_environment(plan, plan_file, "<temporary folder>", dict(os.environ), tuner)
+        env = launch.plan_environment(plan, plan_file, None, dict(os.environ), tuner)
         if print_env:
             for line in tuner.warnings() if tuner else []:
                 print(f"lagom-tune: {line}", file=sys.stderr)  # stdout stays `eval`-able
@@ -246,6 +246,8 @@ def apply(
         if plan.simulated:  # a what-if plan: shown, never run
             render.console.print("check: simulated plan; `apply` will refuse to run it (profile the real cluster)")
             return
+        if not cmd:
+            launch.check_roles(plan)  # check_fit checks them too, with the command
         notes = launch.check_fit(plan, cmd, dict(os.environ)) if cmd else ["no command given: world size not checked"]
         for n in notes:
             render.console.print(f"check: {n}")

@@ -1,4 +1,5 @@
 import json
+import subprocess
 import sys
 
 import pytest
@@ -51,6 +52,9 @@ def test_dry_run_prints_what_it_would_set(tmp_path):
     assert "OMP_NUM_THREADS=1" in r.stdout and "bucket_cap_mb = 8" in r.stdout and "world size 2 matches" in r.stdout
     r = cli("apply", plan, "--print-env", check=True)
     assert r.stdout.startswith("export ")
+    assert "LAGOM_TUNE_APPLIED_DIR" not in r.stdout and "<" not in r.stdout  # once a literal '<temporary folder>'
+    evaluated = subprocess.run(["bash", "-c", r.stdout + '\necho "$LAGOM_TUNE_PLAN"'], capture_output=True, text=True, cwd=tmp_path)
+    assert evaluated.stdout.strip() == str(plan.resolve()) and not list(tmp_path.glob("<*"))
 
 
 def run_under_plan(plan_obj, script: str, tmp_path):

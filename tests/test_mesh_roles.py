@@ -71,10 +71,11 @@ def test_plans_whose_roles_cannot_be_told_apart_are_refused():
 def test_apply_refuses_an_ambiguous_plan_with_one_line_and_exit_2(tmp_path):
     plan = Plan(backend="gloo", world_size=2, hardware={"device": "cpu"}, settings=Settings({"threads": 1}),
                 groups={"replicas": 1, "experts": 1}).save(tmp_path / "p.yaml")
-    r = cli("apply", plan, "--", "true")
-    assert r.returncode == 2, r.stderr
-    assert "experts and replicas cannot be told apart" in r.stderr
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    for args in (("--", "true"), ("--dry-run",)):  # a dry run without a command checks the roles too
+        r = cli("apply", plan, *args)
+        assert r.returncode == 2, r.stderr
+        assert "experts and replicas cannot be told apart" in r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_rank_sets_round_trip_and_are_checked(tmp_path):

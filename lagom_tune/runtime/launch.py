@@ -191,11 +191,12 @@ def _holds(path: Path, text: str) -> bool:
         return False
 
 
-def plan_environment(plan: Plan, plan_path: Path, applied_dir: str, base: dict[str, str],
+def plan_environment(plan: Plan, plan_path: Path, applied_dir: str | None, base: dict[str, str],
                      tuner: TunerDeployment | None = None) -> dict[str, str]:
     """The variables `apply` sets: process-level settings, the plan's location, the shim's path,
     and for NCCL the tuner plugin and its rules file (when the plugin could be built)."""
-    env = {"LAGOM_TUNE_PLAN": str(plan_path.resolve()), "LAGOM_TUNE_APPLIED_DIR": applied_dir}
+    # Without an applied folder (--print-env, --dry-run) ranks only log what they apply.
+    env = {"LAGOM_TUNE_PLAN": str(plan_path.resolve()), **({"LAGOM_TUNE_APPLIED_DIR": applied_dir} if applied_dir else {})}
     if tuner is not None:
         env.update(tuner.env())
     space = knob_space_for(plan.backend)
