@@ -255,8 +255,11 @@ def apply(
     result = launch.apply(plan, plan_file, cmd, applied, on_warning=warn)
     applied_n = sum(r["applied"] for rank in result.ranks.values() for r in rank["records"])
     missed = [f"rank {k}: {r['setting']} ({r['how']})" for k, rank in result.ranks.items() for r in rank["records"] if not r["applied"]]
-    render.console.print(f"[lagom-tune] {len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; see {result.applied_json}",
-                         style="dim", highlight=False)
+    if result.ranks:
+        render.console.print(f"[lagom-tune] {len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; see {result.applied_json}",
+                             style="dim", highlight=False)
+    else:
+        render.console.print(f"[lagom-tune] no rank reported; {result.applied_json} keeps the last run's record", style="dim", highlight=False)
     for m in missed:
         render.console.print(f"[yellow]not applied[/] {m}")
     raise typer.Exit(result.exit_code)

@@ -100,3 +100,12 @@ def test_chunking_is_applied_to_ddp_and_to_direct_all_reduce(tmp_path):
     applied = json.loads((tmp_path / "applied.json").read_text())
     settings = {r["setting"] for r in applied["ranks"]["0"]["records"] if r["applied"]}
     assert {"chunk_bytes", "chunk_bytes[all_reduce]", "threads"} <= settings
+
+
+def test_a_command_that_fails_before_any_rank_keeps_the_last_applied_record(tmp_path):
+    plan = BASE.save(tmp_path / "p.yaml")
+    record = tmp_path / "applied.json"
+    record.write_text('{"ranks": {"0": {"rank": "0", "records": []}}}')
+    r = cli("apply", plan, "--applied", record, "--", "false")  # no Python rank ever starts
+    assert r.returncode == 1 and "keeps the last run's record" in r.stdout
+    assert record.read_text() == '{"ranks": {"0": {"rank": "0", "records": []}}}'

@@ -216,6 +216,12 @@ class ApplyResult:
 
 
 def merge_applied(applied_dir: str, out: Path) -> dict[str, dict]:
+    """Every rank's record merged into ``out``; with no rank reported (the command failed before
+    any rank started), ``out`` keeps the last run's record rather than becoming empty.
+
+    Returns:
+        The ranks' records, by rank.
+    """
     ranks = {}
     for f in sorted(Path(applied_dir).glob("rank-*.json")):
         try:
@@ -223,7 +229,8 @@ def merge_applied(applied_dir: str, out: Path) -> dict[str, dict]:
         except (OSError, json.JSONDecodeError):
             continue
         ranks[str(data.get("rank"))] = data
-    atomic_write_text(out, json.dumps({"ranks": ranks}, indent=1))
+    if ranks:
+        atomic_write_text(out, json.dumps({"ranks": ranks}, indent=1))
     return ranks
 
 
