@@ -27,7 +27,7 @@ def test_round_trip(tmp_path):
     (lambda d: d["process"].update(threads=3), r"process.threads: 3 is outside"),
     (lambda d: d["communicators"]["dp"].update(bucket_cap_mb="big"), "outside bucket_cap_mb"),
     (lambda d: d["process"].update(bucket_cap_mb=8), "deploys per communicator"),
-    (lambda d: d["communicators"]["dp"].update(warp_speed=9), "unknown knob 'warp_speed'"),
+    (lambda d: d["communicators"]["dp"].update(warp_speed=9), "communicators.dp.warp_speed: unknown knob"),
     (lambda d: d["target"].update(world_size=0), "world_size: must be >= 1"),
     (lambda d: d.update(collectives=[{"match": {"op": "all_reduce"}, "set": {"threads": 1}}]), "deploys per process"),
 ])

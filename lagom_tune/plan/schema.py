@@ -110,6 +110,8 @@ class Plan:
         def knobs(values: Any, where: str, scope: str) -> dict[str, Any]:
             values = v.mapping(values, where)
             for name, value in values.items():
+                if name not in space.names():
+                    raise UserError(f"{where}.{name}: unknown knob; the {backend} backend has {', '.join(space.names())}")
                 knob = space[name]
                 if knob.scope != scope:
                     raise UserError(f"{where}.{name}: {name} deploys per {knob.scope}, not per {scope}")
