@@ -45,7 +45,7 @@ def measure_grid(plan_path: Path, steps: int, ranks: int) -> dict[int, float]:
     """Median step time for each bucket cap of the gloo knob space, the plan's other settings kept."""
     import dataclasses
 
-    from lagom_tune.backends.gloo import BUCKET_CAPS_MB
+    from lagom_tune.backends.gloo_knobs import BUCKET_CAPS_MB
     from lagom_tune.plan.schema import load_plan
     from lagom_tune.search.space import Settings
 

@@ -12,6 +12,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from lagom_tune import render
+from lagom_tune.backends.registry import backend_help
 from lagom_tune.errors import RunError, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -76,8 +77,7 @@ def _progress() -> Progress:
 @app.command()
 def profile(
     workload: str = typer.Option("cpu-demo", "--workload", "-w", help="Preset name (see `workload list`) or workload YAML file."),
-    backend: str = typer.Option("gloo", help="gloo (real CPU ranks), nccl (GPUs; launch with torchrun, or one process for "
-                                "the single-GPU contention probe) or sim (a SIMULATED GPU cluster, for what-if questions)."),
+    backend: str = typer.Option("gloo", help=backend_help()),
     ranks: int = typer.Option(2, min=1, help="Ranks to spawn (gloo)."),
     hardware: Optional[str] = typer.Option(None, help="sim: a40-pcie, a40-nvlink, a100-nvlink, h100-nvlink, h200-nvlink "
                                            "(default h100-nvlink, said in the output)."),

@@ -9,6 +9,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from lagom_tune.backends.registry import backend_info
 from lagom_tune.plan.schema import Plan
 from lagom_tune.search.result import SearchResult
 from lagom_tune.workload.spec import Workload
@@ -197,7 +198,7 @@ def deployment_lines(plan: Plan, env: dict[str, str], tuner: Any = None) -> list
     from lagom_tune.runtime.nccl import RULES_ENV, communicator_configs
 
     out = ["[bold]environment[/]", export_lines(env)]
-    if plan.backend in ("nccl", "sim"):
+    if backend_info(plan.backend).deploys_nccl_options:
         for cfg in communicator_configs(plan).values():
             out.append(f"[bold]ProcessGroupNCCL.Options[/] for {cfg.role} ({cfg.ranks} ranks): "
                        f"config.min_ctas={cfg.min_ctas}, config.max_ctas={cfg.max_ctas}")

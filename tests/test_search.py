@@ -1,6 +1,6 @@
 import pytest
 
-from lagom_tune.backends.gloo import gloo_knob_space
+from lagom_tune.backends.gloo_knobs import gloo_knob_space
 from lagom_tune.search.baselines import autoccl_search, default_search, exhaustive_search
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search.lagom import lagom_search, next_value

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.workload.spec import Gemm, Workload
 
@@ -182,16 +183,14 @@ class BackendOptions:
 
 
 def get_backend(name: str, options: BackendOptions) -> Backend:
-    if name == "gloo":
-        from lagom_tune.backends.gloo import GlooBackend
+    """Build the backend called ``name`` (its registry record's factory).
 
-        return GlooBackend(options)
-    if name == "sim":
-        from lagom_tune.backends.sim import SimBackend
-
-        return SimBackend(options)
-    if name == "nccl":
-        from lagom_tune.backends.nccl import NcclBackend
-
-        return NcclBackend(options)
-    raise UserError(f"unknown backend {name!r}; available: gloo, nccl, sim")
+    Args:
+        name: a registered backend (``--backend``).
+        options: ranks, hardware, nodes, seed, ... (each backend reads what it needs).
+    Returns:
+        The Backend.
+    Raises:
+        UserError: one line naming the available backends, for an unknown name.
+    """
+    return backend_info(name).create(options)

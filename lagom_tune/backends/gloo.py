@@ -1,8 +1,8 @@
 """CPU backend: real torch GEMMs on CPU threads and real gloo collectives between spawned ranks.
 
-Knobs are the ones a CPU data-parallel job really has, each verified to change measured time:
-intra-op threads per rank (``torch.set_num_threads``) and DDP's ``bucket_cap_mb`` (which sizes
-the gradient all-reduces). Gloo's own ``_threads`` option is not a knob: it had no measurable
+Its knobs (``gloo_knobs.py``, apart so that a gloo plan loads without torch) are the ones a CPU
+data-parallel job really has, each verified to change measured time: intra-op threads per rank
+(``torch.set_num_threads``) and DDP's ``bucket_cap_mb`` (which sizes the gradient all-reduces). Gloo's own ``_threads`` option is not a knob: it had no measurable
 effect in torch 2.13.
 """
 
@@ -20,39 +20,14 @@ from typing import Any
 
 import torch
 
-from lagom_tune.backends.base import BackendOptions, LocalBackend, Knob, KnobSpace, Point, RowSink, reduce_ranks
+from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, reduce_ranks
+from lagom_tune.backends.gloo_knobs import gloo_knob_space
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.workload.bucketing import bucket_group
 from lagom_tune.workload.spec import Gemm, Workload
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-BUCKET_CAPS_MB = (1, 2, 4, 8, 16, 25, 50)
-CHUNKS = (0, 1 << 18, 1 << 20, 1 << 22)  # 0: the whole tensor in one call
 STARTUP_S = 120.0  # seconds a rank may take to start (import torch, join the group) before it counts as hung
-
-
-def gloo_knob_space(cores: int | None = None, ranks: int = 2) -> KnobSpace:
-    cores = cores or os.cpu_count() or 1
-    threads = tuple(t for t in (1, 2, 4, 8, 16) if t <= max(1, cores)) or (1,)
-    return KnobSpace(
-        (
-            Knob(
-                "threads", "process", threads, 1, comm_direction=-1, mechanism="torch.set_num_threads + OMP_NUM_THREADS",
-                env="OMP_NUM_THREADS",
-                description="intra-op threads per rank (torchrun's default is 1 per rank)",
-            ),
-            Knob(
-                "bucket_cap_mb", "communicator", BUCKET_CAPS_MB, 25, comm_direction=1, ops=("all_reduce",),
-                mechanism="DistributedDataParallel(bucket_cap_mb=...)",
-                description="DDP gradient bucket size: smaller buckets start communicating earlier",
-            ),
-            Knob(
-                "chunk_bytes", "communicator", CHUNKS, 0, comm_direction=0, ops=("all_reduce",),
-                mechanism="DDP comm hook / dist.all_reduce wrapper: all-reduce in chunks, all in flight",
-                description="split each all-reduce into chunks of this size (0: one call)",
-            ),
-        )
-    )
 
 
 def free_port() -> int:

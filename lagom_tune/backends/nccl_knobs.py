@@ -12,7 +12,10 @@ from the chosen channels when a plan is written, so NCCL never overrides the tun
 
 from __future__ import annotations
 
+from typing import Any
+
 from lagom_tune.backends.base import Knob, KnobSpace
+from lagom_tune.backends.sim_clusters import CLUSTERS
 
 ALGOS = ("ring", "tree")
 PROTOS = ("ll", "ll128", "simple")
@@ -37,6 +40,21 @@ def nccl_knob_space(max_channels: int = 64, default_channels: int = 16) -> KnobS
         Knob("buffsize", "process", BUFFSIZES, 4 * MIB, mechanism="NCCL_BUFFSIZE", env="NCCL_BUFFSIZE",
              description="per-channel staging buffer; a step moves buffsize/8 (Simple)"),
     ))
+
+
+def knob_space_from_fingerprint(fingerprint: dict[str, Any]) -> KnobSpace:
+    """The registry's knob-space function for NCCL-shaped backends (nccl, sim).
+
+    Args:
+        fingerprint: a run folder's fingerprint: a simulated cluster's name, or the channel bounds
+            the nccl backend measured under; {} for the widest space any plan may hold.
+    Returns:
+        The NCCL knobs with that machine's channel bounds.
+    """
+    cluster = CLUSTERS.get(fingerprint.get("cluster", ""))
+    if cluster:
+        return nccl_knob_space(cluster.max_channels, cluster.default_channels)
+    return nccl_knob_space(int(fingerprint.get("max_channels", 64)), int(fingerprint.get("default_channels", 16)))
 
 
 def nccl_config(algo: str, proto: str, channels: int, threads: int, buffsize: int, nodes: int) -> tuple:

@@ -24,42 +24,17 @@ from __future__ import annotations
 import hashlib
 import math
 import platform
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, bandwidth_columns, bus_factor
 from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
+from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Cluster
 from lagom_tune.errors import UserError
 from lagom_tune.workload.spec import DTYPES, Gemm, Workload
 
-GB = 1e9
-
-
-@dataclass(frozen=True)
-class Cluster:
-    name: str
-    device: str
-    sms: int
-    hbm: float  # bytes/s
-    tflops: float  # dense bf16, achievable
-    link: float  # intra-node bytes/s per direction (bus bandwidth ceiling)
-    per_channel: float  # bytes/s one channel moves before the link saturates
-    l2: int  # bytes
-    default_channels: int
-    max_channels: int = 64
-
-
-CLUSTERS = {
-    "a40-pcie": Cluster("a40-pcie", "A40", 84, 696 * GB, 150e12 * 0.7, 22 * GB, 8 * GB, 6 << 20, 8, 32),
-    "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 48 * GB, 9 * GB, 6 << 20, 8, 64),
-    "a100-nvlink": Cluster("a100-nvlink", "A100-SXM4-80GB", 108, 2.0e12, 312e12 * 0.75, 230 * GB, 24 * GB, 40 << 20, 16),
-    "h100-nvlink": Cluster("h100-nvlink", "H100-SXM", 132, 3.35e12, 989e12 * 0.72, 360 * GB, 48 * GB, 50 << 20, 16),
-    "h200-nvlink": Cluster("h200-nvlink", "H200", 132, 4.8e12, 989e12 * 0.8, 360 * GB, 48 * GB, 50 << 20, 16),
-}
 IB = {100: 12.5 * GB, 400: 50 * GB}
-DEFAULT_CLUSTER = "h100-nvlink"  # --hardware left out: said in the fingerprint and the profile's output
 GPUS_PER_NODE = 8  # every simulated cluster's node
 PROTO = {  # efficiency, latency per step (s)
     "ll": (0.5, 1.0e-6),

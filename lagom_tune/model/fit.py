@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from lagom_tune.artifact_io import write_yaml
+from lagom_tune.backends.registry import backend_info, backend_names
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import (
     COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
@@ -218,7 +219,9 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     meta = run.read_meta()
     simulated = bool(meta.get("simulated", False))
     fp = meta["fingerprint"]
-    device = {"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]} if fp.get("backend") in ("sim", "nccl") else None
+    # The GPU family needs the device; a fingerprint without a (known) backend fits the CPU family.
+    info = backend_info(fp["backend"]) if fp.get("backend") in backend_names() else None
+    device = {"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]} if info is not None and info.gpu_model else None
     result = fit_model(df, device=device, simulated=simulated, progress=progress)
     write_yaml(run.model_path, result.to_dict(len(df), simulated))
     pts = point_medians(df)

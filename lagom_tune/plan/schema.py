@@ -15,6 +15,7 @@ from lagom_tune import __version__
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import read_yaml, write_yaml
 from lagom_tune.backends.base import KnobSpace
+from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.search.space import Settings
 from lagom_tune.workload.spec import OPS
@@ -25,21 +26,17 @@ KIND = "lagom-plan"
 
 def knob_space_for(backend: str, fingerprint: dict[str, Any] | None = None) -> KnobSpace:
     """A backend's knob space on the profiled machine, or its widest (what any plan may hold;
-    machine fit is checked by ``apply``)."""
-    fingerprint = fingerprint or {}
-    if backend == "gloo":
-        from lagom_tune.backends.gloo import gloo_knob_space
+    machine fit is checked by ``apply``). Imports no torch, numpy or pandas (the shim calls it).
 
-        return gloo_knob_space(cores=fingerprint.get("cores", 1 << 10))
-    if backend in ("sim", "nccl"):
-        from lagom_tune.backends.nccl_knobs import nccl_knob_space
-        from lagom_tune.backends.sim import CLUSTERS
-
-        cluster = CLUSTERS.get(fingerprint.get("cluster", ""))
-        if cluster:
-            return nccl_knob_space(cluster.max_channels, cluster.default_channels)
-        return nccl_knob_space(int(fingerprint.get("max_channels", 64)), int(fingerprint.get("default_channels", 16)))
-    raise UserError(f"plan.target.backend: unknown backend {backend!r} (known: gloo, sim, nccl)")
+    Args:
+        backend: the backend's name.
+        fingerprint: the run folder's fingerprint, or None for the widest space.
+    Returns:
+        The KnobSpace.
+    Raises:
+        UserError: for an unknown backend.
+    """
+    return backend_info(backend, "plan.target.backend: ").knob_space(fingerprint)
 
 
 @dataclass(frozen=True)

@@ -5,19 +5,30 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from lagom_tune.backends.base import BackendOptions, Point, get_backend
+from lagom_tune.backends.base import BackendOptions, Point
+from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.search.space import Settings, settings_items
 from lagom_tune.workload.spec import Workload
 
 
 def backend_from_fingerprint(fp: dict[str, Any]):
-    """The backend that produced a run folder, rebuilt from its fingerprint."""
-    if fp["backend"] == "nccl":
-        raise UserError("--validate replays on the profiling backend, which for nccl means your cluster: "
+    """The backend that produced a run folder, rebuilt from its fingerprint.
+
+    Args:
+        fp: the run folder's fingerprint (``meta.yaml``).
+    Returns:
+        The Backend, ready to replay iterations.
+    Raises:
+        UserError: for a backend that can only replay on the profiled cluster (nccl).
+    """
+    info = backend_info(fp["backend"])
+    if not info.replays_locally:
+        raise UserError(f"--validate replays on the profiling backend, which for {info.name} means your cluster: "
                         "measure the plan there with `lagom-tune apply plan.yaml -- torchrun ...`")
-    return get_backend(fp["backend"], BackendOptions(
-        ranks=int(fp.get("ranks", 2)) if fp["backend"] == "gloo" else 2, hardware=fp.get("cluster"),
+    # Each backend reads the options it needs (the simulator ignores ``ranks``: it sizes itself from the workload).
+    return info.create(BackendOptions(
+        ranks=int(fp.get("ranks", 2)), hardware=fp.get("cluster"),
         nodes=int(fp.get("nodes", 1)), seed=int(fp.get("seed") or 0), noise=float(fp.get("noise") or 0.0),
         extra={"ib_gbps": fp.get("ib_gbps") or 400}))
 

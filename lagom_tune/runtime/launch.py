@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from lagom_tune.artifact_io import atomic_write_text
+from lagom_tune.backends.registry import THREAD_COUNT, backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
 from lagom_tune.runtime.nccl import RULES_ENV, TunerRule, TunerRules, tuner_rules
@@ -63,15 +64,16 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
     if plan.simulated:
         raise UserError("this plan was searched on a simulated cluster (a what-if result); profile the real machine to get one to apply")
     check_roles(plan)
-    if plan.backend == "nccl":
-        import torch
+    info = backend_info(plan.backend)
+    if info.needs_cuda:
+        import torch  # only here: apply's own process checks the GPU; the ranks import torch themselves
 
         if not torch.cuda.is_available():
-            raise UserError("the plan is for the nccl backend but this machine has no CUDA GPU")
+            raise UserError(f"the plan is for the {plan.backend} backend but this machine has no CUDA GPU")
         want, have = plan.hardware.get("gpu"), torch.cuda.get_device_name()
         if want and want != have:
             raise UserError(f"the plan was made on {want}, this machine has {have}")
-    threads = plan.settings.process.get("threads") if plan.backend == "gloo" else None
+    threads = plan.settings.process.get("threads") if info.deploys_capability(THREAD_COUNT) else None
     cores = os.cpu_count() or 1
     if threads is not None and int(threads) > cores:
         raise UserError(f"the plan asks for {threads} threads per rank but this machine has {cores} cores")
@@ -169,7 +171,7 @@ def prepare_tuner(plan: Plan, cache: Path | None = None) -> TunerDeployment | No
     Returns:
         The deployment, or None when there is nothing to deploy through NCCL's tuner.
     """
-    if plan.backend not in ("nccl", "sim") or not plan.rules:
+    if not backend_info(plan.backend).deploys_tuner_rules or not plan.rules:
         return None
     rules = tuner_rules(plan)
     if not rules.rules:

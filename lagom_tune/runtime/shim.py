@@ -19,6 +19,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from lagom_tune.artifact_io import atomic_write_text
+from lagom_tune.backends.registry import (
+    CHUNKED_ALL_REDUCE, DDP_BUCKET_CAP, NCCL_ENVIRONMENT, NCCL_TUNER_RULES, THREAD_COUNT, backend_info,
+)
 from lagom_tune.plan.schema import Plan, load_plan
 
 DDP_MODULE = "torch.nn.parallel.distributed"
@@ -30,7 +33,8 @@ DDP_ROLES = ("dp_replicate", "dp")
 DDP_ROLE = DDP_ROLES[0]
 # Group-making functions the shim wraps, in c10d and wherever a module imported them by name.
 GROUP_MAKERS = ("init_process_group", "new_group", "split_group", "new_subgroups", "new_subgroups_by_enumeration")
-# Backends whose groups take ProcessGroupNCCL.Options (tests on CPU add "gloo" to drive the same path).
+# torch process-group backends (not lagom-tune backends) whose groups take ProcessGroupNCCL.Options
+# (tests on CPU add "gloo" to drive the same path).
 NCCL_BACKENDS = ("nccl",)
 
 
@@ -111,6 +115,7 @@ class Shim:
 
     def __init__(self, plan: Plan, plan_path: str, applied_dir: str | None):
         self.plan = plan
+        self.info = backend_info(plan.backend)  # what to deploy for this plan's backend
         self.plan_path = plan_path
         self.applied_dir = applied_dir
         self.records: list[dict[str, Any]] = []
@@ -176,6 +181,27 @@ class Shim:
         if self.is_rank:
             for setting, why in list(self.pending.items()):
                 self.record(setting, self.plan.settings.communicators.get(self.ddp_role, {}).get(setting), False, why)
+
+    def appliers(self) -> list[tuple[str, Callable[[Any], None]]]:
+        """What to run when each module is imported, from what the runtime deploys for the plan's
+        backend (its registry record), in order: per module, the earlier entry runs first.
+
+        Returns:
+            (module name, applier) pairs.
+        """
+        deploys = self.info.deploys_capability
+        out: list[tuple[str, Callable[[Any], None]]] = []
+        if deploys(THREAD_COUNT):
+            out.append(("torch", self.on_torch))
+        if deploys(NCCL_ENVIRONMENT) or deploys(NCCL_TUNER_RULES):
+            out.append(("torch", self.on_torch_nccl))
+        if deploys(DDP_BUCKET_CAP) or deploys(CHUNKED_ALL_REDUCE):
+            out.append((DDP_MODULE, self.on_ddp))
+        if deploys(CHUNKED_ALL_REDUCE):  # synchronous dist.all_reduce calls on the DDP role's groups, in chunks
+            out.append((C10D_MODULE, self.on_c10d_gloo))
+        out.append((C10D_MODULE, self.on_c10d))  # every group recorded with its role
+        out.append((MESH_MODULE, self.on_device_mesh))
+        return out
 
     # -- appliers ------------------------------------------------------------------------------
 
@@ -275,7 +301,7 @@ class Shim:
 
         self.c10d = c10d
         self.roles = nccl.plan_roles(self.plan)
-        self.configs = nccl.communicator_configs(self.plan) if self.plan.backend == "nccl" else {}
+        self.configs = nccl.communicator_configs(self.plan) if self.info.deploys_nccl_options else {}
         self.overridden = nccl.overriding_env(os.environ) if self.configs else []
         self._record_existing(c10d)
         replaced: dict[int, tuple[Any, Any]] = {}
@@ -599,19 +625,47 @@ def _cuda_available() -> bool:
     return bool(torch is not None and torch.cuda.is_available())
 
 
+def _chain(appliers: list[tuple[str, Callable[[Any], None]]]) -> dict[str, Callable[[Any], None]]:
+    """One post-import callback per module, running that module's appliers in order.
+
+    Args:
+        appliers: (module name, applier) pairs, in the order they are to run.
+    Returns:
+        Module name -> callback, in the order the modules first appear.
+    """
+    by_module: dict[str, list[Callable[[Any], None]]] = {}
+    for name, fn in appliers:
+        by_module.setdefault(name, []).append(fn)
+
+    def run_all(fns: list[Callable[[Any], None]]) -> Callable[[Any], None]:
+        if len(fns) == 1:
+            return fns[0]
+
+        def run(module: Any) -> None:
+            for fn in fns:
+                fn(module)
+
+        return run
+
+    return {name: run_all(fns) for name, fns in by_module.items()}
+
+
 def install(plan_path: str, applied_dir: str | None = None) -> Shim:
-    """Install the plan's settings in this process; returns the shim (its ``records`` say what happened)."""
+    """Install the plan's settings in this process: a post-import hook per module the plan's
+    backend deploys through (torch, DDP, c10d, DeviceMesh), run at once for modules already loaded.
+
+    Loading and checking the plan imports no torch, numpy or pandas; torch is touched only once the
+    user's code imports it.
+
+    Args:
+        plan_path: the plan file.
+        applied_dir: where each rank writes ``rank-N.json`` (None: only log to stderr).
+    Returns:
+        The shim (its ``records`` and ``communicators`` say what happened).
+    """
     plan = load_plan(plan_path)
     shim = Shim(plan, plan_path, applied_dir)
-    if plan.backend == "nccl":
-        hooks = {"torch": shim.on_torch_nccl, C10D_MODULE: shim.on_c10d}
-    else:
-        def on_c10d(c10d) -> None:  # gloo: chunked all-reduce, and every group recorded with its role
-            shim.on_c10d_gloo(c10d)
-            shim.on_c10d(c10d)
-
-        hooks = {"torch": shim.on_torch, DDP_MODULE: shim.on_ddp, C10D_MODULE: on_c10d}
-    hooks[MESH_MODULE] = shim.on_device_mesh
+    hooks = _chain(shim.appliers())
     shim.late = C10D_MODULE in sys.modules
     for name, hook in list(hooks.items()):
         if name in sys.modules:  # already imported (an explicit install() late in a script)

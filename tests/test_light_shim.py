@@ -1,0 +1,68 @@
+"""The runtime shim starts light: loading and checking a plan, in every Python process `apply`
+starts, imports no torch, numpy or pandas; torch is touched only when the user's code imports it."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from lagom_tune.runtime.launch import SITE_DIR
+
+from conftest import ROOT
+
+HEAVY = ("torch", "numpy", "pandas")
+
+NCCL_PLAN = textwrap.dedent("""\
+    schema_version: 1
+    kind: lagom-plan
+    target: {backend: nccl, world_size: 2, groups: {dp: 2}}
+    process: {threads: 256, buffsize: 2097152}
+    collectives:
+      - match: {op: all_reduce, group: dp, min_bytes: 0, max_bytes: 1048576}
+        set: {algo: ring, proto: simple, channels: 4}
+""")
+
+# What a process started by `apply` does before the user's code runs: sitecustomize installs the
+# shim from LAGOM_TUNE_PLAN. The probe then reports what is loaded, with the shim's hooks in place.
+PROBE = textwrap.dedent("""\
+    import json, sys
+    from lagom_tune.backends.registry import backend_names
+    from lagom_tune.plan.schema import knob_space_for
+    for name in backend_names():  # every backend's widest knob space, as a plan check loads it
+        knob_space_for(name)
+    print(json.dumps({
+        "shim": "lagom_tune.runtime.shim" in sys.modules,
+        "hooked": any(type(f).__name__ == "_AfterImport" for f in sys.meta_path),
+        "heavy": sorted(m for m in %r if m in sys.modules),
+    }))
+""" % (HEAVY,))
+
+
+def _probe(plan, extra: str = "", **env_vars: str) -> tuple[dict, str]:
+    env = {**os.environ, **env_vars, "LAGOM_TUNE_PLAN": str(plan), "PYTHONPATH": os.pathsep.join([str(SITE_DIR), str(ROOT)])}
+    env.pop("LAGOM_TUNE_APPLIED_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", PROBE + extra], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[0]), proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_loading_a_plan_imports_no_torch_numpy_or_pandas(backend, tmp_path):
+    plan = ROOT / "plans" / "demo-cpu.yaml"
+    if backend == "nccl":
+        plan = tmp_path / "nccl.yaml"
+        plan.write_text(NCCL_PLAN)
+    out, err = _probe(plan)
+    assert "NOT applied" not in err, err
+    assert out == {"shim": True, "hooked": True, "heavy": []}
+
+
+def test_torch_is_patched_when_the_user_imports_it(tmp_path):
+    """The other half of starting light: the gloo plan's threads still reach torch, on import."""
+    out, err = _probe(ROOT / "plans" / "demo-cpu.yaml", "import torch\n", RANK="0")  # a rank logs what it applied
+    assert out["heavy"] == []  # printed before the user's import
+    assert "] applied threads=1" in err and "torch.set_num_threads" in err

@@ -1,0 +1,47 @@
+"""The backend registry: one record per backend, and the rest of the code asks the record."""
+
+import pytest
+
+from lagom_tune.backends.base import BackendOptions, get_backend
+from lagom_tune.backends.registry import (
+    CAPABILITIES, GPU_FAMILY, THREAD_COUNT, BackendInfo, backend_help, backend_info, backend_names, register_backend,
+)
+from lagom_tune.errors import UserError
+from lagom_tune.model.contention import FAMILIES
+from lagom_tune.plan.schema import knob_space_for
+
+
+def test_every_backend_has_a_record():
+    assert backend_names() == ["gloo", "nccl", "sim"]
+    for name in backend_names():
+        info = backend_info(name)
+        assert info.model_family in FAMILIES and set(info.deploys) <= set(CAPABILITIES)
+        assert knob_space_for(name).names()  # the widest space loads from the record
+    assert backend_info("sim").simulated and not backend_info("gloo").simulated
+    assert backend_info("nccl").model_family == GPU_FAMILY and backend_info("nccl").deploys_nccl_options
+    assert backend_info("gloo").deploys_capability(THREAD_COUNT) and not backend_info("gloo").deploys_tuner_rules
+
+
+def test_an_unknown_backend_is_one_line_naming_the_others():
+    with pytest.raises(UserError, match=r"^unknown backend 'mpi'; available: gloo, nccl, sim$"):
+        get_backend("mpi", BackendOptions())
+    with pytest.raises(UserError, match=r"^plan.target.backend: unknown backend 'mpi'; available: gloo, nccl, sim$"):
+        knob_space_for("mpi")
+
+
+def test_a_record_is_checked_and_a_name_registered_once():
+    with pytest.raises(ValueError, match="already registered"):
+        register_backend(backend_info("gloo"))
+    with pytest.raises(ValueError, match="unknown capabilities"):
+        BackendInfo("x", "m:C", "m:f", GPU_FAMILY, frozenset({"telepathy"}))
+
+
+def test_the_cli_help_comes_from_the_records():
+    assert backend_help() == ("gloo (real CPU ranks), nccl (GPUs; launch with torchrun, or one process for the "
+                              "single-GPU contention probe) or sim (a SIMULATED GPU cluster, for what-if questions).")
+
+
+def test_knob_spaces_follow_the_fingerprint():
+    assert knob_space_for("gloo", {"cores": 2})["threads"].domain == (1, 2)
+    assert knob_space_for("sim", {"cluster": "a40-pcie"})["channels"].domain[-1] == 32
+    assert knob_space_for("nccl", {"max_channels": 32, "default_channels": 8})["channels"].default == 8
