@@ -110,6 +110,17 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+@dataclass(frozen=True)
+class GroupMaking:
+    """A group this rank is about to make, as read from the creating call's arguments."""
+
+    ident: Any  # runtime.nccl.GroupIdentity (imported when a group is made: the shim starts light)
+    backend: str
+    is_nccl: bool
+    name_of: Callable[[Any], Any]  # the made process group -> its name, for the record
+    parent: Any = None  # CommunicatorRecord of the group a split was made from
+
+
 class Shim:
     """One process's appliers, and its record of what was applied and what could not be, and why."""
 
@@ -341,63 +352,60 @@ class Shim:
         _init_one_process_group.__wrapped__, _init_one_process_group._lagom_tune = original, True
         mesh_cls._init_one_process_group = staticmethod(_init_one_process_group)
 
-    def _wrap_init_process_group(self, fn):
+    def _wrapping(self, fn, via: str, describe: Callable[[dict], "GroupMaking | None"]):
+        """``fn`` (a c10d function that makes a group) wrapped: ``describe`` reads its arguments and
+        says which group this rank is about to make (None: not a member, or arguments torch itself
+        will refuse, so the call passes through untouched); ``_make`` then gives it its options."""
         signature, shim = inspect.signature(fn), self
 
         def wrapper(*args, **kwargs):
-            if shim.making:
+            if shim.making:  # made inside another wrapped call (split via new_group, ...): recorded there
                 return fn(*args, **kwargs)
             bound = signature.bind_partial(*args, **kwargs)
-            a = bound.arguments
+            made = describe(bound.arguments)
+            if made is None:
+                return fn(*args, **kwargs)
+            return shim._make(via, fn, bound, made)
+
+        return wrapper
+
+    def _wrap_init_process_group(self, fn):
+        def describe(a: dict) -> GroupMaking:
+            from lagom_tune.runtime.nccl import GroupIdentity
+
             # a process started without torchrun (mpirun, a plain script) is a rank too
-            shim.joined_rank = int(a["rank"]) if a.get("rank") is not None else -1
+            self.joined_rank = int(a["rank"]) if a.get("rank") is not None else -1
             world = a.get("world_size", -1)
             world = int(world) if world not in (None, -1) else int(os.environ.get("WORLD_SIZE", 0) or 0)
             backend = str(a.get("backend") or "")
-            is_nccl = _is_nccl(backend) or (not backend and _cuda_available())
-            from lagom_tune.runtime.nccl import GroupIdentity
+            return GroupMaking(GroupIdentity(tuple(range(world))), backend, _is_nccl(backend) or (not backend and _cuda_available()),
+                               lambda pg: self._default_group_name())
 
-            return shim._make("init_process_group", fn, bound, GroupIdentity(tuple(range(world))), backend, is_nccl,
-                              lambda pg: shim._default_group_name())
-
-        return wrapper
+        return self._wrapping(fn, "init_process_group", describe)
 
     def _wrap_new_group(self, fn):
-        signature, shim = inspect.signature(fn), self
-
-        def wrapper(*args, **kwargs):
-            if shim.making:
-                return fn(*args, **kwargs)
+        def describe(a: dict) -> GroupMaking | None:
             from lagom_tune.runtime.nccl import GroupIdentity, mesh_dim_of
 
-            bound = signature.bind_partial(*args, **kwargs)
-            a = bound.arguments
             ranks = a.get("ranks")
             try:
-                ranks = tuple(sorted(int(r) for r in (ranks if ranks is not None else range(shim.c10d.get_world_size()))))
+                ranks = tuple(sorted(int(r) for r in (ranks if ranks is not None else range(self.c10d.get_world_size()))))
             except Exception:  # not initialized, odd ranks: torch itself reports it
-                return fn(*args, **kwargs)
-            me = shim._my_rank()
+                return None
+            me = self._my_rank()
             if me is not None and me not in ranks:  # a non-member makes no communicator
-                return fn(*args, **kwargs)
-            backend = str(a.get("backend") or shim._default_backend())
-            is_nccl = _is_nccl(backend) or (not backend and _cuda_available())
-            return shim._make("new_group", fn, bound, GroupIdentity(ranks, mesh_dim_of(a.get("group_desc"))), backend,
-                              is_nccl, lambda pg: getattr(pg, "group_name", None))
+                return None
+            backend = str(a.get("backend") or self._default_backend())
+            return GroupMaking(GroupIdentity(ranks, mesh_dim_of(a.get("group_desc"))), backend,
+                               _is_nccl(backend) or (not backend and _cuda_available()), lambda pg: getattr(pg, "group_name", None))
 
-        return wrapper
+        return self._wrapping(fn, "new_group", describe)
 
     def _wrap_split_group(self, fn):
-        signature, shim = inspect.signature(fn), self
-
-        def wrapper(*args, **kwargs):
-            if shim.making:
-                return fn(*args, **kwargs)
+        def describe(a: dict) -> GroupMaking | None:
             from lagom_tune.runtime.nccl import GroupIdentity, mesh_dim_of
 
-            bound = signature.bind_partial(*args, **kwargs)
-            a = bound.arguments
-            c10d = shim.c10d
+            c10d = self.c10d
             try:  # split_ranks are ranks in the parent group: this rank's split, in global ranks
                 parent = a.get("parent_pg") or c10d._get_default_group()
                 members = list(c10d.get_process_group_ranks(parent))
@@ -406,14 +414,14 @@ class Shim:
                 backend = str(c10d.get_backend(parent))
                 parent_name = getattr(parent, "group_name", None)
             except Exception:  # bad arguments or no default group: split_group itself says so
-                return fn(*args, **kwargs)
+                return None
             if split is None:
-                return fn(*args, **kwargs)
+                return None
             ident = GroupIdentity(tuple(sorted(members[r] for r in split)), mesh_dim_of(a.get("group_desc")))
-            return shim._make("split_group", fn, bound, ident, backend, _is_nccl(backend),
-                              lambda pg: getattr(pg, "group_name", None), parent=shim.by_group.get(parent_name))
+            return GroupMaking(ident, backend, _is_nccl(backend), lambda pg: getattr(pg, "group_name", None),
+                               parent=self.by_group.get(parent_name))
 
-        return wrapper
+        return self._wrapping(fn, "split_group", describe)
 
     def _wrap_new_subgroups(self, fn, name: str = "new_subgroups"):
         shim = self
@@ -432,9 +440,9 @@ class Shim:
     def _wrap_new_subgroups_by_enumeration(self, fn):
         return self._wrap_new_subgroups(fn, "new_subgroups_by_enumeration")
 
-    def _make(self, via: str, fn, bound, ident, backend: str, is_nccl: bool, name_of: Callable[[Any], Any],
-              parent: CommunicatorRecord | None = None):
+    def _make(self, via: str, fn, bound, made: GroupMaking):
         """Make a group this rank is a member of, with the options its role asks for; record it."""
+        ident, backend, is_nccl, name_of, parent = made.ident, made.backend, made.is_nccl, made.name_of, made.parent
         via = f"{self.via_outer} -> {via}" if self.via_outer else via
         rec, opts = self._decide(via, ident, backend, is_nccl, bound.arguments.get("pg_options"))
         if opts is None and parent is not None and parent.applied and bound.arguments.get("pg_options") is None:
