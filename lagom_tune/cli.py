@@ -11,7 +11,8 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from lagom_tune import render
+from lagom_tune import __version__, render
+from lagom_tune.artifact_io import check_writable, read_yaml
 from lagom_tune.backends.registry import backend_help
 from lagom_tune.errors import RunError, UserError
 
@@ -43,8 +44,6 @@ def _usage_error_types() -> tuple[type[BaseException], ...]:
 
 def _print_version(value: bool) -> None:
     if value:
-        from lagom_tune import __version__
-
         print(f"lagom-tune {__version__}")
         raise typer.Exit()
 
@@ -53,7 +52,8 @@ def _print_version(value: bool) -> None:
 def _global(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks for errors (before or after the verb)."),
             version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                          help="Print the version and exit.")) -> None:
-    _state["verbose"] = _state["verbose"] or verbose
+    """Options of every verb. ``--verbose`` is declared here for ``--help`` only: ``main`` takes it
+    out of the arguments wherever it stands (see ``_take_verbose``), so typer never sees it."""
 
 
 VERBOSE_FLAGS = ("--verbose", "-v")
@@ -102,8 +102,6 @@ def profile(
     from lagom_tune.profile.campaign import run_profile
     from lagom_tune.workload.spec import resolve_workload
 
-    from lagom_tune.artifact_io import check_writable
-
     check_writable(out / "meta.yaml", "run folder")
     w = resolve_workload(workload, parallel=parallel, seq=seq, mbs=mbs, ranks=ranks)
     b = get_backend(backend, BackendOptions(ranks=ranks, timeout_s=timeout, hardware=hardware, nodes=nodes, seed=seed,
@@ -134,8 +132,6 @@ def fit(run_dir: Path = typer.Argument(..., help="A run folder with measurements
     with _progress() as bar:
         task = bar.add_task("fit model (k-fold)", total=None)
         fit_run(run, progress=lambda done, total: bar.update(task, completed=done, total=total))
-    from lagom_tune.artifact_io import read_yaml
-
     for item in render.model_tables(read_yaml(run.model_path, "model file")):
         render.console.print(item)
     render.console.print(f"[green]wrote[/] {run.model_path}")
@@ -188,8 +184,6 @@ def search(
         return
     if out is None:
         raise UserError("--out PLAN.yaml is required (or use --compare)")
-    from lagom_tune.artifact_io import check_writable
-
     check_writable(out, "plan")
     if not 0 <= min_gain < 1:
         raise UserError("--min-gain must be a fraction in [0, 1), e.g. 0.02")
@@ -273,7 +267,6 @@ def show(
                                      "columns (time median and trimmed mean, algbw, busbw)."),
 ) -> None:
     """Pretty-print a plan, a workload, or a run folder (with its model's accuracy)."""
-    from lagom_tune.artifact_io import read_yaml
     from lagom_tune.plan.schema import Plan
     from lagom_tune.profile.store import open_run
     from lagom_tune.workload.presets import PRESETS
@@ -284,7 +277,7 @@ def show(
         run = open_run(path)
         meta = run.read_meta()
         model = read_yaml(run.model_path, "model file") if run.model_path.is_file() else None
-        df = run.measurements()
+        df, health = run.read()
         if collectives:
             from lagom_tune.profile.summary import collective_summary
 
@@ -295,10 +288,10 @@ def show(
                 render.console.print(render.frame_table(table, f"collectives{render.simulated_tag(meta.get('simulated', False))}"))
             return
         if as_json:
-            print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "workload"}, "rows": len(df), "problems": run.health().problems(),
+            print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "workload"}, "rows": len(df), "problems": health.problems(),
                               "model": model}, indent=1, default=str))
             return
-        for item in render.run_summary(meta, df, model, run.health().problems()):
+        for item in render.run_summary(meta, df, model, health.problems()):
             render.console.print(item)
         return
     if target in PRESETS:

@@ -89,33 +89,33 @@ class RunFolder:
         repeats = self.read_meta().get("repeats")
         return repeats if isinstance(repeats, int) and repeats > 0 else None
 
-    def _short_points(self, df: pd.DataFrame) -> tuple[str, ...]:
+    def read(self) -> tuple[pd.DataFrame, CsvHealth]:
+        """One read of ``measurements.csv``: the rows of every complete point (all its repeats), and
+        what was left out (a partial last line, points with fewer rows than repeats; a resumed
+        profile measures those again)."""
+        df, partial = self._read_rows()
         repeats = self._repeats()
-        if not repeats or df.empty:
-            return ()
-        return tuple(sorted(str(p) for p, n in df.groupby("point").size().items() if n < repeats))
+        counts = df.groupby("point").size() if repeats and not df.empty else pd.Series(dtype=int)
+        short = tuple(sorted(str(p) for p, n in counts.items() if n < repeats))
+        complete = df[~df["point"].astype(str).isin(short)].reset_index(drop=True) if short else df
+        return complete, CsvHealth(partial, short, repeats)
 
     def health(self) -> CsvHealth:
-        """What is wrong with ``measurements.csv``, if anything: a partial last line, points with
-        fewer rows than the profile's repeats."""
-        df, partial = self._read_rows()
-        return CsvHealth(partial, self._short_points(df), self._repeats())
+        """What is wrong with ``measurements.csv``, if anything (see :meth:`read`)."""
+        return self.read()[1]
 
     def measurements(self) -> pd.DataFrame:
-        """The rows of every complete point (all its repeats); a partial last line and points with
-        fewer rows than repeats are left out (``health`` says so; a resumed profile re-measures them)."""
-        df, _ = self._read_rows()
-        short = set(self._short_points(df))
-        return df[~df["point"].astype(str).isin(short)].reset_index(drop=True) if short else df
+        """The rows of every complete point (see :meth:`read`)."""
+        return self.read()[0]
 
     def done_points(self) -> set[str]:
         return set(self.measurements()["point"].astype(str))
 
     def drop_incomplete(self) -> CsvHealth:
         """Rewrite ``measurements.csv`` with complete points only, before a resume re-measures the rest."""
-        health = self.health()
-        if health.partial_line or health.short_points:
-            self._write(self.measurements())
+        complete, health = self.read()
+        if not health.ok:
+            self._write(complete)
         return health
 
     def append_rows(self, rows: list[dict[str, Any]]) -> None:

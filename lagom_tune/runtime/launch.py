@@ -19,7 +19,7 @@ from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.registry import THREAD_COUNT, backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
-from lagom_tune.runtime.nccl import RULES_ENV, TunerRule, TunerRules, tuner_rules
+from lagom_tune.runtime.nccl import RULES_ENV, TunerRule, TunerRules, ambiguous_roles, communicator_configs, tuner_rules
 from lagom_tune.runtime.tuner_build import PluginBuild, ensure_plugin, rules_path
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
@@ -94,8 +94,6 @@ def check_roles(plan: Plan) -> None:
     Args:
         plan: the plan to check.
     """
-    from lagom_tune.runtime.nccl import ambiguous_roles
-
     clashes = ambiguous_roles(plan)
     if clashes:
         names = "; ".join(" and ".join(c) for c in clashes)
@@ -150,13 +148,11 @@ def describe(rule: TunerRule) -> str:
 def rules_needing_plugin(plan: Plan, rules: TunerRules) -> tuple[TunerRule, ...]:
     """Rules that per-communicator CTA bounds cannot deploy on their own: an algorithm or protocol,
     or a channel count the role's bounds (min..max over its rules) do not pin down."""
-    from lagom_tune.runtime.nccl import communicator_configs, role_for
-
     configs = communicator_configs(plan)
     out = []
     for r in rules.rules:
-        cfg = role_for(configs, r.n_ranks) if r.n_ranks is not None else None
-        pinned = cfg is not None and cfg.role == r.role and cfg.min_ctas == cfg.max_ctas == r.channels
+        cfg = configs.get(r.role)  # the rule's own role: its bounds, whatever other role shares its size
+        pinned = cfg is not None and cfg.min_ctas == cfg.max_ctas == r.channels
         if r.algo is not None or r.proto is not None or (r.channels is not None and not pinned):
             out.append(r)
     return tuple(out)
