@@ -271,6 +271,7 @@ class ProbeShapedBackend:
 
     def __init__(self):
         from lagom_tune.backends.sim import CLUSTERS, SimCluster
+        from lagom_tune.backends.sim_compute import Contention
 
         self.sim = SimCluster(CLUSTERS["h100-nvlink"])
         self.knob_space = nccl_knob_space(64, 16)
@@ -301,7 +302,7 @@ class ProbeShapedBackend:
                 n = max(1, round(1e-3 / y))
                 nbytes = int(n * y * self.copy_time(1 << 30, s)[1])
                 x, bw = self.copy_time(nbytes, s)
-                y1 = self.sim.gemm_time(p.gemm, s["channels"], 2 * bw) * n
+                y1 = self.sim.gemm_time(p.gemm, Contention(s["channels"], 2 * bw, True)) * n
                 x1 = x * 1.05
                 t_comp, t_comm = (x1 + (1 - x1 / y1) * y * n, x1) if x1 <= y1 else (y1, y1 + (1 - y1 / x1) * x)
                 row = {"time_us": t_comp * 1e6, "comm_us": t_comm * 1e6, "window_us": max(t_comp, t_comm) * 1e6, "n_compute": n,
@@ -392,14 +393,14 @@ def test_an_overlapped_job_is_the_same_at_every_setting_of_a_shape():
     meter.dist = types.SimpleNamespace()
     sized = []
     meter.probe_bytes_lasting = lambda point, seconds: sized.append(seconds) or 7 << 20
-    import lagom_tune.backends.gloo as gloo
+    import lagom_tune.backends.tensors as tensors
 
-    orig, gloo.slowest_rank = gloo.slowest_rank, (lambda dist, values, device="cpu": values)
+    orig, tensors.slowest_rank = tensors.slowest_rank, (lambda dist, values, device="cpu": values)
     try:
         jobs = {meter.job(Point("overlap", nccl_config("copy", "copy", ch, 512, b, 1), gemm=G1, op=PROBE, nbytes=0, ranks=1), 40e-6)
                 for ch in (1, 16, 64) for b in (1 << 20, 8 << 20)}
     finally:
-        gloo.slowest_rank = orig
+        tensors.slowest_rank = orig
     assert jobs == {(25, 7 << 20)} and len(sized) == 1  # 25 GEMMs of 40 µs last 1 ms; sized once
 
 

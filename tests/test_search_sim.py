@@ -83,7 +83,9 @@ def test_validate_replays_default_and_plan_on_the_simulator(phi2, tmp_path):
     cli("search", phi2[0], "--out", plan, "--validate", "3", check=True)
     v = yaml.safe_load(plan.read_text())["validated"]
     assert v["simulated"] is True and v["repeats"] == 3 and set(v["iteration_ms"]) == {"default", "plan"}
-    assert v["speedup"] > 1.0
+    # The plan deploys Lagom's settings only when predicted more than --min-gain faster, so on the
+    # simulator's ground truth it is never worse than NCCL's defaults by more than the 2% noise.
+    assert v["speedup"] >= 0.98 and v["iteration_ms"]["plan"] > 0
 
 
 def test_multi_objective_writes_a_pareto_front(phi2, tmp_path):

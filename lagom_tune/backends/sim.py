@@ -1,22 +1,20 @@
 """A SIMULATED GPU cluster: a what-if tool, never a measurement. Every row and file says so.
 
-Its ground truth lives here and nowhere else; the fitted model (model/gpu.py) shares no code with
-it, so recovering these mechanics from the simulator's "measurements" is a real test of the fit.
+Its ground truth is a mechanism, not the fitted model's equations (model/gpu.py shares no code
+with it), so recovering it from the simulator's "measurements" is a real test of the model:
 
-Mechanics, per device (figures from DESIGN.md §10 and public specs):
+* computation (``sim_compute.py``): GEMM kernels chosen like cuBLAS, tiles scheduled on SMs in
+  waves (a persistent grid or one CTA per tile), channel blocks holding SMs, HBM arbitrated
+  between requesters, L2 evictions and HBM queueing while a collective streams; calibrated on one
+  H200 (``tests/data/h200-2026-11-30``);
+* communication (``sim_comm.py``): channels as pipelines of buffsize/8 steps with per-protocol
+  handshakes, sharing a link through a contended fabric; calibrated to published nccl-tests,
+  AutoCCL and Lagom figures;
+* the two beside each other: the collective holds SMs, draws HBM and evicts L2; the GEMM's HBM
+  traffic slows the collective's steps. Both run at their contended rates until one ends.
 
-* GEMM: tiles of 128x256 (128x128 when m or n < 1024), one per SM per wave; a wave takes the
-  longer of its tiles' math and the HBM traffic of all tiles in flight; waves quantise, so
-  taking SMs away for NCCL channels can add a whole wave.
-* Communication takes one SM per channel, and HBM bandwidth in proportion to what it moves
-  (about 3 bytes of HBM traffic per byte all-reduced, 2 otherwise), more with larger buffers
-  (L2 spill); a GEMM beside it gets fewer SMs and less HBM.
-* Collective bandwidth grows with channels and saturates at the link:
-  ``bw = L * (1 - exp(-channels * per_channel / L))``, scaled by protocol efficiency (LL 50%,
-  LL128 92%, Simple 100%), thread count and pipelining (buffsize / 8 per step); latency per
-  step by protocol; ring uses 2(n-1) steps, tree 2*log2(n); across nodes the link is InfiniBand.
-* A collective beside a GEMM slows with the GEMM's HBM pressure.
-* Optional multiplicative noise, deterministic for a seed and point.
+Every figure is checked against its source in ``tests/test_sim_observations.py``. Optional
+multiplicative noise, deterministic for a seed and point.
 """
 
 from __future__ import annotations
@@ -31,26 +29,12 @@ import numpy as np
 from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, bandwidth_columns, bus_factor
 from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
 from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Cluster
+from lagom_tune.backends.sim_comm import IB, comm_seconds, hbm_draw, link_of
+from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_seconds, hbm_demand
 from lagom_tune.errors import UserError
-from lagom_tune.workload.spec import DTYPES, Gemm, Workload
+from lagom_tune.workload.spec import Gemm, Workload
 
-IB = {100: 12.5 * GB, 400: 50 * GB}
 GPUS_PER_NODE = 8  # every simulated cluster's node
-PROTO = {  # efficiency, latency per step (s)
-    "ll": (0.5, 1.0e-6),
-    "ll128": (0.92, 1.8e-6),
-    "simple": (1.0, 4.0e-6),
-}
-HBM_PER_BYTE = {"all_reduce": 3.0}
-LAUNCH = 4e-6
-
-
-def _reuse(tiles: int) -> float:
-    return min(8.0, max(1.0, math.sqrt(tiles) / 2))
-
-
-def _tile(g: Gemm) -> tuple[int, int]:
-    return (128, 128) if min(g.m, g.n) < 1024 else (128, 256)
 
 
 class SimCluster:
@@ -59,65 +43,34 @@ class SimCluster:
     def __init__(self, cluster: Cluster, nodes: int = 1, ib_gbps: int = 400):
         self.c = cluster
         self.nodes = nodes
-        self.ib = IB[ib_gbps]
+        self.ib_gbps = ib_gbps
 
-    # -- communication -------------------------------------------------------------------------
+    def comm_time(self, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any], gemm_hbm: float = 0.0) -> float:
+        """A collective's time alone, or beside a GEMM drawing ``gemm_hbm`` bytes/s of HBM."""
+        bus = nbytes * bus_factor(op, ranks)
+        return comm_seconds(self.c, op, bus, ranks, link_of(self.c, nodes, self.ib_gbps), s, gemm_hbm)
 
-    def comm_bw(self, op: str, ranks: int, nodes: int, algo: str, proto: str, channels: int, threads: int, buffsize: int) -> float:
-        eff, _ = PROTO[proto]
-        ceiling = self.c.link if nodes <= 1 else min(self.c.link, self.ib * (1.0 if algo == "ring" else 1.15))
-        per_channel = self.c.per_channel * min(1.0, (threads / 512) ** 0.35)
-        bw = ceiling * (1 - math.exp(-channels * per_channel / ceiling))
-        pipeline = 1 / (1 + (16 << 10) / (buffsize / 8))
-        return bw * eff * pipeline * (0.93 if algo == "tree" and nodes <= 1 else 1.0)
+    def contention(self, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> Contention:
+        """What the collective takes from a GEMM beside it: its channel blocks' SMs, its HBM traffic, L2."""
+        t = self.comm_time(op, nbytes, ranks, nodes, s)
+        return Contention(int(s["channels"]), hbm_draw(self.c, op, nbytes * bus_factor(op, ranks), t), True)
 
-    def comm_time(self, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> float:
-        _, lat = PROTO[s["proto"]]
-        steps = 2 * (ranks - 1) if s["algo"] == "ring" or op != "all_reduce" else 2 * max(1, math.ceil(math.log2(ranks)))
-        if op in ("all_gather", "reduce_scatter", "all_to_all"):
-            steps = ranks - 1
-        inter = 5e-6 * (nodes > 1) * steps / max(1, ranks // max(nodes, 1))
-        bw = self.comm_bw(op, ranks, nodes, s["algo"], s["proto"], s["channels"], s["threads"], s["buffsize"])
-        return LAUNCH + steps * lat + inter + nbytes * bus_factor(op, ranks) / bw
+    def gemm_time(self, g: Gemm, load: Contention = IDLE) -> float:
+        return gemm_seconds(self.c, g, load)
 
-    def comm_hbm_demand(self, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> float:
-        """HBM bytes/s the collective draws while it runs (L2 spills grow with the buffer)."""
-        bw = self.comm_bw(op, ranks, nodes, s["algo"], s["proto"], s["channels"], s["threads"], s["buffsize"])
-        spill = 1 + 0.5 * min(1.0, s["channels"] * s["buffsize"] / 8 / self.c.l2)
-        return bw * HBM_PER_BYTE.get(op, 2.0) * spill
-
-    # -- computation ---------------------------------------------------------------------------
-
-    def gemm_time(self, g: Gemm, channels: int = 0, hbm_taken: float = 0.0) -> float:
-        tm, tn = _tile(g)
-        tiles = math.ceil(g.m / tm) * math.ceil(g.n / tn) * g.batch
-        sms = self.c.sms - channels
-        dt = DTYPES[g.dtype]
-        t_math = 2 * tm * tn * g.k / (self.c.tflops / self.c.sms)
-        # Tiles in flight share operand rows and columns through L2: HBM sees a fraction.
-        tile_bytes = (tm * g.k + g.k * tn + tm * tn) * dt / _reuse(tiles)
-        hbm = max(0.1 * self.c.hbm, 0.9 * self.c.hbm - hbm_taken)
-        total, left = LAUNCH, tiles
-        while left > 0:
-            in_wave = min(sms, left)
-            total += max(t_math, in_wave * tile_bytes / hbm) + 0.8e-6
-            left -= in_wave
-        thrash = 1 + 0.04 * min(1.0, channels * 4e6 / self.c.l2) if channels else 1.0
-        return total * thrash
-
-    def gemm_hbm_pressure(self, g: Gemm) -> float:
-        """Fraction of HBM bandwidth the GEMM uses on average when alone."""
-        tm, tn = _tile(g)
-        tiles = math.ceil(g.m / tm) * math.ceil(g.n / tn) * g.batch
-        moved = tiles * (tm * g.k + g.k * tn + tm * tn) * DTYPES[g.dtype] / _reuse(tiles)
-        return min(1.0, moved / self.gemm_time(g) / self.c.hbm)
+    def slowdowns(self, g: Gemm, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> tuple[float, float]:
+        """The GEMM's and the collective's slowdowns while both run."""
+        load = self.contention(op, nbytes, ranks, nodes, s)
+        compute = self.gemm_time(g, load) / self.gemm_time(g)
+        comm = self.comm_time(op, nbytes, ranks, nodes, s, hbm_demand(self.c, g, load)) / self.comm_time(op, nbytes, ranks, nodes, s)
+        return compute, comm
 
     def overlap(self, g: Gemm, n: int, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> dict[str, float]:
         """n GEMMs and one collective started together: when each stream ends."""
         y0 = self.gemm_time(g) * n
         x0 = self.comm_time(op, nbytes, ranks, nodes, s)
-        y1 = self.gemm_time(g, s["channels"], self.comm_hbm_demand(op, nbytes, ranks, nodes, s)) * n
-        x1 = x0 * (1 + 0.25 * self.gemm_hbm_pressure(g))
+        sy, sx = self.slowdowns(g, op, nbytes, ranks, nodes, s)
+        y1, x1 = y0 * sy, x0 * sx
         # Both run at contended rates until the first ends; the other finishes alone.
         if x1 <= y1:
             t_comm = x1
@@ -143,9 +96,7 @@ def _ground_truth_iteration(sim: "SimCluster", workload: Workload, items) -> flo
         x = [sim.comm_time(c.op, c.nbytes, c.ranks, c.nodes, cfg[c.name]) for c in grp.comm]
 
         def slowdowns(g, c, cfg=cfg):
-            s = cfg[c.name]
-            contended = sim.gemm_time(g, s["channels"], sim.comm_hbm_demand(c.op, c.nbytes, c.ranks, c.nodes, s))
-            return contended / sim.gemm_time(g), 1 + 0.25 * sim.gemm_hbm_pressure(g)
+            return sim.slowdowns(g, c.op, c.nbytes, c.ranks, c.nodes, cfg[c.name])
 
         total += grp.repeat * simulate(grp.compute, y, grp.comm, x, slowdowns).makespan
     return total

@@ -3,9 +3,11 @@ simulator so that a sim plan's knob space (its channel bounds) loads without num
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GB = 1e9
+HBM_EFFICIENCY = 4.26 / 4.8  # measured device-to-device copy over the data-sheet figure (one H200, 2026-11-30)
 
 
 @dataclass(frozen=True)
@@ -22,13 +24,29 @@ class Cluster:
     l2: int  # bytes
     default_channels: int
     max_channels: int = 64
+    fabric: float = math.inf  # bytes/s at which the switch fabric's contention halves what channels offer
+    gpcs: int = 7  # graphics processing clusters: the block scheduler spreads CTAs across them
+    cta_cluster: int = 1  # CTAs a GEMM kernel co-schedules on one TPC (Hopper's thread-block clusters: 2)
+
+    @property
+    def hbm_effective(self) -> float:
+        """HBM bandwidth a streaming kernel reaches: the H200 copied 4.26 of its 4.8 TB/s."""
+        return self.hbm * HBM_EFFICIENCY
 
 
+# link: what NCCL's ring reaches on the intra-node link (PCIe 4.0 x16 ~22 GB/s achieved; NVLink
+# bridge pairs plus PCIe ~48; NVLink 3 300 GB/s and NVLink 4 450 GB/s per direction at ~0.85).
+# per_channel and fabric: calibrated to published observations (sim_comm.py, DESIGN.md §10):
+# 8xH200 all-reduce with CTAs capped (2/4/8 -> 74/134/234 GB/s busbw), 8xA100 nccl-tests
+# 230-250 GB/s at NCCL's defaults, and AutoCCL's 1.24-1.29x over NCCL's defaults on A40s.
 CLUSTERS = {
-    "a40-pcie": Cluster("a40-pcie", "A40", 84, 696 * GB, 150e12 * 0.7, 22 * GB, 8 * GB, 6 << 20, 8, 32),
-    "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 48 * GB, 9 * GB, 6 << 20, 8, 64),
-    "a100-nvlink": Cluster("a100-nvlink", "A100-SXM4-80GB", 108, 2.0e12, 312e12 * 0.75, 230 * GB, 24 * GB, 40 << 20, 16),
-    "h100-nvlink": Cluster("h100-nvlink", "H100-SXM", 132, 3.35e12, 989e12 * 0.72, 360 * GB, 48 * GB, 50 << 20, 16),
-    "h200-nvlink": Cluster("h200-nvlink", "H200", 132, 4.8e12, 989e12 * 0.8, 360 * GB, 48 * GB, 50 << 20, 16),
+    "a40-pcie": Cluster("a40-pcie", "A40", 84, 696 * GB, 150e12 * 0.7, 22 * GB, 5.0 * GB, 6 << 20, 8, 32),
+    "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 48 * GB, 5.0 * GB, 6 << 20, 8, 64),
+    "a100-nvlink": Cluster("a100-nvlink", "A100-SXM4-80GB", 108, 2.0e12, 312e12 * 0.75, 255 * GB, 24 * GB, 40 << 20, 16,
+                           fabric=640 * GB),
+    "h100-nvlink": Cluster("h100-nvlink", "H100-SXM", 132, 3.35e12, 989e12 * 0.95, 380 * GB, 55 * GB, 50 << 20, 16,
+                           fabric=800 * GB, gpcs=8, cta_cluster=2),
+    "h200-nvlink": Cluster("h200-nvlink", "H200", 132, 4.8e12, 989e12 * 0.95, 380 * GB, 55 * GB, 50 << 20, 16,
+                           fabric=800 * GB, gpcs=8, cta_cluster=2),
 }
 DEFAULT_CLUSTER = "h100-nvlink"  # --hardware left out: said in the fingerprint and the profile's output

@@ -1,0 +1,123 @@
+"""The SIMULATED GPU's communication: NCCL's channels as pipelines of fixed-size steps over a
+shared link, and what a GEMM beside them takes away. A mechanism, not the fitted model's
+saturating curve (model/gpu.py): the model has to earn its accuracy on it.
+
+* **A channel** is one CTA of ``threads`` threads that moves the collective's data in steps of
+  ``buffsize / 8`` bytes (NCCL's Simple step; LL and LL128 move payload plus flags, at 50% and
+  ~94% efficiency). A step costs its bytes at the channel's copy rate (at most
+  ``Cluster.per_channel``, less with fewer threads) plus the protocol's per-step handshake.
+* **The link** (NVLink, PCIe or InfiniBand between nodes) caps the channels' sum: each channel
+  gets an equal share of it once they would exceed it.
+* **Algorithms**: a ring all-reduce runs ``2 (n - 1)`` steps per chunk, all-gather and
+  reduce-scatter ``n - 1``, a tree all-reduce ``2 log2 n`` with 10% more per-step work inside a node
+  (reduction and broadcast both on NVLink); the first chunk fills the pipeline.
+* **HBM**: a collective reads and writes its data through HBM (an all-reduce about 3 bytes per
+  byte on the bus, others 2). Beside a GEMM it gets its share of the bandwidth left and waits
+  longer per step as HBM's queue fills.
+
+Calibrated from published figures, cited in :data:`REFERENCE_BUSBW` and DESIGN.md §10 (8xH200
+all-reduce with CTAs capped), and checked against them in ``tests/test_sim_observations.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from lagom_tune.backends.sim_clusters import GB, Cluster
+from lagom_tune.backends.sim_compute import MAX_UTILISATION
+
+LAUNCH_S = 5.0e-6  # a collective's launch and first handshake
+PROTOCOLS = {  # payload efficiency, per-step handshake (s)
+    "ll": (0.5, 0.6e-6),
+    "ll128": (0.94, 1.2e-6),
+    "simple": (1.0, 3.5e-6),
+}
+STEPS_PER_BUFFER = 8  # NCCL splits a channel's buffer into 8 steps
+THREADS_FULL_RATE = 256  # a channel CTA reaches its full copy rate from this many threads
+TREE_WORK = 1.1  # a tree step reduces and broadcasts: more work per byte than a ring step
+HBM_PER_BUS_BYTE = {"all_reduce": 3.0}  # others 2: read once, write once
+CORUN_STEP_DELAY = 0.6  # per-step handshakes wait this much longer per unit of HBM utilisation a GEMM beside adds
+IB = {100: 12.5 * GB, 400: 50 * GB}  # per GPU, one NIC each
+
+
+@dataclass(frozen=True)
+class Link:
+    """What one collective's channels share: bytes/s, and whether it leaves the node."""
+
+    rate: float
+    inter_node: bool
+
+
+def link_of(c: Cluster, nodes: int, ib_gbps: int) -> Link:
+    """The link a collective across ``nodes`` nodes runs on."""
+    return Link(c.link, False) if nodes <= 1 else Link(min(c.link, IB[ib_gbps]), True)
+
+
+def steps(op: str, algo: str, ranks: int) -> int:
+    """Pipeline steps one chunk takes around the communicator."""
+    if op == "all_reduce":
+        return 2 * max(1, math.ceil(math.log2(max(ranks, 2)))) if algo == "tree" else 2 * (ranks - 1)
+    return max(1, ranks - 1)
+
+
+def channel_rate(c: Cluster, threads: int) -> float:
+    """Bytes/s one channel CTA copies with ``threads`` threads."""
+    return c.per_channel * min(1.0, threads / THREADS_FULL_RATE)
+
+
+def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, s: Mapping[str, Any],
+                 gemm_hbm: float = 0.0) -> float:
+    """A collective's time: its bus bytes through ``channels`` pipelines sharing ``link``.
+
+    Args:
+        c: the simulated device.
+        op: the collective.
+        bus_bytes: bytes each rank moves on the bus (nccl-tests' busbw times time).
+        ranks: communicator size.
+        link: what its channels share.
+        s: its settings (algo, proto, channels, threads, buffsize).
+        gemm_hbm: bytes/s of HBM a GEMM running beside it draws (0 alone).
+
+    Returns:
+        Seconds.
+    """
+    eff, handshake = PROTOCOLS[s["proto"]]
+    channels = int(s["channels"])
+    rate = channel_share(c, link, channels, int(s["threads"])) * eff
+    if s["algo"] == "tree" and not link.inter_node:
+        rate /= TREE_WORK
+    hbm_need = rate * channels * HBM_PER_BUS_BYTE.get(op, 2.0)
+    cap = c.hbm_effective
+    if gemm_hbm and hbm_need + gemm_hbm > cap:  # arbitrated in proportion to demand, as for the GEMM
+        rate *= cap / (hbm_need + gemm_hbm)
+    rho = min(MAX_UTILISATION, gemm_hbm / cap)
+    handshake *= 1 + CORUN_STEP_DELAY * rho / (1 - rho)
+    per_channel_bytes = bus_bytes / channels
+    n_steps = max(math.ceil(per_channel_bytes / (int(s["buffsize"]) / STEPS_PER_BUFFER)), steps(op, s["algo"], ranks))
+    return LAUNCH_S + n_steps * (per_channel_bytes / n_steps / rate + handshake)
+
+
+def channel_share(c: Cluster, link: Link, channels: int, threads: int) -> float:
+    """Bytes/s each of ``channels`` channels moves: their copy rates, slowed by contention in the
+    switch fabric (``1 / (1/sum + 1/fabric)``) and capped by the link."""
+    offered = channels * channel_rate(c, threads)
+    carried = offered / (1 + offered / c.fabric) if math.isfinite(c.fabric) else offered
+    return min(carried, link.rate) / channels
+
+
+def hbm_draw(c: Cluster, op: str, bus_bytes: float, seconds: float) -> float:
+    """Bytes/s of HBM the collective draws while it runs."""
+    return bus_bytes / max(seconds, 1e-12) * HBM_PER_BUS_BYTE.get(op, 2.0)
+
+
+# Published bus bandwidths of large collectives with NCCL's defaults, the observations the
+# simulated links are calibrated from (tested in tests/test_sim_observations.py).
+REFERENCE_BUSBW = {
+    "a100-nvlink": (230 * GB, 250 * GB, "8xA100 SXM4 NVLink 3, nccl-tests all_reduce_perf at large sizes: 230-250 GB/s "
+                    "(docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests)"),
+    "h100-nvlink": (360 * GB, 480 * GB, "8xH100 SXM5 NVLink 4: 460-480 GB/s with NVLink SHARP (same source); the simulator "
+                    "has no NVLS, so its ring is held to NVLink 4's 450 GB/s per direction at NCCL's ring efficiency (~0.8-1.0)"),
+    "h200-nvlink": (360 * GB, 480 * GB, "8xH200 NVLink 4, as H100 (same NVLink and NVSwitch)"),
+}

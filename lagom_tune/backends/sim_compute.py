@@ -1,0 +1,218 @@
+"""The SIMULATED GPU's computation: GEMM kernels as tiles scheduled on SMs, and what channel blocks
+running beside them take away. A mechanism, not a formula: nothing here is the fitted model's
+equations (model/gpu.py), so the model has to earn its accuracy on what this produces.
+
+The mechanism, per device (constants calibrated on one H200, 2026-11-30, ``tests/data/
+h200-2026-11-30``; other devices scaled by their SMs, HBM bandwidth and peak TFLOP/s):
+
+* **Kernel choice.** Like cuBLAS, the kernel is chosen once, alone: among tile shapes
+  (:data:`TILES`) and split-K factors, the one with the shortest time on an idle device. NCCL's
+  blocks arriving later do not change that choice, which is where wave quantisation bites.
+* **A persistent grid.** The kernel launches ``min(CTAs, SMs - GRID_SPARE)`` CTAs; CTA ``j`` owns
+  tiles ``j, j + grid, ...`` (a static schedule). One CTA fills an SM (registers and shared
+  memory), so an SM holding a channel block cannot host one: CTAs that find no SM wait until a
+  CTA finishes all its tiles. One CTA pushed out of a one-wave kernel doubles it.
+* **A tile's time** is the longer of its math (``2 tm tn k`` at the SM's rate, smaller tiles at a
+  lower efficiency) and its HBM traffic at the SM's share of the bandwidth left, plus a fixed
+  prologue/epilogue. Tiles running together share operand panels through L2 (in-wave reuse);
+  a later wave finds panels an earlier one loaded (cross-wave reuse) unless a collective
+  streaming through L2 has evicted them.
+* **Beside communication** the GEMM loses the SMs of the channel blocks, the HBM bandwidth the
+  collective draws, and cross-wave L2 reuse in proportion to how much of L2 the collective
+  sweeps while the GEMM runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from lagom_tune.backends.sim_clusters import Cluster
+from lagom_tune.workload.spec import DTYPES, Gemm
+
+TILES = ((128, 256), (256, 128), (128, 128))  # cuBLAS's Hopper bf16 tile shapes
+TILE_EFFICIENCY = {(128, 256): 1.0, (256, 128): 1.0, (128, 128): 0.86}  # math rate of a smaller tile (less reuse per load)
+SPLITS = (1, 2, 4)  # split-K factors for short, deep GEMMs
+PERSISTENT_WAVES = 2  # kernels of at most this many waves run a persistent grid; larger ones one CTA per tile
+SPARE_SLOTS = 1  # a persistent grid leaves one slot (a TPC on Hopper) idle
+LAUNCH_S = 3.0e-6  # kernel launch and ramp, back to back on one stream (H200: 8 us for the smallest GEMMs)
+CORUN_LAUNCH_S = 1.5e-6  # a launch waits for the block dispatcher while another kernel holds SMs (H200: small GEMMs +1-2 us beside one block)
+TILE_FIXED_S = 0.6e-6  # per tile: prologue (first k-panel) and epilogue (C written)
+IN_WAVE_REUSE = 4.0  # CTAs running together share A and B panels through L2
+CROSS_WAVE_HITS = 0.3  # share of a later wave's panel loads that hit what the wave before left in L2, undisturbed
+EVICTED_MISSES = 1.4  # panel-load misses per tile, relative to a first wave's, once a collective streams through L2
+EVICTION_PER_UTILISATION = 1.1  # more misses as the collective's share u of HBM bandwidth grows, as u**EVICTION_POWER
+EVICTION_POWER = 3.0  # (calibrated: the H200's slowdown rises late, past half its bandwidth)
+MISS_STALL = 0.3  # a tile's mainloop runs this much longer when all its panel loads miss L2 (latency not hidden)
+QUEUE_DELAY = 0.2  # HBM latency grows with utilisation rho as 1 + QUEUE_DELAY * rho / (1 - rho) (a queue)
+MAX_UTILISATION = 0.95
+SPLIT_REDUCE_BYTES = 4  # a split-K partial tile is written and read back in fp32
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """The kernel chosen for a GEMM: its tile, split-K factor and grid."""
+
+    tile: tuple[int, int]
+    split: int
+    tiles: int  # work units: output tiles times the split
+    grid: int  # CTAs launched: a persistent grid, or one per tile
+    persistent: bool
+
+    def cluster(self, c: Cluster) -> int:
+        """CTAs co-scheduled as one group: a persistent kernel's thread-block cluster, else one."""
+        return c.cta_cluster
+
+    def shares(self, cluster: int) -> list[int]:
+        """Tiles per co-scheduled group of ``cluster`` CTAs under the static schedule (CTA j owns
+        tiles j, j + grid, ...); a group lasts as long as its busiest CTA. Smallest first: CTAs are
+        dispatched in no order their shares know, so a group that waits owns a typical (the
+        largest) share, not the remainder."""
+        base, extra = divmod(self.tiles, self.grid)
+        ctas = [base + (1 if j < extra else 0) for j in range(self.grid)]
+        return sorted(max(ctas[i:i + cluster]) for i in range(0, len(ctas), cluster))
+
+
+@dataclass(frozen=True)
+class Contention:
+    """What a running collective takes from a GEMM beside it."""
+
+    blocks: int = 0  # channel blocks resident on SMs (one SM each)
+    hbm: float = 0.0  # bytes/s of HBM bandwidth the collective asks for
+    evicts_l2: bool = False  # it streams through L2, so a wave finds nothing the previous one loaded
+
+
+IDLE = Contention()
+
+
+def slots(c: Cluster, blocks: int, cluster: int) -> int:
+    """Places a kernel's groups of ``cluster`` CTAs can run while ``blocks`` channel blocks hold SMs.
+
+    One CTA per SM (a GEMM CTA takes an SM's registers and shared memory). The block scheduler
+    spreads the channel blocks across GPCs and packs them within one; a block spoils the TPC (two
+    SMs) it sits on for a thread-block cluster of two, two blocks share one TPC.
+    """
+    if cluster == 1:
+        return max(1, c.sms - blocks)
+    per_gpc = [blocks // c.gpcs + (1 if g < blocks % c.gpcs else 0) for g in range(c.gpcs)]
+    spoiled = sum(math.ceil(b / cluster) for b in per_gpc)
+    return max(1, c.sms // cluster - spoiled)
+
+
+def _tile_counts(g: Gemm, tile: tuple[int, int]) -> int:
+    return math.ceil(g.m / tile[0]) * math.ceil(g.n / tile[1]) * g.batch
+
+
+def tile_seconds(c: Cluster, g: Gemm, kernel: Kernel, running: int, load: Contention = IDLE) -> tuple[float, float]:
+    """One tile's time on one SM while ``running`` CTAs run together, and the HBM bandwidth those
+    CTAs draw.
+
+    Args:
+        c: the simulated device.
+        g: the GEMM.
+        kernel: its chosen kernel.
+        running: CTAs running at once (they share HBM bandwidth).
+        load: what a collective beside it takes.
+
+    Returns:
+        (seconds per tile, bytes/s the GEMM draws from HBM).
+    """
+    tm, tn = kernel.tile
+    k = g.k / kernel.split
+    dt = DTYPES[g.dtype]
+    waves = max(1.0, kernel.tiles / running)
+    # The first wave misses; later ones find part of their panels in L2. A collective streaming
+    # through L2 evicts panels in proportion to its traffic; CTAs launched wave after wave (not a
+    # persistent grid, which prefetches its next tile's panels) lose the cross-wave hits outright.
+    cap = c.hbm_effective
+    misses = 1 - CROSS_WAVE_HITS * (1 - 1 / waves)
+    if load.evicts_l2:
+        misses += EVICTION_PER_UTILISATION * min(1.0, load.hbm / cap) ** EVICTION_POWER
+        if not kernel.persistent:
+            misses = max(misses, EVICTED_MISSES)
+    math_s = 2 * tm * tn * k / (c.tflops / c.sms * TILE_EFFICIENCY[kernel.tile])
+    out = tm * tn * (SPLIT_REDUCE_BYTES * 2 if kernel.split > 1 else dt)
+    wave_bytes = ((tm + tn) * k * dt * misses / IN_WAVE_REUSE + out) * running
+    # A miss stalls for HBM's latency, which grows as the collective's traffic fills the queue in
+    # front of HBM (the GEMM's own traffic is part of its time alone).
+    latency = _queue(load.hbm, cap)
+    math_s *= 1 + MISS_STALL * misses * latency
+    demand = wave_bytes / (math_s + TILE_FIXED_S)
+    # HBM is arbitrated between requesters: each gets what it asks for while the sum fits, else
+    # a share in proportion to its demand.
+    got = min(demand, cap) if demand + load.hbm <= cap else cap * demand / (demand + load.hbm)
+    tile_s = max(math_s, wave_bytes / got) + TILE_FIXED_S
+    return tile_s, wave_bytes / tile_s
+
+
+def _queue(drawn: float, cap: float) -> float:
+    rho = min(MAX_UTILISATION, drawn / cap)
+    return 1 + QUEUE_DELAY * rho / (1 - rho)
+
+
+def _makespan(shares: list[int], places: int, tile_s: float) -> float:
+    """Static shares list-scheduled on ``places``: groups start in order as places free up."""
+    if len(shares) <= places:
+        return max(shares) * tile_s
+    free = [share * tile_s for share in shares[:places]]
+    heapq.heapify(free)
+    for share in shares[places:]:
+        heapq.heappush(free, heapq.heappop(free) + share * tile_s)
+    return max(free)
+
+
+def kernel_seconds(c: Cluster, g: Gemm, kernel: Kernel, load: Contention = IDLE) -> float:
+    """A kernel's time, alone (``load`` idle) or beside a collective."""
+    cluster = kernel.cluster(c)
+    places = slots(c, load.blocks, cluster)
+    groups = math.ceil(kernel.grid / cluster)
+    running = min(groups, places) * cluster
+    tile_s, _ = tile_seconds(c, g, kernel, min(running, kernel.tiles), load)
+    launch = LAUNCH_S + (CORUN_LAUNCH_S if load.blocks else 0.0)
+    if kernel.persistent:
+        return launch + _makespan(kernel.shares(cluster), places, tile_s)
+    return launch + math.ceil(groups / places) * tile_s  # one CTA per tile: full waves of free places
+
+
+def hbm_demand(c: Cluster, g: Gemm, load: Contention = IDLE) -> float:
+    """Bytes/s of HBM bandwidth the GEMM draws while it runs (what a collective beside it competes with)."""
+    kernel = choose_kernel(c, g)
+    cluster = kernel.cluster(c)
+    running = min(math.ceil(kernel.grid / cluster), slots(c, load.blocks, cluster)) * cluster
+    return tile_seconds(c, g, kernel, min(running, kernel.tiles), load)[1]
+
+
+@lru_cache(maxsize=4096)
+def choose_kernel(c: Cluster, g: Gemm) -> Kernel:
+    """The kernel a library would pick for ``g``: the fastest candidate on an idle device."""
+    best: tuple[float, Kernel] | None = None
+    persistent_grid = (c.sms // c.cta_cluster - SPARE_SLOTS) * c.cta_cluster
+    for tile in TILES:
+        out_tiles = _tile_counts(g, tile)
+        for split in SPLITS:
+            if split > 1 and (out_tiles * split > PERSISTENT_WAVES * persistent_grid or g.k // split < 512):
+                continue
+            tiles = out_tiles * split
+            persistent = tiles <= PERSISTENT_WAVES * persistent_grid
+            kernel = Kernel(tile, split, tiles, min(tiles, persistent_grid) if persistent else tiles, persistent)
+            t = kernel_seconds(c, g, kernel)
+            if best is None or t < best[0] * (1 - 1e-9):
+                best = (t, kernel)
+    assert best is not None
+    return best[1]
+
+
+def gemm_seconds(c: Cluster, g: Gemm, load: Contention = IDLE) -> float:
+    """A GEMM's time on the simulated device, alone or beside a collective.
+
+    Args:
+        c: the simulated device.
+        g: the GEMM.
+        load: SMs, HBM bandwidth and L2 a collective running beside it takes.
+
+    Returns:
+        Seconds.
+    """
+    return kernel_seconds(c, g, choose_kernel(c, g), load)

@@ -1,0 +1,176 @@
+"""The simulator against each observation it is calibrated from (every number SIMULATED).
+
+Inputs, not outputs: the H200 slowdown table (tests/data/h200-2026-11-30), published nccl-tests
+bus bandwidths, AutoCCL's isolated-collective gain and Lagom's §10 observations (DESIGN.md). The
+end-to-end speedups (bench/paper_sim.py) are outputs and nothing here looks at them.
+"""
+
+import itertools
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lagom_tune.backends.base import BackendOptions, bus_factor, get_backend
+from lagom_tune.backends.nccl_knobs import nccl_knob_space
+from lagom_tune.backends.sim import CLUSTERS, SimCluster
+from lagom_tune.backends.sim_comm import REFERENCE_BUSBW
+from lagom_tune.backends.sim_compute import Contention
+from lagom_tune.model.fit import fit_model
+from lagom_tune.model.rows import consistent_baselines, point_medians, two_rate_slowdowns
+from lagom_tune.profile.campaign import run_profile
+from lagom_tune.workload.presets import build_preset
+from lagom_tune.workload.spec import Gemm
+
+H200_DATA = Path(__file__).parent / "data" / "h200-2026-11-30"
+SIMPLE = dict(algo="ring", proto="simple", threads=512, buffsize=4 << 20)
+
+
+def busbw(sim, op, nbytes, ranks, **s):
+    s = {**SIMPLE, **s}
+    return nbytes * bus_factor(op, ranks) / sim.comm_time(op, nbytes, ranks, 1, s) / 1e9
+
+
+def _h200_table(workload):
+    """Measured: median over shapes of each shape's median two-rate GEMM slowdown, per channel
+    count; and the probe's measured copy rate per channel count (what it drew from HBM)."""
+    pts = consistent_baselines(point_medians(pd.read_csv(H200_DATA / workload / "measurements.csv")))
+    over = pts[pts["kind"] == "overlap"].copy()
+    over["slowdown"] = [a for a, _ in over.apply(two_rate_slowdowns, axis=1)]
+    per_shape = over.groupby(["gemm", "channels"])["slowdown"].median().unstack()
+    probe = pts[pts["kind"] == "collective"].copy()
+    probe = probe[probe["nbytes"] == probe.groupby("channels")["nbytes"].transform("max")]
+    copy_rate = (probe["nbytes"] / (probe["time_us"] * 1e-6)).groupby(probe["channels"]).median()
+    return per_shape, copy_rate
+
+
+def _gemm(key):
+    b, m, n, k = (int(x) for x in key.split(":")[0].split("x"))
+    return Gemm("g", m, n, k, "bf16", b)
+
+
+@pytest.mark.parametrize("workload", ["mpt-7b-tp8-dp1", "llama3-8b-fsdp8"])
+def test_h200_gemm_slowdown_beside_copy_blocks(workload):
+    """The measured slowdown table (1.07 at one block, ~1.9 from 4, ~3 at 64 for mpt-7b): the
+    simulated GEMMs beside the same number of blocks drawing the probe's measured HBM traffic
+    (it reads and writes each byte). The aim, 0.1 at every channel count, is met at 5 of 9 (mpt-7b)
+    and 7 of 9 (llama3-8b); all are within 0.26 (2 channels: a bimodal set of shapes, one CTA group
+    pushed out or not; 32-64: HBM contention)."""
+    measured, copy_rate = _h200_table(workload)
+    sim = SimCluster(CLUSTERS["h200-nvlink"])
+    simulated = pd.DataFrame({key: {ch: sim.gemm_time(_gemm(key), Contention(int(ch), 2 * copy_rate[ch], True))
+                                    / sim.gemm_time(_gemm(key)) for ch in measured.columns} for key in measured.index}).T
+    err = (simulated.median() - measured.median()).abs()
+    assert err.max() <= 0.26, err.round(3).to_dict()
+    assert (err <= 0.1).sum() >= 5, err.round(3).to_dict()
+
+
+@pytest.mark.parametrize("workload", ["mpt-7b-tp8-dp1", "llama3-8b-fsdp8"])
+def test_h200_gemm_times_alone(workload):
+    """GEMMs alone, from tiles in waves: the median shape within 15% of its measured time."""
+    pts = point_medians(pd.read_csv(H200_DATA / workload / "measurements.csv"))
+    gemms = pts[pts["kind"] == "gemm"]
+    sim = SimCluster(CLUSTERS["h200-nvlink"])
+    ratio = pd.Series({row.gemm: sim.gemm_time(_gemm(row.gemm)) * 1e6 / row.time_us for row in gemms.itertuples()})
+    assert abs(ratio.median() - 1) <= 0.15, ratio.round(2).to_dict()
+
+
+def test_h200_all_reduce_with_ctas_capped():
+    """8xH200, 128 MB all-reduce: 2 -> 74, 4 -> 134, 8 -> 234 GB/s busbw (DESIGN.md §10), within 10%."""
+    sim = SimCluster(CLUSTERS["h200-nvlink"])
+    for ch, published in ((2, 74), (4, 134), (8, 234)):
+        assert busbw(sim, "all_reduce", 128 << 20, 8, channels=ch) == pytest.approx(published, rel=0.10)
+
+
+@pytest.mark.parametrize("cluster", sorted(REFERENCE_BUSBW))
+def test_nccl_tests_bus_bandwidth_at_nccl_defaults(cluster):
+    """Large all-reduce at NCCL's default settings within the published nccl-tests range (10% margin)."""
+    lo, hi, source = REFERENCE_BUSBW[cluster]
+    c = CLUSTERS[cluster]
+    bw = busbw(SimCluster(c), "all_reduce", 1 << 30, 8, channels=c.default_channels) * 1e9
+    assert lo * 0.9 <= bw <= hi * 1.1, (bw / 1e9, source)
+
+
+def test_autoccl_isolated_collective_gain_over_nccl_defaults():
+    """AutoCCL (NSDI'25): tuned settings 1.24-1.29x the bandwidth of NCCL's defaults for collectives
+    alone, on A40s. Best over the deployable space vs the defaults, large collectives of the
+    paper's workloads on the A40 NVLink cluster: the median gain in the published range (+-0.05)."""
+    c = CLUSTERS["a40-nvlink"]
+    sim = SimCluster(c)
+    space = nccl_knob_space(c.max_channels, c.default_channels)
+    default = {k.name: k.default for k in space.knobs}
+    gains = []
+    for op, nbytes in itertools.product(("all_reduce", "all_gather", "reduce_scatter"), (64 << 20, 256 << 20)):
+        base = sim.comm_time(op, nbytes, 8, 1, default)
+        best = min(sim.comm_time(op, nbytes, 8, 1, dict(zip(("algo", "proto", "channels", "threads", "buffsize"), v)))
+                   for v in itertools.product(*(space[n].domain for n in ("algo", "proto", "channels", "threads", "buffsize")))
+                   if not (v[0] == "tree" and op != "all_reduce"))
+        gains.append(base / best)
+    assert 1.19 <= pd.Series(gains).median() <= 1.34, gains
+
+
+def test_lagom_a40_pcie_more_channels_same_comm_slower_ffn():
+    """Lagom §2: 8xA40 PCIe, 32 MB all-reduce beside an FFN, NT=128: NC 16 and 32 give almost the
+    same communication time, yet computation differs by 30.2%."""
+    sim = SimCluster(CLUSTERS["a40-pcie"])
+    ffn = Gemm("ffn", 4096, 10240, 2560, "bf16")
+    comm, comp = {}, {}
+    for ch in (16, 32):
+        s = {**SIMPLE, "threads": 128, "channels": ch}
+        comm[ch] = sim.comm_time("all_reduce", 32 << 20, 8, 1, s)
+        comp[ch] = sim.gemm_time(ffn, sim.contention("all_reduce", 32 << 20, 8, 1, s))
+    assert abs(comm[32] / comm[16] - 1) < 0.05
+    assert 1.15 < comp[32] / comp[16] < 1.45
+
+
+def _default_overlaps():
+    """Every GEMM beside every collective of three paper workloads, NCCL's defaults, H100 cluster."""
+    sim = SimCluster(CLUSTERS["h100-nvlink"])
+    s = {k.name: k.default for k in nccl_knob_space(64, 16).knobs}
+    for name in ("llama3-8b-tp8-dp2", "mpt-7b-fsdp16", "phi-2-tp8-dp2"):
+        for grp in build_preset(name).groups:
+            for g, c in itertools.product(grp.compute, grp.comm):
+                yield sim.slowdowns(g, c.op, c.nbytes, c.ranks, 1, s)[0], sim.overlap(g, 1, c.op, c.nbytes, c.ranks, 1, s)
+
+
+def test_overlap_slows_compute_yet_beats_serial():
+    """Lee et al. 2025, qualitatively: overlap slows computation yet beats running serially."""
+    pairs = list(_default_overlaps())
+    assert all(sd > 1.0 for sd, _ in pairs)
+    assert all(o["window_us"] < o["compute_alone_us"] + o["comm_alone_us"] for _, o in pairs)
+
+
+@pytest.mark.xfail(strict=True, reason="known disagreement: H200-calibrated one-wave GEMMs double beside 16 channels "
+                   "(a pushed-out CTA group), so the mean slowdown is ~1.7, not Lee et al.'s 1.19 (issue 16)")
+def test_overlap_slowdown_matches_lee_et_al_in_size():
+    """Lee et al. 2025: 18.9% on average, 40% at worst."""
+    slow = [sd for sd, _ in _default_overlaps()]
+    assert 1.05 <= sum(slow) / len(slow) <= 1.35 and max(slow) < 1.6
+
+
+def test_protocols_trade_latency_for_bandwidth():
+    sim = SimCluster(CLUSTERS["h100-nvlink"])
+    small = {p: sim.comm_time("all_reduce", 16 << 10, 8, 1, {**SIMPLE, "proto": p, "channels": 8}) for p in ("ll", "simple")}
+    large = {p: sim.comm_time("all_reduce", 256 << 20, 8, 1, {**SIMPLE, "proto": p, "channels": 8}) for p in ("ll", "simple")}
+    assert small["ll"] < small["simple"] and large["simple"] < large["ll"]
+
+
+def test_infiniband_bounds_multi_node_collectives():
+    one = SimCluster(CLUSTERS["h100-nvlink"], nodes=1)
+    slow = SimCluster(CLUSTERS["h100-nvlink"], nodes=2, ib_gbps=100)
+    fast = SimCluster(CLUSTERS["h100-nvlink"], nodes=2, ib_gbps=400)
+    s = {**SIMPLE, "channels": 16}
+    t1, t100, t400 = (c.comm_time("all_gather", 256 << 20, 16, n, s) for c, n in ((one, 1), (slow, 2), (fast, 2)))
+    assert t1 < t400 < t100
+
+
+def test_the_model_is_not_the_simulator(tmp_path):
+    """A noiseless simulated profile: the fitted model's held-out error is non-zero for every
+    quantity (its equations are not the simulator's), and bounded so it cannot silently worsen.
+    The 5% aim is not met yet on this ground truth (bench/results/paper_sim.md reports it per cluster)."""
+    b = get_backend("sim", BackendOptions(hardware="h100-nvlink", noise=0.0))
+    run = run_profile(build_preset("llama3-8b-fsdp8"), b, tmp_path / "run", repeats=1)
+    fp = run.read_meta()["fingerprint"]
+    mape = fit_model(run.measurements(), device={"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]}, simulated=True).mape
+    assert all(v > 0.001 for v in mape.values()), mape
+    assert mape["overlap_window"] <= 0.15 and max(mape.values()) <= 0.25, mape
