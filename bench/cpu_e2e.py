@@ -46,8 +46,8 @@ def measure_grid(plan_path: Path, steps: int, ranks: int) -> dict[int, float]:
     import dataclasses
 
     from lagom_tune.backends.gloo_knobs import BUCKET_CAPS_MB
+    from lagom_tune.knobs import Settings
     from lagom_tune.plan.schema import load_plan
-    from lagom_tune.search.space import Settings
 
     plan = load_plan(plan_path)
     out = {}

@@ -48,8 +48,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         import dataclasses
 
+        from lagom_tune.knobs import Settings
         from lagom_tune.plan.schema import load_plan
-        from lagom_tune.search.space import Settings
 
         base = load_plan(args.plan)
         # The wrapper is installed only when the plan chunks: measure that case.

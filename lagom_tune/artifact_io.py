@@ -32,7 +32,16 @@ def check_writable(path: str | os.PathLike, what: str = "output") -> Path:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temp file in the same folder and a rename."""
+    """Write ``text`` to ``path`` through a temp file in the same folder and a rename.
+
+    Args:
+        path: the file to write (its folder is made if missing).
+        text: the whole content.
+    Returns:
+        The path.
+    Raises:
+        UserError: when the folder cannot be made or written.
+    """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,11 +64,28 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def write_yaml(path: str | os.PathLike, data: Any) -> Path:
+    """Write ``data`` to ``path`` as YAML, atomically (keys in their given order).
+
+    Args:
+        path: the file to write.
+        data: plain data (dicts, lists, scalars).
+    Returns:
+        The path.
+    """
     return atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
 
 
 def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
-    """Load a YAML file, turning every failure into a one-line ``UserError``."""
+    """Load a YAML file, turning every failure into a one-line ``UserError``.
+
+    Args:
+        path: the file to read.
+        what: what the file is, for the error (``"plan file"``).
+    Returns:
+        The loaded data.
+    Raises:
+        UserError: for a missing, unreadable or malformed file.
+    """
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path} is a folder, not a {what}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -13,8 +14,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lagom_tune import __version__, render
 from lagom_tune.artifact_io import check_writable, read_yaml
+from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.backends.registry import backend_help
 from lagom_tune.errors import RunError, UserError
+from lagom_tune.plan.schema import Plan, load_plan
+from lagom_tune.profile.campaign import run_profile
+from lagom_tune.profile.store import open_run
+from lagom_tune.profile.summary import collective_summary
+from lagom_tune.report import write_report
+from lagom_tune.runtime import launch
+from lagom_tune.workload.presets import PRESETS, resolve_workload
+from lagom_tune.workload.spec import Workload
+from lagom_tune.workload.trace import import_trace, summary
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Give each collective just enough of the machine while it overlaps computation.\n\n"
@@ -97,10 +108,7 @@ def profile(
 
     Rerunning the same command resumes an interrupted profile where it stopped.
     """
-    from lagom_tune.backends.base import BackendOptions, get_backend
-    from lagom_tune.model.fit import fit_run
-    from lagom_tune.profile.campaign import run_profile
-    from lagom_tune.workload.spec import resolve_workload
+    from lagom_tune.model.fit import fit_run  # local: fitting imports torch; other verbs start without it
 
     check_writable(out / "meta.yaml", "run folder")
     w = resolve_workload(workload, parallel=parallel, seq=seq, mbs=mbs, ranks=ranks)
@@ -125,8 +133,7 @@ def profile(
 @app.command()
 def fit(run_dir: Path = typer.Argument(..., help="A run folder with measurements.")) -> None:
     """Refit RUN_DIR/model.yaml from its measurements, measuring nothing (any machine, GPU or not)."""
-    from lagom_tune.model.fit import fit_run
-    from lagom_tune.profile.store import open_run
+    from lagom_tune.model.fit import fit_run  # local: fitting imports torch; other verbs start without it
 
     run = open_run(run_dir)
     with _progress() as bar:
@@ -156,7 +163,9 @@ def search(
     validate: int = typer.Option(0, "--validate", min=0, help="Measure default and plan on the backend, N interleaved repeats each."),
 ) -> None:
     """Search the fitted model for the settings that finish an iteration first; write a plan."""
-    from lagom_tune.plan.build import plan_from_run
+    # local: the search imports optuna; other verbs start without it
+    from lagom_tune.planning import load_search_inputs, plan_from_run
+    from lagom_tune.search.run import OPTIMIZERS, compare as compare_all, taken_options
 
     bar = _progress()
     trials = bar.add_task("optuna trials", total=n_trials, visible=False)
@@ -164,16 +173,11 @@ def search(
     def on_trial(done: int, total: int) -> None:
         bar.update(trials, completed=min(done, total), visible=True)
 
-    from lagom_tune.search.run import OPTIMIZERS, taken_options
-
     # Every optimizer's flags are offered; each optimizer gets the ones it takes.
     opts = taken_options(list(OPTIMIZERS) if compare else ["default", "autoccl", optimizer],
                          dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name,
                               multi_objective=multi_objective, on_trial=None if as_json else on_trial))
     if compare:
-        from lagom_tune.plan.build import load_search_inputs
-        from lagom_tune.search.run import compare as compare_all
-
         inputs = load_search_inputs(run_dir)
         with bar:
             rows = render.compare_rows(compare_all(inputs.workload, inputs.model, inputs.space, **opts))
@@ -213,9 +217,6 @@ def apply(
     NCCL plans' per-collective rules reach NCCL through lagom-tune's own tuner plugin, built with
     the system C compiler on first use (`NCCL_TUNER_PLUGIN`, `LAGOM_TUNE_TUNER_RULES`).
     """
-    from lagom_tune.plan.schema import load_plan
-    from lagom_tune.runtime import launch
-
     cmd = list(ctx.args)
     plan = load_plan(plan_file)
 
@@ -223,8 +224,6 @@ def apply(
         render.console.print(f"[yellow]lagom-tune:[/] {line}", highlight=False)
 
     if dry_run or print_env:
-        import os
-
         tuner = launch.prepare_tuner(plan)
         env = launch.plan_environment(plan, plan_file, None, dict(os.environ), tuner)
         if print_env:
@@ -267,11 +266,6 @@ def show(
                                      "columns (time median and trimmed mean, algbw, busbw)."),
 ) -> None:
     """Pretty-print a plan, a workload, or a run folder (with its model's accuracy)."""
-    from lagom_tune.plan.schema import Plan
-    from lagom_tune.profile.store import open_run
-    from lagom_tune.workload.presets import PRESETS
-    from lagom_tune.workload.spec import Workload, resolve_workload
-
     path = Path(target)
     if path.is_dir():
         run = open_run(path)
@@ -279,8 +273,6 @@ def show(
         model = read_yaml(run.model_path, "model file") if run.model_path.is_file() else None
         df, health = run.read()
         if collectives:
-            from lagom_tune.profile.summary import collective_summary
-
             table = collective_summary(df)
             if as_json:
                 print(table.to_json(orient="records", indent=1))
@@ -320,8 +312,6 @@ def report(
     out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write."),
 ) -> None:
     """One self-contained HTML page: fit pictures, accuracy, and for a plan a before/after timeline."""
-    from lagom_tune.report import write_report
-
     render.console.print(f"[green]wrote[/] {write_report(target, out)}")
 
 
@@ -329,8 +319,6 @@ def report(
 def workload_list(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Every preset and built-in workload, with a one-line description."""
     from rich.table import Table
-
-    from lagom_tune.workload.presets import PRESETS
 
     if as_json:
         print(json.dumps([{"name": name, "description": p.description} for name, p in PRESETS.items()], indent=1))
@@ -352,8 +340,6 @@ def workload_show(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Overlap groups of a workload: GEMM shapes and FLOPs, collective ops and bytes, repeats."""
-    from lagom_tune.workload.spec import resolve_workload
-
     w = resolve_workload(name, parallel=parallel, seq=seq, mbs=mbs)
     if as_json:
         print(json.dumps(w.to_dict(), indent=1))
@@ -370,8 +356,6 @@ def workload_import(
     ranks: Optional[int] = typer.Option(None, min=1, help="World size of the collectives (default: from the trace)."),
 ) -> None:
     """Build a workload from a trace: where GEMMs overlap collectives, and what runs alone."""
-    from lagom_tune.workload.trace import import_trace, summary
-
     w = import_trace(trace, name=name, ranks=ranks)
     w.save(out)
     s = summary(w)
@@ -380,7 +364,11 @@ def workload_import(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: one-line errors (exit 2 for bad input, 1 for runtime failures)."""
+    """Entry point: one-line errors (exit 2 for bad input, 1 for runtime failures).
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
     try:
         code = app(args=_take_verbose(list(sys.argv[1:] if argv is None else argv)), standalone_mode=False)  # an Exit raised inside a command comes back as its code
         if code == 130:  # typer turns Ctrl-C into Exit(130)

@@ -11,6 +11,8 @@ from rich.table import Table
 
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.plan.schema import Plan
+from lagom_tune.runtime.launch import describe, export_lines
+from lagom_tune.runtime.nccl import RULES_ENV, communicator_configs
 from lagom_tune.search.result import SearchResult
 from lagom_tune.workload.spec import Workload
 
@@ -20,6 +22,13 @@ console = Console(width=None if sys.stdout.isatty() else 140, soft_wrap=not sys.
 
 
 def simulated_tag(simulated: bool) -> str:
+    """The mark every title of simulated numbers carries.
+
+    Args:
+        simulated: whether the numbers are simulated.
+    Returns:
+        `` (simulated)`` in rich markup, or "".
+    """
     return " [bold magenta](simulated)[/]" if simulated else ""
 
 
@@ -31,6 +40,13 @@ def _fmt_bytes(n: float) -> str:
 
 
 def workload_tables(w: Workload) -> list[Table]:
+    """One table per overlap group: its computations and collectives, in stream order.
+
+    Args:
+        w: the workload.
+    Returns:
+        The tables.
+    """
     tables = []
     for g in w.groups:
         t = Table(title=f"{w.name} · group {g.name} × {g.repeat}", title_justify="left")
@@ -46,6 +62,13 @@ def workload_tables(w: Workload) -> list[Table]:
 
 
 def plan_table(plan: Plan) -> Table:
+    """A plan's settings, one row per setting at its scope.
+
+    Args:
+        plan: the plan.
+    Returns:
+        The table.
+    """
     t = Table(title=f"plan for {plan.workload.get('name', '?')} on {plan.backend}{simulated_tag(plan.simulated)}", title_justify="left")
     t.add_column("scope")
     t.add_column("where")
@@ -61,6 +84,13 @@ def plan_table(plan: Plan) -> Table:
 
 
 def prediction_table(plan: Plan) -> Table:
+    """A plan's predicted (and, when validated, measured) iteration times against the default's.
+
+    Args:
+        plan: the plan.
+    Returns:
+        The table.
+    """
     it = plan.predicted.get("iteration_ms", {})
     t = Table(title="predicted iteration time" + simulated_tag(plan.simulated) + " (model MAPE "
               + ", ".join(f"{k} {val:.0%}" for k, val in plan.model.get("mape", {}).items()) + ")", title_justify="left")
@@ -81,14 +111,26 @@ def prediction_table(plan: Plan) -> Table:
 
 
 def flat_settings(s: Any) -> dict[str, Any]:
-    """Every knob value of a ``Settings`` at its scope: ``knob``, ``role.knob``, ``collective.knob``."""
+    """Every knob value of a ``Settings`` at its scope: ``knob``, ``role.knob``, ``collective.knob``.
+
+    Args:
+        s: the settings.
+    Returns:
+        Flat name -> value.
+    """
     return {**dict(s.process), **{f"{g}.{k}": val for g, kv in s.communicators.items() for k, val in kv.items()},
             **{f"{c}.{k}": val for c, kv in s.collectives.items() for k, val in kv.items()}}
 
 
 def compare_rows(results: list[SearchResult]) -> list[dict[str, Any]]:
     """One row per optimizer; ``changes`` lists every setting (process, communicator or per-collective)
-    that differs from the default optimizer's, which is where the speed-up comes from."""
+    that differs from the default optimizer's, which is where the speed-up comes from.
+
+    Args:
+        results: every optimizer's result (``search.run.compare``).
+    Returns:
+        The rows (what ``--compare --json`` prints).
+    """
     base = next((r for r in results if r.optimizer == "default"), None)
     defaults = flat_settings(base.settings) if base else {}
     rows = []
@@ -111,6 +153,14 @@ COMPARE_SHOWN = 6  # changes listed per optimizer in the table (--json has them 
 
 
 def compare_table(rows: list[dict[str, Any]], simulated: bool) -> Table:
+    """``search --compare``'s table.
+
+    Args:
+        rows: ``compare_rows``'s rows.
+        simulated: whether the run folder is simulated.
+    Returns:
+        The table.
+    """
     t = Table(title="optimizers side by side (predicted)" + simulated_tag(simulated), title_justify="left")
     for col in ("optimizer", "iteration ms", "vs default", "evaluations", "seconds", "settings that differ from the defaults"):
         t.add_column(col, justify="left" if col in ("optimizer", "settings that differ from the defaults") else "right")
@@ -123,7 +173,14 @@ def compare_table(rows: list[dict[str, Any]], simulated: bool) -> Table:
 
 
 def frame_table(df: pd.DataFrame, title: str) -> Table:
-    """A data frame as a rich table (numbers right-aligned)."""
+    """A data frame as a rich table (numbers right-aligned).
+
+    Args:
+        df: the frame.
+        title: the table's title.
+    Returns:
+        The table.
+    """
     t = Table(title=title, title_justify="left")
     for col in df.columns:
         t.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
@@ -133,7 +190,16 @@ def frame_table(df: pd.DataFrame, title: str) -> Table:
 
 
 def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | None, problems: list[str] = ()) -> list[Any]:
-    """A run folder's tables; ``problems`` (from ``RunFolder.health``) print as warnings after them."""
+    """A run folder's tables; ``problems`` (from ``RunFolder.health``) print as warnings after them.
+
+    Args:
+        meta: its ``meta.yaml``.
+        df: its measurements.
+        model: its ``model.yaml``, or None before a fit.
+        problems: lines about the CSV's health.
+    Returns:
+        Tables and lines, in the order to print them.
+    """
     fp = meta.get("fingerprint", {})
     out: list[Any] = []
     t = Table(title=f"run folder · {meta.get('workload', {}).get('name', '?')}{simulated_tag(meta.get('simulated', False))}", title_justify="left")
@@ -160,7 +226,13 @@ def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | 
 
 def model_tables(model: dict[str, Any]) -> list[Any]:
     """A model.yaml's measured accuracy: held-out MAPE, the ranking figures the search relies on,
-    and warnings about measurements the fit refused."""
+    and warnings about measurements the fit refused.
+
+    Args:
+        model: the loaded ``model.yaml``.
+    Returns:
+        Tables and lines, in the order to print them.
+    """
     acc = model.get("accuracy", {})
     out: list[Any] = []
     form = f" · form {model['form']}" if model.get("form") else ""
@@ -194,9 +266,6 @@ def deployment_lines(plan: Plan, env: dict[str, str], tuner: Any = None) -> list
     Returns:
         Lines in rich markup, in the order to print them.
     """
-    from lagom_tune.runtime.launch import describe, export_lines
-    from lagom_tune.runtime.nccl import RULES_ENV, communicator_configs
-
     out = ["[bold]environment[/]", export_lines(env)]
     if backend_info(plan.backend).deploys_nccl_options:
         for cfg in communicator_configs(plan).values():

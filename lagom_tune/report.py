@@ -15,10 +15,12 @@ from typing import Any
 
 from lagom_tune.artifact_io import atomic_write_text, read_yaml
 from lagom_tune.errors import UserError
+from lagom_tune.knobs import Settings
 from lagom_tune.model.contention import load_model
-from lagom_tune.plan.schema import Plan
+from lagom_tune.plan.schema import Plan, knob_space_for
 from lagom_tune.profile.store import open_run
 from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
+from lagom_tune.search.space import default_assignment, variables
 
 
 def _png(fig) -> str:
@@ -32,7 +34,15 @@ def _img(data: str, alt: str) -> str:
 
 
 def gantt(default: Evaluation, plan: Evaluation, simulated: bool) -> str:
-    """Both timelines of the most expensive group, one above the other, as a PNG (base64)."""
+    """Both timelines of the most expensive group, one above the other, as a PNG (base64).
+
+    Args:
+        default: the evaluation under the default settings.
+        plan: the evaluation under the plan.
+        simulated: whether to mark the picture simulated.
+    Returns:
+        The PNG, base64-encoded.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,7 +80,15 @@ def _ranking_html(accuracy: dict[str, Any]) -> list[str]:
 
 
 def build_report(target: str | Path) -> str:
-    """The HTML page for a run folder or a plan file."""
+    """The HTML page for a run folder or a plan file.
+
+    Args:
+        target: a run folder, or a plan whose run folder is here.
+    Returns:
+        One self-contained HTML page.
+    Raises:
+        UserError: for a plan whose run folder is missing.
+    """
     path = Path(target)
     plan = None
     if path.is_file():
@@ -104,9 +122,6 @@ def build_report(target: str | Path) -> str:
             parts.append(f"<h2>{html.escape(alt.capitalize())}</h2>" + _img(base64.b64encode(f.read_bytes()).decode(), alt))
     if plan is not None:
         model, _ = load_model(run.model_path)
-        from lagom_tune.search.space import Settings, default_assignment, variables
-        from lagom_tune.plan.schema import knob_space_for
-
         workload = run.workload()
         vars_ = variables(workload, knob_space_for(plan.backend, fp))
         default = Settings.from_assignment(default_assignment(vars_), vars_)
@@ -126,4 +141,12 @@ def build_report(target: str | Path) -> str:
 
 
 def write_report(target: str | Path, out: str | Path) -> Path:
+    """Write ``build_report``'s page.
+
+    Args:
+        target: a run folder or a plan file.
+        out: the HTML file to write.
+    Returns:
+        The written path.
+    """
     return atomic_write_text(out, build_report(target))

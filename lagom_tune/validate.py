@@ -12,19 +12,52 @@ from lagom_tune.errors import UserError
 
 
 def mapping(value: Any, path: str) -> dict:
+    """``value`` if it is a mapping.
+
+    Args:
+        value: loaded data.
+        path: its field path, for the error.
+    Returns:
+        The dict.
+    Raises:
+        UserError: for anything else.
+    """
     if not isinstance(value, dict):
         raise UserError(f"{path}: expected a mapping, got {type(value).__name__}")
     return value
 
 
 def seq(value: Any, path: str) -> list:
+    """``value`` if it is a list.
+
+    Args:
+        value: loaded data.
+        path: its field path, for the error.
+    Returns:
+        The list.
+    Raises:
+        UserError: for anything else.
+    """
     if not isinstance(value, list):
         raise UserError(f"{path}: expected a list, got {type(value).__name__}")
     return value
 
 
 def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., *, minimum: float | None = None) -> Any:
-    """Return ``d[key]`` checked against ``kind`` (bool is never accepted as a number)."""
+    """Return ``d[key]`` checked against ``kind`` (bool is never accepted as a number).
+
+    Args:
+        d: the mapping that holds the field.
+        key: the field's name.
+        path: the mapping's field path, for the error.
+        kind: the accepted type or types (an int is accepted, as a float, where float is).
+        default: the value of a missing or null field; ``...`` makes the field required.
+        minimum: the smallest accepted value, for numbers.
+    Returns:
+        The value (or the default).
+    Raises:
+        UserError: naming ``path.key``, for a missing required field or a bad value.
+    """
     if key not in d or d[key] is None:
         if default is ...:
             raise UserError(f"{path}.{key}: required field is missing")
@@ -42,6 +75,17 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
 
 
 def one_of(value: Any, choices, path: str) -> Any:
+    """``value`` if it is one of ``choices``.
+
+    Args:
+        value: loaded data.
+        choices: the accepted values.
+        path: its field path, for the error.
+    Returns:
+        The value.
+    Raises:
+        UserError: naming the choices, for anything else.
+    """
     if value not in choices:
         raise UserError(f"{path}: {value!r} is not one of {', '.join(map(str, choices))}")
     return value

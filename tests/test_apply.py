@@ -5,8 +5,8 @@ import sys
 import pytest
 
 from lagom_tune.errors import UserError
+from lagom_tune.knobs import Settings
 from lagom_tune.runtime.launch import SITE_DIR, check_fit, launcher_world_size, plan_environment
-from lagom_tune.search.space import Settings
 
 from conftest import BIN, ROOT, cli
 from test_plan import BASE

@@ -5,7 +5,7 @@ import pytest
 from lagom_tune.model.contention import CpuPairwiseModel, Linear, model_from_dict
 from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.fit import fit_model
-from lagom_tune.search.timeline import simulate
+from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Collective, Gemm
 
 TRUE = CpuPairwiseModel(

@@ -9,12 +9,12 @@ import types
 import pytest
 
 from lagom_tune.errors import UserError
+from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
 from lagom_tune.runtime import nccl
 from lagom_tune.runtime.launch import check_roles
 from lagom_tune.runtime.nccl import GroupIdentity, Role, match_role
 from lagom_tune.runtime.shim import Shim
-from lagom_tune.search.space import Settings
 
 from conftest import BIN, ROOT, cli
 

@@ -22,6 +22,7 @@ from lagom_tune.backends.nccl_sweep import (
 )
 from lagom_tune.backends.nccl_worker import collective_call
 from lagom_tune.backends.probe import BLOCK_WORDS, SLOTS, probe_geometry, steps_for
+from lagom_tune.backends.sim_compute import Contention as SimContention
 from lagom_tune.errors import UserError
 from lagom_tune.workload.spec import Collective, Gemm, OverlapGroup, Workload
 
@@ -271,7 +272,6 @@ class ProbeShapedBackend:
 
     def __init__(self):
         from lagom_tune.backends.sim import CLUSTERS, SimCluster
-        from lagom_tune.backends.sim_compute import Contention
 
         self.sim = SimCluster(CLUSTERS["h100-nvlink"])
         self.knob_space = nccl_knob_space(64, 16)
@@ -302,7 +302,7 @@ class ProbeShapedBackend:
                 n = max(1, round(1e-3 / y))
                 nbytes = int(n * y * self.copy_time(1 << 30, s)[1])
                 x, bw = self.copy_time(nbytes, s)
-                y1 = self.sim.gemm_time(p.gemm, Contention(s["channels"], 2 * bw, True)) * n
+                y1 = self.sim.gemm_time(p.gemm, SimContention(s["channels"], 2 * bw, True)) * n
                 x1 = x * 1.05
                 t_comp, t_comm = (x1 + (1 - x1 / y1) * y * n, x1) if x1 <= y1 else (y1, y1 + (1 - y1 / x1) * x)
                 row = {"time_us": t_comp * 1e6, "comm_us": t_comm * 1e6, "window_us": max(t_comp, t_comm) * 1e6, "n_compute": n,

@@ -6,10 +6,10 @@ import types
 
 import pytest
 
+from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
 from lagom_tune.runtime import nccl
 from lagom_tune.runtime.shim import Shim
-from lagom_tune.search.space import Settings
 
 from conftest import cli
 

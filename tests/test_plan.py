@@ -4,8 +4,8 @@ import pytest
 import yaml
 
 from lagom_tune.errors import UserError
+from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import Plan, load_plan
-from lagom_tune.search.space import Settings
 
 BASE = Plan(backend="gloo", world_size=2, hardware={"device": "cpu", "cores": 2},
             settings=Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 8}}),

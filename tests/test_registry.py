@@ -4,7 +4,8 @@ import pytest
 
 from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.backends.registry import (
-    CAPABILITIES, GPU_FAMILY, THREAD_COUNT, BackendInfo, backend_help, backend_info, backend_names, register_backend,
+    CAPABILITIES, GPU_FAMILY, THREAD_COUNT, BackendInfo, backend_help, backend_info, backend_names, record_of,
+    register_backend,
 )
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import FAMILIES
@@ -45,3 +46,20 @@ def test_knob_spaces_follow_the_fingerprint():
     assert knob_space_for("gloo", {"cores": 2})["threads"].domain == (1, 2)
     assert knob_space_for("sim", {"cluster": "a40-pcie"})["channels"].domain[-1] == 32
     assert knob_space_for("nccl", {"max_channels": 32, "default_channels": 8})["channels"].default == 8
+
+
+def test_a_backend_class_reads_its_name_and_simulated_from_its_record():
+    from lagom_tune.backends.gloo import GlooBackend
+    from lagom_tune.backends.nccl import NcclBackend
+
+    for cls in (GlooBackend, NcclBackend):
+        info = record_of(cls)
+        assert info.factory.endswith(f":{cls.__name__}")
+        assert "name" not in vars(cls) and "simulated" not in vars(cls)  # the record is the one source
+    backend = get_backend("gloo", BackendOptions(ranks=2))
+    assert (backend.name, backend.simulated) == ("gloo", False) and backend.fingerprint()["backend"] == "gloo"
+    sim = get_backend("sim", BackendOptions())
+    assert (sim.name, sim.simulated) == (backend_info("sim").name, backend_info("sim").simulated)
+    with pytest.raises(LookupError):
+        record_of(BackendInfo)
+

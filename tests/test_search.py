@@ -1,12 +1,13 @@
 import pytest
 
 from lagom_tune.backends.gloo_knobs import gloo_knob_space
+from lagom_tune.knobs import Settings
 from lagom_tune.search.baselines import autoccl_search, default_search, exhaustive_search
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search.lagom import lagom_search, next_value
 from lagom_tune.search.optuna_search import optuna_search
 from lagom_tune.search.run import search
-from lagom_tune.search.space import Settings, variables
+from lagom_tune.search.space import variables
 from lagom_tune.workload.presets import build_preset
 
 from test_fit import TRUE

@@ -1,6 +1,6 @@
 import pytest
 
-from lagom_tune.search.timeline import simulate
+from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Collective, Gemm
 
 G = Gemm("g", 8, 8, 8)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
 from lagom_tune.runtime.nccl import RULES_ENV, TunerRules, communicator_nodes, tuner_rules
 from lagom_tune.runtime.tuner_build import LIBRARY_NAME, ensure_plugin
-from lagom_tune.search.space import Settings
 
 from conftest import ROOT, cli
 

@@ -4,8 +4,8 @@ import pytest
 
 from lagom_tune.errors import UserError
 from lagom_tune.workload.bucketing import FIRST_BUCKET_BYTES, bucket_collectives
-from lagom_tune.workload.presets import CPU_DEMO_ARCH, build_preset
-from lagom_tune.workload.spec import Collective, Workload, load_workload, resolve_workload
+from lagom_tune.workload.presets import CPU_DEMO_ARCH, build_preset, resolve_workload
+from lagom_tune.workload.spec import Collective, Workload, load_workload
 
 from conftest import ROOT
 

@@ -1,4 +1,4 @@
-"""The Backend protocol, its knob space, and the measurement points it is asked to time."""
+"""The Backend protocol and the measurement points it is asked to time (knobs: ``lagom_tune.knobs``)."""
 
 from __future__ import annotations
 
@@ -6,71 +6,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from lagom_tune.backends.registry import backend_info
-from lagom_tune.errors import UserError
+from lagom_tune.backends.registry import BackendInfo, backend_info, record_of
+from lagom_tune.knobs import Knob, KnobSpace
 from lagom_tune.workload.spec import Gemm, Workload
 
-SCOPES = ("collective", "communicator", "process")
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One tunable setting: its domain, default, and the scope at which it can be deployed.
-
-    ``comm_direction`` is +1 when a larger value gives communication more of the machine (NCCL
-    channels, chunk size) and -1 when it gives computation more (CPU threads per rank); the
-    Lagom search starts every knob at communication's minimum and steps towards its maximum.
-    ``ops`` limits the knob to some collective ops (empty: all).
-    """
-
-    name: str
-    scope: str
-    domain: tuple
-    default: Any
-    comm_direction: int = 1
-    ops: tuple[str, ...] = ()
-    mechanism: str = ""
-    description: str = ""
-    only_for: tuple[tuple[Any, tuple[str, ...]], ...] = ()  # (value, ops it is valid for)
-    env: str = ""  # process-scope knobs deployed through an environment variable
-
-    def __post_init__(self) -> None:
-        assert self.scope in SCOPES and self.default in self.domain, self
-
-    def comm_order(self, domain: tuple | None = None) -> tuple:
-        """The domain ordered from least to most resources for communication."""
-        return tuple(sorted(domain or self.domain, reverse=self.comm_direction < 0))
-
-    def domain_for(self, ops: set[str]) -> tuple:
-        """Values valid for every op in ``ops`` (e.g. NCCL's tree algorithm is all-reduce only)."""
-        limits = dict(self.only_for)
-        return tuple(x for x in self.domain if x not in limits or ops <= set(limits[x]))
-
-    def check(self, value: Any, path: str) -> Any:
-        if value not in self.domain:
-            raise UserError(f"{path}: {value!r} is outside {self.name}'s domain {list(self.domain)}")
-        return value
-
-
-@dataclass(frozen=True)
-class KnobSpace:
-    knobs: tuple[Knob, ...]
-
-    def __getitem__(self, name: str) -> Knob:
-        for k in self.knobs:
-            if k.name == name:
-                return k
-        raise UserError(f"unknown knob {name!r}; this backend has {', '.join(self.names())}")
-
-    def names(self) -> list[str]:
-        return [k.name for k in self.knobs]
-
-    def at_scope(self, scope: str) -> list[Knob]:
-        return [k for k in self.knobs if k.scope == scope]
-
-    def defaults(self) -> dict[str, Any]:
-        return {k.name: k.default for k in self.knobs}
-
+__all__ = ["Backend", "BackendOptions", "Knob", "KnobSpace", "LocalBackend", "Point", "RegisteredBackend", "get_backend"]
 
 @dataclass(frozen=True)
 class Point:
@@ -100,12 +40,29 @@ class Point:
 
 
 def bus_factor(op: str, ranks: int) -> float:
-    """nccl-tests' bus-bandwidth factor (the single-GPU contention probe moves its bytes once)."""
+    """nccl-tests' bus-bandwidth factor (the single-GPU contention probe moves its bytes once).
+
+    Args:
+        op: a collective op, or ``"probe"``.
+        ranks: ranks in the communicator.
+    Returns:
+        busbw / algbw for the op.
+    """
     n = max(ranks, 1)
     return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, "probe": 1.0}.get(op, (n - 1) / n)
 
 
 def bandwidth_columns(op: str, nbytes: int, ranks: int, seconds: float) -> dict[str, float]:
+    """nccl-tests' bandwidth columns for one timed collective.
+
+    Args:
+        op: the collective op.
+        nbytes: its size (nccl-tests' convention).
+        ranks: ranks in the communicator.
+        seconds: its time.
+    Returns:
+        ``algbw_GBps`` and ``busbw_GBps`` (NaN for a time of 0).
+    """
     algbw = nbytes / seconds / 1e9 if seconds > 0 else math.nan
     return {"algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, ranks)}
 
@@ -118,7 +75,16 @@ PAIRED = "paired"
 
 def reduce_ranks(point: Point, per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per repeat from every rank's rows: a repeat takes as long as its slowest rank
-    (nccl-tests' convention); collectives gain nccl-tests' ``algbw``/``busbw`` columns."""
+    (nccl-tests' convention); collectives gain nccl-tests' ``algbw``/``busbw`` columns.
+
+    Args:
+        point: the measured point.
+        per_rank: each rank's rows, one per repeat.
+    Returns:
+        The merged rows, with ``repeat`` numbered from 0.
+    Raises:
+        ValueError: when the ranks returned different numbers of repeats.
+    """
     if len({len(rows) for rows in per_rank}) > 1:
         raise ValueError(f"ranks returned different numbers of repeats for {point.key}")
     merged = []
@@ -135,7 +101,14 @@ def reduce_ranks(point: Point, per_rank: list[list[dict[str, Any]]]) -> list[dic
 
 
 def trimmed_mean(values: list[float], keep: float = 0.75) -> float:
-    """Mean of the fastest ``keep`` fraction (AutoCCL's statistic; robust to a slow outlier)."""
+    """Mean of the fastest ``keep`` fraction (AutoCCL's statistic; robust to a slow outlier).
+
+    Args:
+        values: the repeats' times.
+        keep: the fraction kept (at least one value).
+    Returns:
+        The mean of the kept values.
+    """
     fastest = sorted(values)[:max(1, math.ceil(len(values) * keep))]
     return sum(fastest) / len(fastest)
 
@@ -144,8 +117,8 @@ RowSink = Callable[[Point, list[dict[str, Any]]], None]
 
 
 class Backend(Protocol):
-    name: str
-    simulated: bool
+    name: str  # its registry record's (``RegisteredBackend``)
+    simulated: bool  # its registry record's
     knob_space: KnobSpace
     writer: bool  # this process owns the run folder (rank 0 of a distributed backend)
 
@@ -162,7 +135,27 @@ class Backend(Protocol):
         """Measure ``points`` and hand each one's raw rows (one per repeat) to ``sink`` as it completes."""
 
 
-class LocalBackend:
+class RegisteredBackend:
+    """A backend whose ``name`` and ``simulated`` are read from its registry record, the one source
+    (``registry.py``: the record whose factory is the backend's class)."""
+
+    @property
+    def info(self) -> BackendInfo:
+        """The backend's registry record."""
+        return record_of(type(self))
+
+    @property
+    def name(self) -> str:
+        """What ``--backend`` calls it."""
+        return self.info.name
+
+    @property
+    def simulated(self) -> bool:
+        """Whether its numbers come from a simulator."""
+        return self.info.simulated
+
+
+class LocalBackend(RegisteredBackend):
     """A backend driven from this one process: it owns the run folder and needs no agreement."""
 
     writer = True

@@ -1,9 +1,12 @@
 """CPU backend: real torch GEMMs on CPU threads and real gloo collectives between spawned ranks.
 
-Its knobs (``gloo_knobs.py``, apart so that a gloo plan loads without torch) are the ones a CPU
-data-parallel job really has, each verified to change measured time: intra-op threads per rank
-(``torch.set_num_threads``) and DDP's ``bucket_cap_mb`` (which sizes the gradient all-reduces). Gloo's own ``_threads`` option is not a knob: it had no measurable
-effect in torch 2.13.
+This module is the orchestration: which points to measure, and the rank processes that measure
+them (spawned, joined in one gloo group, watched for death and silence, their rows merged). How a
+rank times each kind of point is ``gloo_timing.py``; its knobs are ``gloo_knobs.py`` (apart so that
+a gloo plan loads without torch): the ones a CPU data-parallel job really has, each verified to
+change measured time: intra-op threads per rank (``torch.set_num_threads``) and DDP's
+``bucket_cap_mb`` (which sizes the gradient all-reduces). Gloo's own ``_threads`` option is not a
+knob: it had no measurable effect in torch 2.13.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import os
 import platform
 import queue
 import socket
-import statistics
 import threading
 import time
 from typing import Any
@@ -22,23 +24,27 @@ import torch
 
 from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, reduce_ranks
 from lagom_tune.backends.gloo_knobs import gloo_knob_space
+from lagom_tune.backends.gloo_timing import MEASURE
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.workload.bucketing import bucket_group
-from lagom_tune.workload.spec import Gemm, Workload
+from lagom_tune.workload.spec import Workload
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 STARTUP_S = 120.0  # seconds a rank may take to start (import torch, join the group) before it counts as hung
 
 
 def free_port() -> int:
+    """A TCP port free on localhost right now (for the ranks' rendezvous).
+
+    Returns:
+        The port number.
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 class GlooBackend(LocalBackend):
-    name = "gloo"
-    simulated = False
+    """Ranks spawned on this machine; ``name`` and ``simulated`` come from the registry record."""
 
     def __init__(self, options: BackendOptions):
         if options.ranks < 2:
@@ -49,7 +55,7 @@ class GlooBackend(LocalBackend):
     def fingerprint(self) -> dict[str, Any]:
         return {
             "backend": self.name,
-            "simulated": False,
+            "simulated": self.simulated,
             "device": "cpu",
             "torch": str(torch.__version__),
             "cores": os.cpu_count(),
@@ -187,6 +193,8 @@ def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: floa
 
 
 def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: int, timeout_s: float, results, persisted) -> None:
+    """A rank's process: join the group, time each point (``gloo_timing.MEASURE``), report its rows,
+    and wait for the parent's word that they are persisted before the next."""
     import torch.distributed as dist
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -209,145 +217,3 @@ def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: i
     except Exception as e:  # reported to the parent, which names the rank
         results.put(("error", rank, f"{type(e).__name__}: {e}"))
         raise SystemExit(1)
-
-
-def operands(g: Gemm, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Random A and B for ``g`` (batched when ``g.batch > 1``), on ``device``."""
-    dt = TORCH_DTYPES[g.dtype]
-    shape_a = (g.batch, g.m, g.k) if g.batch > 1 else (g.m, g.k)
-    shape_b = (g.batch, g.k, g.n) if g.batch > 1 else (g.k, g.n)
-    return torch.randn(shape_a, dtype=dt, device=device), torch.randn(shape_b, dtype=dt, device=device)
-
-
-def _gemm_rows(point: Point, repeats: int, dist) -> list[dict]:
-    a, b = operands(point.gemm)
-    # Repeat tiny GEMMs inside one timed region so each sample is well above timer resolution.
-    t0 = time.perf_counter()
-    torch.matmul(a, b)
-    once = time.perf_counter() - t0
-    inner = max(1, min(200, int(2e-3 / max(once, 1e-7))))
-    for _ in range(2):
-        torch.matmul(a, b)
-    rows = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            torch.matmul(a, b)
-        rows.append({"time_us": (time.perf_counter() - t0) / inner * 1e6, "inner": inner})
-    return rows
-
-
-def _buffer(nbytes: int) -> torch.Tensor:
-    return torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
-
-
-def chunked_all_reduce(all_reduce, buf: torch.Tensor, chunk_bytes: int, **kwargs) -> list:
-    """All-reduce a contiguous ``buf`` in chunks of ``chunk_bytes``, all in flight at once; returns
-    the works. The one chunking used by the profile, the DDP comm hook and the all_reduce wrapper."""
-    step = max(1, chunk_bytes // buf.element_size()) if chunk_bytes else buf.numel()
-    flat = buf.view(-1)
-    return [all_reduce(flat[i:i + step], async_op=True, **kwargs) for i in range(0, flat.numel(), step)]
-
-
-def _coll_rows(point: Point, repeats: int, dist) -> list[dict]:
-    buf = _buffer(point.nbytes)
-    chunk = point.settings.get("chunk_bytes", 0)
-
-    def once() -> None:
-        for work in chunked_all_reduce(dist.all_reduce, buf, chunk):
-            work.wait()
-
-    once()
-    rows = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        once()
-        rows.append({"time_us": (time.perf_counter() - t0) * 1e6})
-    return rows
-
-
-def slowest_rank(dist, values: tuple[float, ...], device: Any = "cpu") -> tuple[float, ...]:
-    """Each of ``values`` at its maximum over the ranks (so every rank sizes a measurement alike)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return tuple(float(v) for v in t.tolist())
-
-
-def _overlap_rows(point: Point, repeats: int, dist) -> list[dict]:
-    """Start the collective and ``n`` GEMMs together; time when each stream finishes.
-
-    ``n`` is chosen so the GEMMs alone take about as long as the collective alone: the balanced
-    case, where contention decides the window. The alone times are measured right before.
-    """
-    a, b = operands(point.gemm)
-    buf = _buffer(point.nbytes)
-    y = statistics.median(_gemm_rows(point, 3, dist)[i]["time_us"] for i in range(3)) / 1e6
-    x = statistics.median(_coll_rows(point, 3, dist)[i]["time_us"] for i in range(3)) / 1e6
-    y, x = slowest_rank(dist, (y, x))  # every rank must run the same number of GEMMs
-    n = max(1, round(x / y))
-    rows = []
-    for _ in range(repeats):
-        dist.barrier()
-        stamp: list[float] = []
-        t0 = time.perf_counter()
-        work = dist.all_reduce(buf, async_op=True)
-        work.get_future().then(lambda _f, _stamp=stamp: _stamp.append(time.perf_counter()))
-        for _ in range(n):
-            torch.matmul(a, b)
-        t_compute = time.perf_counter()
-        work.wait()
-        while not stamp:  # the callback runs on gloo's thread right after completion
-            time.sleep(1e-5)
-        t_comm = stamp[0]
-        rows.append({
-            "time_us": (t_compute - t0) * 1e6, "comm_us": (t_comm - t0) * 1e6,
-            "window_us": (max(t_compute, t_comm) - t0) * 1e6, "n_compute": n,
-            "compute_alone_us": y * n * 1e6, "comm_alone_us": x * 1e6,
-        })
-    return rows
-
-
-def _iteration_rows(point: Point, repeats: int, dist) -> list[dict]:
-    """Replay the whole workload under the point's settings: GEMMs on this thread, collectives in
-    order on another, each waiting for the GEMM that readies it. Returns iteration times."""
-    import threading
-
-    from lagom_tune.search.space import settings_from_items
-
-    settings = settings_from_items(point.config)
-    caps = {g: kv["bucket_cap_mb"] for g, kv in settings.communicators.items() if "bucket_cap_mb" in kv}
-    groups = [bucket_group(g, caps) for g in point.workload.groups]
-    mats = {g.shape_key: operands(g) for grp in groups for g in grp.compute}
-    buffers = {c.nbytes: _buffer(c.nbytes) for grp in groups for c in grp.comm}
-
-    def play(grp) -> float:
-        ready = [threading.Event() for _ in grp.compute]
-
-        def communicate() -> None:
-            for c in grp.comm:
-                if c.after is not None:
-                    ready[c.after].wait()
-                dist.all_reduce(buffers[c.nbytes]) if c.op == "all_reduce" else dist.broadcast(buffers[c.nbytes], 0)
-
-        dist.barrier()
-        t0 = time.perf_counter()
-        comm = threading.Thread(target=communicate)
-        comm.start()
-        for i, g in enumerate(grp.compute):
-            torch.matmul(*mats[g.shape_key])
-            ready[i].set()
-        comm.join()
-        return time.perf_counter() - t0
-
-    for grp in groups:  # warm-up
-        play(grp)
-    rows = []
-    for _ in range(repeats):
-        total = sum(grp.repeat * play(grp) for grp in groups) + point.workload.exposed_ms / 1e3
-        rows.append({"time_us": total * 1e6})
-    return rows
-
-
-MEASURE = {"gemm": _gemm_rows, "collective": _coll_rows, "overlap": _overlap_rows, "iteration": _iteration_rows}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lagom_tune.backends.base import Knob, KnobSpace
+from lagom_tune.knobs import Knob, KnobSpace
 
 BUCKET_CAPS_MB = (1, 2, 4, 8, 16, 25, 50)
 CHUNKS = (0, 1 << 18, 1 << 20, 1 << 22)  # 0: the whole tensor in one call

@@ -73,19 +73,36 @@ def launches(torch: Any, fn: Callable[[], Any], n: int, per_launch_us: float, ca
 
 
 def spacer(torch: Any) -> None:
-    """Keep the current stream busy ~50 µs so the CPU queues a timed run before the GPU starts it."""
+    """Keep the current stream busy ~50 µs so the CPU queues a timed run before the GPU starts it.
+
+    Args:
+        torch: the torch module (a fake in tests); nothing is done without ``torch.cuda._sleep``.
+    """
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is not None:
         sleep(SPACER_CYCLES)
 
 
 def events(torch: Any) -> tuple[Any, Any]:
-    """A pair of timing events."""
+    """A pair of timing events.
+
+    Args:
+        torch: the torch module.
+    Returns:
+        Two ``torch.cuda.Event(enable_timing=True)``.
+    """
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
 def time_run(torch: Any, run: Callable[[], None]) -> float:
-    """Microseconds ``run`` takes on the current stream, measured with CUDA events behind a spacer."""
+    """Microseconds ``run`` takes on the current stream, measured with CUDA events behind a spacer.
+
+    Args:
+        torch: the torch module.
+        run: launches the work (on the current stream).
+    Returns:
+        The elapsed microseconds.
+    """
     start, end = events(torch)
     spacer(torch)
     start.record()
@@ -108,7 +125,16 @@ class Overlapped:
 
 
 def time_overlapped(torch: Any, compute: Callable[[], None], comm: Callable[[], None], side: Any) -> Overlapped:
-    """``comm`` on the ``side`` stream and ``compute`` on the current one, released by one event."""
+    """``comm`` on the ``side`` stream and ``compute`` on the current one, released by one event.
+
+    Args:
+        torch: the torch module.
+        compute: launches the computation (current stream).
+        comm: launches the communication (on ``side``).
+        side: the side stream.
+    Returns:
+        When each stream finished, in microseconds from the common start.
+    """
     start, comp_end = events(torch)
     _, comm_end = events(torch)
     spacer(torch)

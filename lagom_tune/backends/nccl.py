@@ -30,7 +30,7 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from lagom_tune.backends.base import BackendOptions, Point, RowSink, reduce_ranks
+from lagom_tune.backends.base import BackendOptions, Point, RegisteredBackend, RowSink, reduce_ranks
 from lagom_tune.backends.nccl_knobs import nccl_knob_space
 from lagom_tune.backends.nccl_sweep import batches, plan_collective_points, plan_probe_points, worker_env
 from lagom_tune.backends.nccl_worker import WorkerSpec, worker_main
@@ -131,7 +131,14 @@ def _measured_copy_bandwidth(torch, device) -> float:
 
 
 def local_facts(standin: bool, local_rank: int) -> dict[str, Any]:
-    """What this rank's GPU, driver and libraries are."""
+    """What this rank's GPU, driver and libraries are.
+
+    Args:
+        standin: the CPU stand-in of the tests (fixed, made-up facts).
+        local_rank: the rank's GPU on its node.
+    Returns:
+        GPU name, SMs, memory, measured HBM bandwidth, driver, CUDA, NCCL and torch versions, host.
+    """
     import torch
 
     if standin:
@@ -149,9 +156,8 @@ def local_facts(standin: bool, local_rank: int) -> dict[str, Any]:
     }
 
 
-class NcclBackend:
-    name = "nccl"
-    simulated = False
+class NcclBackend(RegisteredBackend):
+    """Ranks of a torchrun job (or one process and GPU); ``name`` and ``simulated`` come from the registry record."""
 
     def __init__(self, options: BackendOptions):
         import torch
@@ -186,7 +192,7 @@ class NcclBackend:
             first = facts[0]
             c = self.coord
             self._facts = {
-                "backend": "nccl", "simulated": False, "mode": MODES[self.mode],
+                "backend": self.name, "simulated": self.simulated, "mode": MODES[self.mode],
                 "device": first["gpu"], "gpu": first["gpu"], "sms": first["sms"],
                 "hbm_GBps": min(f["hbm_GBps"] for f in facts), "hbm_method": first["hbm_method"],
                 "memory_GiB": first.get("memory_GiB"), "driver": first["driver"], "cuda": first["cuda"], "nccl": first["nccl"],
@@ -287,7 +293,13 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def plain_text(text: str) -> str:
-    """``text`` without terminal escape codes (nvidia-smi underlines its headers even into a pipe)."""
+    """``text`` without terminal escape codes (nvidia-smi underlines its headers even into a pipe).
+
+    Args:
+        text: a command's output.
+    Returns:
+        The text without ANSI escapes.
+    """
     return ANSI_ESCAPE.sub("", text)
 
 

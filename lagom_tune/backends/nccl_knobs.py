@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lagom_tune.backends.base import Knob, KnobSpace
 from lagom_tune.backends.sim_clusters import CLUSTERS
+from lagom_tune.knobs import Knob, KnobSpace
 
 ALGOS = ("ring", "tree")
 PROTOS = ("ll", "ll128", "simple")
@@ -26,6 +26,14 @@ MIB = 1 << 20
 
 
 def nccl_knob_space(max_channels: int = 64, default_channels: int = 16) -> KnobSpace:
+    """The NCCL knobs for a GPU.
+
+    Args:
+        max_channels: the most channels worth offering (NCCL's limit, at most half the SMs).
+        default_channels: NCCL's default channel count (rounded down to an offered value).
+    Returns:
+        algo, proto, channels (collective scope), threads and buffsize (process scope).
+    """
     channels = tuple(c for c in CHANNELS if c <= max_channels)
     default_channels = max(c for c in channels if c <= default_channels)
     return KnobSpace((
@@ -58,10 +66,27 @@ def knob_space_from_fingerprint(fingerprint: dict[str, Any]) -> KnobSpace:
 
 
 def nccl_config(algo: str, proto: str, channels: int, threads: int, buffsize: int, nodes: int) -> tuple:
-    """A measurement point's settings, in the one order every NCCL-shaped backend uses."""
+    """A measurement point's settings, in the one order every NCCL-shaped backend uses.
+
+    Args:
+        algo: NCCL algorithm.
+        proto: NCCL protocol.
+        channels: channels (CTAs).
+        threads: threads per CTA.
+        buffsize: staging buffer bytes.
+        nodes: nodes the collective spans.
+    Returns:
+        The point's config: ``(name, value)`` pairs.
+    """
     return (("algo", algo), ("proto", proto), ("channels", channels), ("threads", threads), ("buffsize", buffsize), ("nodes", nodes))
 
 
 def categorical(knob: Knob) -> bool:
-    """Knobs with no resource order (algorithm, protocol) span subspaces instead of being stepped."""
+    """Knobs with no resource order (algorithm, protocol) span subspaces instead of being stepped.
+
+    Args:
+        knob: a knob.
+    Returns:
+        Whether it is categorical.
+    """
     return knob.comm_direction == 0

@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from lagom_tune.backends.base import KnobSpace, Point
+from lagom_tune.backends.base import Point
+from lagom_tune.backends.nccl_controls import OVERRIDING_ENV, TUNER_COLL, CommunicatorConfig, build_options
 from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
 from lagom_tune.errors import UserError
-from lagom_tune.runtime.nccl import OVERRIDING_ENV, TUNER_COLL, CommunicatorConfig, build_options
+from lagom_tune.knobs import KnobSpace
 from lagom_tune.workload.spec import Workload
 
 PROCESS_KEYS = ("algo", "proto", "threads", "buffsize")
@@ -63,7 +64,18 @@ def _beside(workload: Workload):
 
 
 def plan_collective_points(workload: Workload, space: KnobSpace, world: int, gpus_per_node: int) -> list[Point]:
-    """Every point a multi-GPU profile of ``workload`` measures, in a deterministic order."""
+    """Every point a multi-GPU profile of ``workload`` measures, in a deterministic order.
+
+    Args:
+        workload: the workload (its GEMM shapes and collectives).
+        space: the NCCL knobs on this machine.
+        world: ranks in the job.
+        gpus_per_node: ranks per node.
+    Returns:
+        GEMM, collective and overlapped points, without duplicates.
+    Raises:
+        UserError: for a collective this job cannot lay out (``check_layout``).
+    """
     algo, proto, chan, thr, buf = (space[k] for k in ("algo", "proto", "channels", "threads", "buffsize"))
     few_channels = sorted({chan.domain[min(1, len(chan.domain) - 1)], chan.default, chan.domain[-1]})
     points: dict[str, Point] = {p.key: p for p in _gemm_points(workload)}
@@ -97,6 +109,13 @@ def plan_probe_points(workload: Workload, space: KnobSpace, sms: int) -> list[Po
 
     The probe's overlapped size is chosen when measured (so it lasts as long as the GEMMs beside
     it); its points carry ``nbytes=0`` and their rows the bytes actually copied.
+
+    Args:
+        workload: the workload (its GEMM shapes).
+        space: the NCCL knobs on this GPU.
+        sms: the GPU's SMs (the probe uses fewer channels than that).
+    Returns:
+        The points, without duplicates.
     """
     chan = [c for c in space["channels"].domain if c < sms]
     bufs = space["buffsize"].domain
@@ -113,7 +132,16 @@ def plan_probe_points(workload: Workload, space: KnobSpace, sms: int) -> list[Po
 
 
 def check_layout(world: int, gpus_per_node: int, ranks: int, nodes: int) -> None:
-    """Refuse a workload whose communicators this job cannot lay out."""
+    """Refuse a workload whose communicators this job cannot lay out.
+
+    Args:
+        world: ranks in the job.
+        gpus_per_node: ranks per node.
+        ranks: the collective's communicator size.
+        nodes: nodes the collective spans.
+    Raises:
+        UserError: naming what the job would need.
+    """
     nodes_total = max(1, world // max(1, gpus_per_node))
     if ranks > world or world % ranks:
         raise UserError(f"the workload has a {ranks}-rank collective but this job has {world} ranks; "
@@ -126,7 +154,15 @@ def check_layout(world: int, gpus_per_node: int, ranks: int, nodes: int) -> None
 
 def subgroups(world: int, ranks: int, nodes: int) -> list[list[int]]:
     """Communicators of ``ranks`` ranks that tile the job the way the workload lays them out:
-    consecutive ranks within a node; strided (one slice of every node) when a group spans nodes."""
+    consecutive ranks within a node; strided (one slice of every node) when a group spans nodes.
+
+    Args:
+        world: ranks in the job.
+        ranks: ranks per communicator.
+        nodes: nodes one communicator spans.
+    Returns:
+        Each communicator's global ranks.
+    """
     count = world // ranks
     if nodes > 1:
         return [list(range(start, world, count)) for start in range(count)]
@@ -134,7 +170,13 @@ def subgroups(world: int, ranks: int, nodes: int) -> list[list[int]]:
 
 
 def process_settings(p: Point) -> tuple[tuple[str, Any], ...]:
-    """The settings of ``p`` that only a fresh process can change (none for GEMMs and the probe)."""
+    """The settings of ``p`` that only a fresh process can change (none for GEMMs and the probe).
+
+    Args:
+        p: a point.
+    Returns:
+        ``(name, value)`` pairs of its process-scope NCCL settings.
+    """
     if p.kind == "gemm" or p.op == PROBE:
         return ()
     s = p.settings
@@ -142,7 +184,13 @@ def process_settings(p: Point) -> tuple[tuple[str, Any], ...]:
 
 
 def batches(points: list[Point]) -> list[Batch]:
-    """Group points by the environment their worker needs, keeping first-seen order."""
+    """Group points by the environment their worker needs, keeping first-seen order.
+
+    Args:
+        points: the points to measure.
+    Returns:
+        One Batch per distinct process environment.
+    """
     groups: dict[tuple, list[Point]] = {}
     for p in points:
         groups.setdefault(process_settings(p), []).append(p)
@@ -156,6 +204,14 @@ def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[in
     Variables that override every communicator's own channel config (``NCCL_MIN_CTAS`` ...) are
     dropped, since the sweep sets channels per communicator; so are the user's own
     ``NCCL_ALGO``/``NCCL_PROTO``/``NCCL_NTHREADS``/``NCCL_BUFFSIZE``, which the sweep owns.
+
+    Args:
+        process: the batch's process settings (``algo``, ``proto``, ``threads``, ``buffsize``).
+        ops: the collective ops the batch measures (``NCCL_ALGO``'s per-op syntax names them).
+        nccl_version: NCCL's version, or None when unknown (then the global syntax is used).
+        base: the parent's environment.
+    Returns:
+        The worker's environment, and the user's variables it dropped.
     """
     owned = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NTHREADS", "NCCL_BUFFSIZE")
     removed = [k for k in (*OVERRIDING_ENV, *owned) if k in base]
@@ -175,5 +231,13 @@ def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[in
 
 
 def channel_options(options_cls: Any, ranks: int, channels: int) -> Any:
-    """``ProcessGroupNCCL.Options`` pinning a communicator to ``channels`` CTAs (min = max)."""
+    """``ProcessGroupNCCL.Options`` pinning a communicator to ``channels`` CTAs (min = max).
+
+    Args:
+        options_cls: ``ProcessGroupNCCL.Options``.
+        ranks: the communicator's size.
+        channels: its channels.
+    Returns:
+        The Options.
+    """
     return build_options(options_cls, CommunicatorConfig("profile", ranks, channels, channels))

@@ -42,7 +42,12 @@ class WorkerSpec:
 
 
 def worker_main(spec: WorkerSpec, results) -> None:
-    """Entry point of a worker process; reports ("rows", i, rows), then ("done",) or ("error", msg)."""
+    """Entry point of a worker process; reports ("rows", i, rows), then ("done",) or ("error", msg).
+
+    Args:
+        spec: the worker's rank, rendezvous and points.
+        results: the queue to its parent.
+    """
     import torch
     import torch.distributed as dist
 
@@ -74,7 +79,7 @@ class StandInMeter:
     """The gloo backend's CPU measurements behind the worker protocol (tests only)."""
 
     def __init__(self, dist):
-        from lagom_tune.backends.gloo import MEASURE
+        from lagom_tune.backends.gloo_timing import MEASURE  # local: this module imports torch only in a worker
 
         self.dist, self.table = dist, MEASURE
 
@@ -85,7 +90,19 @@ class StandInMeter:
 
 
 def collective_call(dist, op: str, nbytes: int, ranks: int, group, device, dtype):
-    """A closure running ``op`` on ``nbytes`` (nccl-tests sizes: AG output, RS input) in ``group``."""
+    """A closure running ``op`` on ``nbytes`` (nccl-tests sizes: AG output, RS input) in ``group``.
+
+    Args:
+        dist: ``torch.distributed``.
+        op: the collective op.
+        nbytes: its size.
+        ranks: the group's size.
+        group: the process group (None: the world).
+        device: where the buffers live.
+        dtype: their element type.
+    Returns:
+        A function that launches the collective once.
+    """
     import torch
 
     words = max(ranks, nbytes // torch.tensor([], dtype=dtype).element_size() // ranks * ranks)
@@ -146,7 +163,7 @@ class CudaMeter:
         return min(time_run(self.torch, Launches(fn, count)) for _ in range(2)) / count
 
     def matmul(self, point: Point):
-        from lagom_tune.backends.gloo import operands
+        from lagom_tune.backends.tensors import operands  # local: this module imports torch only in a worker
 
         a, b = operands(point.gemm, self.device)
         return lambda: self.torch.matmul(a, b)
@@ -207,7 +224,7 @@ class CudaMeter:
     def job(self, point: Point, gemm_s: float) -> tuple[int, int]:
         """The overlapped job of the point's shape: ``n`` GEMMs, and the probe's bytes (0 for a
         collective, whose size the workload fixes); fixed at the shape's first point."""
-        from lagom_tune.backends.gloo import slowest_rank
+        from lagom_tune.backends.tensors import slowest_rank  # local: this module imports torch only in a worker
 
         key = (point.gemm.shape_key, point.op, point.nbytes, point.ranks, point.settings.get("nodes", 1))
         if key not in self.jobs:

@@ -55,7 +55,18 @@ class ProbeGeometry:
 
 
 def probe_geometry(nbytes: int, channels: int, buffsize: int, max_source_bytes: int = MAX_SOURCE_BYTES) -> ProbeGeometry:
-    """How ``channels`` blocks copy about ``nbytes`` with NCCL's step size for ``buffsize``."""
+    """How ``channels`` blocks copy about ``nbytes`` with NCCL's step size for ``buffsize``.
+
+    Args:
+        nbytes: bytes to copy.
+        channels: thread blocks, one per channel.
+        buffsize: NCCL's staging buffer (a step moves an eighth of it).
+        max_source_bytes: the most source memory to allocate (the copy wraps around it).
+    Returns:
+        The ProbeGeometry.
+    Raises:
+        ValueError: for no channels or a buffer too small for one step.
+    """
     if channels < 1 or buffsize < SLOTS * WORD:
         raise ValueError(f"probe needs channels >= 1 and buffsize >= {SLOTS * WORD} bytes")
     chunk_words = max(BLOCK_WORDS, buffsize // SLOTS // WORD // BLOCK_WORDS * BLOCK_WORDS)
@@ -66,7 +77,15 @@ def probe_geometry(nbytes: int, channels: int, buffsize: int, max_source_bytes: 
 
 
 def steps_for(target_s: float, trial_steps: int, trial_s: float) -> int:
-    """Steps that make the probe last about ``target_s``, scaled from a timed trial."""
+    """Steps that make the probe last about ``target_s``, scaled from a timed trial.
+
+    Args:
+        target_s: the wanted duration.
+        trial_steps: the trial's steps.
+        trial_s: the trial's duration.
+    Returns:
+        At least one step.
+    """
     return max(1, round(trial_steps * target_s / max(trial_s, 1e-9)))
 
 

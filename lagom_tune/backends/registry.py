@@ -134,7 +134,11 @@ def register_backend(info: BackendInfo) -> BackendInfo:
 
 
 def backend_names() -> list[str]:
-    """Every registered backend's name, sorted."""
+    """Every registered backend's name, sorted.
+
+    Returns:
+        The names.
+    """
     return sorted(_REGISTRY)
 
 
@@ -155,8 +159,30 @@ def backend_info(name: str, where: str = "") -> BackendInfo:
     return info
 
 
+def record_of(cls: type) -> BackendInfo:
+    """The record whose factory is ``cls`` (or the nearest of its base classes that has one).
+
+    Args:
+        cls: a Backend class.
+    Returns:
+        Its BackendInfo: the one source of its ``name`` and ``simulated``.
+    Raises:
+        LookupError: for a class no record names.
+    """
+    for klass in cls.__mro__:
+        path = f"{klass.__module__}:{klass.__qualname__}"
+        for info in _REGISTRY.values():
+            if info.factory == path:
+                return info
+    raise LookupError(f"no registered backend is made by {cls.__module__}.{cls.__qualname__}")
+
+
 def backend_help() -> str:
-    """``--backend``'s help: every backend's one-line summary."""
+    """``--backend``'s help: every backend's one-line summary.
+
+    Returns:
+        One sentence: ``"gloo (real CPU ranks), nccl (...) or sim (...)."``.
+    """
     parts = [f"{info.name} ({info.summary})" if info.summary else info.name for info in _REGISTRY.values()]
     return ", ".join(parts[:-1]) + (" or " if len(parts) > 1 else "") + parts[-1] + "."
 

@@ -26,12 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, bandwidth_columns, bus_factor
+from lagom_tune.backends.base import PAIRED, BackendOptions, LocalBackend, Point, RowSink, bandwidth_columns, bus_factor
 from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
 from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Cluster
 from lagom_tune.backends.sim_comm import IB, comm_seconds, hbm_draw, link_of
 from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_seconds, hbm_demand
 from lagom_tune.errors import UserError
+from lagom_tune.knobs import settings_from_items
+from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Gemm, Workload
 
 GPUS_PER_NODE = 8  # every simulated cluster's node
@@ -85,9 +87,6 @@ class SimCluster:
 def _ground_truth_iteration(sim: "SimCluster", workload: Workload, items) -> float:
     """The simulator's own answer for a whole iteration: each group played on two streams with
     the ground-truth times and slowdowns (the schedule is the timeline's; the physics is ours)."""
-    from lagom_tune.search.space import settings_from_items
-    from lagom_tune.search.timeline import simulate
-
     settings = settings_from_items(items)
     total = workload.exposed_ms / 1e3
     for grp in workload.groups:
@@ -112,9 +111,6 @@ def _noise(key: str, repeat: int, seed: int, sigma: float) -> float:
 class SimBackend(LocalBackend):
     """The simulated cluster behind the Backend protocol; labelled ``simulated`` everywhere."""
 
-    name = "sim"
-    simulated = True
-
     def __init__(self, options: BackendOptions):
         hw = options.hardware or DEFAULT_CLUSTER
         if hw not in CLUSTERS:
@@ -134,7 +130,7 @@ class SimBackend(LocalBackend):
 
     def fingerprint(self) -> dict[str, Any]:
         c = self.cluster
-        return {"backend": "sim", "simulated": True, "cluster": c.name, "device": f"{c.device} (simulated)", "gpu": c.device,
+        return {"backend": self.name, "simulated": self.simulated, "cluster": c.name, "device": f"{c.device} (simulated)", "gpu": c.device,
                 "sms": c.sms, "hbm_GBps": c.hbm / GB, "nodes": self.nodes, "gpus_per_node": GPUS_PER_NODE,
                 "ranks": GPUS_PER_NODE * self.nodes, "ib_gbps": self.ib_gbps if self.nodes > 1 else None,
                 **({} if self.hardware_said else {"hardware_note": f"--hardware not given: the default {c.name}"}),
@@ -201,9 +197,11 @@ class SimBackend(LocalBackend):
                     row = self.sim.overlap(p.gemm, max(1, round(x / y)), p.op, p.nbytes, p.ranks, nodes, s)
                     for col in ("time_us", "comm_us", "window_us"):
                         row[col] *= z
-                    # The alone times are measurements too (taken just before the pair): own noise.
+                    # The alone times are measurements too, taken just before the pair the same way
+                    # (paired, as on a GPU): own noise.
                     for col in ("compute_alone_us", "comm_alone_us"):
                         row[col] *= _noise(f"{p.key}|{col}", r, self.options.seed, self.options.noise)
+                    row["baseline"] = PAIRED
                 rows.append({**row, "repeat": r, "simulated": True})
             sink(p, rows)
 

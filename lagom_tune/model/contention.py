@@ -59,7 +59,15 @@ class Linear:
 
 
 def fit_linear(features: np.ndarray, names: tuple[str, ...], target: np.ndarray) -> Linear:
-    """Least squares on relative error with non-negative slopes (a negative one is dropped and refitted)."""
+    """Least squares on relative error with non-negative slopes (a negative one is dropped and refitted).
+
+    Args:
+        features: one row per sample, one column per name.
+        names: the features' names.
+        target: the measured values (all positive).
+    Returns:
+        The Linear model (dropped features get slope 0).
+    """
     active = list(range(len(names)))
     while True:
         a = np.column_stack([np.ones(len(target))] + [features[:, c] for c in active]) / target[:, None]
@@ -77,13 +85,28 @@ COMM_FEATURES = ("per_mb", "per_call")
 
 
 def gemm_features(g: Gemm) -> dict[str, float]:
-    # Output elements matter on CPU beyond FLOPs: bmm shapes with a large m x n and short k run
-    # several times slower per FLOP than square ones (measured on the demo workload).
+    """The CPU GEMM model's features.
+
+    Output elements matter on CPU beyond FLOPs: bmm shapes with a large m x n and short k run
+    several times slower per FLOP than square ones (measured on the demo workload).
+
+    Args:
+        g: the GEMM.
+    Returns:
+        GFLOPs, MB moved and millions of output elements, by ``GEMM_FEATURES`` name.
+    """
     return {"per_gflop": g.flops / 1e9, "per_mb": g.nbytes / 1e6, "per_m_outputs": g.m * g.n * g.batch / 1e6}
 
 
 def comm_features(nbytes: int, chunk_bytes: int = 0) -> dict[str, float]:
-    """Bytes, and the number of calls a chunked all-reduce makes (each pays a latency)."""
+    """Bytes, and the number of calls a chunked all-reduce makes (each pays a latency).
+
+    Args:
+        nbytes: the collective's size.
+        chunk_bytes: the chunk size (0: one call).
+    Returns:
+        MB and calls, by ``COMM_FEATURES`` name.
+    """
     calls = -(-nbytes // chunk_bytes) if chunk_bytes else 1
     return {"per_mb": nbytes / 1e6, "per_call": float(calls)}
 
@@ -175,6 +198,16 @@ FAMILIES: dict[str, Any] = {"cpu-pairwise": CpuPairwiseModel, "lagom-gpu": Lagom
 
 
 def model_from_dict(d: Any, path: str = "model") -> CostModel:
+    """The cost model a ``model.yaml`` describes, of the family it names.
+
+    Args:
+        d: the loaded YAML.
+        path: its field path, for errors.
+    Returns:
+        The CostModel.
+    Raises:
+        UserError: for an unknown schema version or family, or a bad field.
+    """
     d = v.mapping(d, path)
     version = v.field(d, "schema_version", path, int)
     if version != SCHEMA_VERSION:
@@ -184,7 +217,13 @@ def model_from_dict(d: Any, path: str = "model") -> CostModel:
 
 
 def load_model(path: str | Path) -> tuple[CostModel, dict[str, Any]]:
-    """The model and its accuracy record from ``model.yaml``."""
+    """The model and its accuracy record from ``model.yaml``.
+
+    Args:
+        path: the model file.
+    Returns:
+        The CostModel and its ``accuracy`` mapping ({} when absent).
+    """
     d = read_yaml(path, "model file")
     model = model_from_dict(d, str(path))
     return model, v.mapping(d.get("accuracy") or {}, f"{path}.accuracy")

@@ -22,8 +22,9 @@ from lagom_tune.model.contention import (
 from lagom_tune.model.gpu_fit import fit_gpu
 from lagom_tune.model.plots import plotted_column, write_fit_plots
 from lagom_tune.model.ranking import RankingSummary, rank_settings
-from lagom_tune.model.rows import gemm_of_row, point_medians, row_settings, slowdown_warnings, two_rate_slowdowns
-from lagom_tune.search.timeline import simulate
+from lagom_tune.model.rows import gemm_of_row, point_medians, slowdown_warnings, two_rate_slowdowns
+from lagom_tune.profile.store import row_settings
+from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Collective
 
 
@@ -55,7 +56,15 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
 
 
 def predict_point(model: CostModel, row: pd.Series) -> dict[str, float]:
-    """Predicted microseconds for a point, in the columns it was measured in."""
+    """Predicted microseconds for a point, in the columns it was measured in.
+
+    Args:
+        model: a fitted model.
+        row: a point's row (medians of repeats).
+    Returns:
+        ``time_us`` for GEMMs and collectives; ``window_us``, ``time_us`` and ``comm_us`` for
+        overlapped points (played on the two-stream timeline).
+    """
     settings = row_settings(row)
     if row["kind"] == "gemm":
         return {"time_us": model.compute_time(gemm_of_row(row), settings) * 1e6}
@@ -194,7 +203,16 @@ def _fit(pts: pd.DataFrame, device: dict[str, Any] | None, simulated: bool) -> C
 
 def new_shape_mape(df: pd.DataFrame, *, device: dict[str, Any] | None = None, folds: int = 5, seed: int = 0) -> float:
     """Held-out MAPE of isolated GEMM time for shapes the fit never saw in any point (alone or
-    overlapped): the model's extrapolation to new shapes, stricter than ``fit_model``'s ``gemm``."""
+    overlapped): the model's extrapolation to new shapes, stricter than ``fit_model``'s ``gemm``.
+
+    Args:
+        df: a run folder's measurements.
+        device: the GPU's ``sms`` and ``hbm_GBps`` (None: the CPU family).
+        folds: folds of shapes.
+        seed: the shuffle's seed.
+    Returns:
+        The MAPE over held-out shapes.
+    """
     pts = point_medians(df)
     shapes = sorted(pts.loc[pts["kind"] == "gemm", "gemm"].unique())
     order = np.random.default_rng(seed).permutation(len(shapes))
@@ -214,7 +232,14 @@ def new_shape_mape(df: pd.DataFrame, *, device: dict[str, Any] | None = None, fo
 
 
 def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResult:
-    """Fit the run folder's measurements and write ``model.yaml`` beside them."""
+    """Fit the run folder's measurements and write ``model.yaml`` (and the fit's plots) beside them.
+
+    Args:
+        run: the run folder (``profile.store.RunFolder``).
+        progress: called with (folds done, folds) during cross-validation.
+    Returns:
+        The FitResult.
+    """
     df = run.measurements()
     meta = run.read_meta()
     simulated = bool(meta.get("simulated", False))

@@ -10,7 +10,13 @@ from lagom_tune.model.rows import compute_slowdowns
 
 
 def plotted_column(kind: str) -> str:
-    """The measured column ``fit.png`` compares for a point of ``kind``."""
+    """The measured column ``fit.png`` compares for a point of ``kind``.
+
+    Args:
+        kind: a point kind.
+    Returns:
+        ``window_us`` for overlapped points, else ``time_us``.
+    """
     return "window_us" if kind == "overlap" else "time_us"
 
 

@@ -74,7 +74,14 @@ class RankingSummary:
 
 
 def spearman(a: pd.Series, b: pd.Series) -> float:
-    """Spearman's rank correlation of two aligned series (NaN if either is constant)."""
+    """Spearman's rank correlation of two aligned series (NaN if either is constant).
+
+    Args:
+        a: one series.
+        b: the other, with the same index.
+    Returns:
+        The correlation.
+    """
     ra, rb = a.rank(), b.rank()
     if ra.nunique() < 2 or rb.nunique() < 2:
         return float("nan")

@@ -13,7 +13,13 @@ from lagom_tune.workload.spec import Gemm
 
 
 def point_medians(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per measured point: medians over repeats."""
+    """One row per measured point: medians over repeats.
+
+    Args:
+        df: measurement rows (one per repeat).
+    Returns:
+        One row per point, its describing columns first, timed columns as medians.
+    """
     num = [c for c in ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us", "n_compute") if c in df.columns]
     keys = [c for c in ("point", "kind", "gemm", "m", "n", "k", "batch", "dtype", "op", "nbytes", "ranks", "nodes",
                         "threads", "algo", "proto", "channels", "buffsize", "chunk_bytes", "baseline") if c in df.columns]
@@ -58,7 +64,13 @@ def consistent_baselines(pts: pd.DataFrame) -> pd.DataFrame:
 
 def compute_slowdowns(pts: pd.DataFrame) -> pd.Series:
     """Each overlapped point's measured compute slowdown: overlapped GEMM-stream time over its
-    alone time, after :func:`consistent_baselines`. Indexed like the overlapped rows of ``pts``."""
+    alone time, after :func:`consistent_baselines`.
+
+    Args:
+        pts: point medians.
+    Returns:
+        The slowdowns, indexed like the overlapped rows of ``pts``.
+    """
     over = consistent_baselines(pts)
     over = over[over["kind"] == "overlap"]
     return over["time_us"] / over["compute_alone_us"]
@@ -94,7 +106,15 @@ def low_slowdowns(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN) -> list[Lo
 
 
 def slowdown_warnings(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN, listed: int = 3) -> list[str]:
-    """Lines for ``show`` about :func:`low_slowdowns` (empty when there are none)."""
+    """Lines for ``show`` about :func:`low_slowdowns` (empty when there are none).
+
+    Args:
+        pts: point medians.
+        threshold: the lowest believable slowdown.
+        listed: how many of the lowest to name.
+    Returns:
+        At most one line.
+    """
     low = low_slowdowns(pts, threshold)
     if not low:
         return []
@@ -106,7 +126,14 @@ def slowdown_warnings(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN, listed
 
 def contention_points(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN) -> pd.DataFrame:
     """The overlapped points the contention fit uses: consistent baselines, and no point whose
-    measured compute slowdown is below ``threshold``."""
+    measured compute slowdown is below ``threshold``.
+
+    Args:
+        pts: point medians.
+        threshold: the lowest believable slowdown.
+    Returns:
+        The overlapped rows kept.
+    """
     over = consistent_baselines(pts)
     over = over[over["kind"] == "overlap"]
     slow = over["time_us"] / over["compute_alone_us"]
@@ -114,28 +141,29 @@ def contention_points(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN) -> pd.
 
 
 def gemm_of_row(row: pd.Series) -> Gemm:
-    """The GEMM a measurement row describes."""
+    """The GEMM a measurement row describes.
+
+    Args:
+        row: a GEMM or overlapped point's row.
+    Returns:
+        The Gemm (named ``g``).
+    """
     return Gemm("g", int(row["m"]), int(row["n"]), int(row["k"]), str(row["dtype"]), int(row["batch"]))
 
 
 def two_rate_slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
     """Solve the two-rate model for one overlapped measurement (both streams start at 0): the
-    factors by which computation and communication ran slower while both were running."""
+    factors by which computation and communication ran slower while both were running.
+
+    Args:
+        row: an overlapped point's row (its alone and overlapped times).
+    Returns:
+        (compute slowdown, communication slowdown); None where the measurement leaves no time
+        to solve for.
+    """
     w, x, ty, tc = row["compute_alone_us"], row["comm_alone_us"], row["time_us"], row["comm_us"]
     if tc <= ty:
         w1 = w - (ty - tc)
         return (tc / w1 if w1 > 0 else None), tc / x
     x1 = x - (tc - ty)
     return ty / w, (ty / x1 if x1 > 0 else None)
-
-
-KNOB_COLUMNS = ("algo", "proto", "channels", "threads", "buffsize", "chunk_bytes")
-
-
-def row_settings(row: pd.Series) -> dict:
-    """The knob settings a measurement row was taken at (integers as integers)."""
-    out = {}
-    for k in KNOB_COLUMNS:
-        if k in row and not pd.isna(row[k]):
-            out[k] = row[k] if isinstance(row[k], str) else int(row[k])
-    return out

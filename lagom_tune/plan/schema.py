@@ -14,10 +14,9 @@ from typing import Any
 from lagom_tune import __version__
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import read_yaml, write_yaml
-from lagom_tune.backends.base import KnobSpace
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
-from lagom_tune.search.space import Settings
+from lagom_tune.knobs import KnobSpace, Settings
 from lagom_tune.workload.spec import OPS
 
 SCHEMA_VERSION = 1
@@ -182,4 +181,13 @@ def _group_ranks(target: dict[str, Any], groups: dict[str, int], world_size: int
 
 
 def load_plan(path: str | Path) -> Plan:
+    """Read and check a plan file.
+
+    Args:
+        path: the plan YAML.
+    Returns:
+        The Plan.
+    Raises:
+        UserError: naming the field, for anything the plan format does not allow.
+    """
     return Plan.from_dict(read_yaml(path, "plan file"), str(path))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from lagom_tune import __version__
 from lagom_tune.backends.base import Backend, Point
@@ -17,6 +17,7 @@ Progress = Callable[[int, int, str], None]
 
 
 def _now() -> str:
+    """Now, in UTC, to the second (ISO 8601)."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -36,16 +37,24 @@ def _resume_state(run: RunFolder, workload: Workload, backend: str, repeats: int
     return meta.get("started"), run.done_points() if run.csv_path.exists() else set()
 
 
-def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeats: int = 5,
-                progress: Progress | None = None) -> RunFolder:
-    """Measure every point of ``workload`` on ``backend`` into ``out``, resuming a partial run."""
-    if repeats < 1:
-        raise UserError("--repeats must be at least 1")
-    run = RunFolder(Path(out))
-    points = backend.plan_points(workload)  # first: a simulated backend sizes its cluster to the workload
-    fingerprint = backend.fingerprint()
-    # The writer reads the run folder; every rank of a distributed backend then measures the same
-    # points (and raises the same error).
+def _agreed_todo(run: RunFolder, workload: Workload, backend: Backend, points: list[Point],
+                 repeats: int) -> tuple[str, list[Point]]:
+    """When the profile started and the points left to measure, the same on every process.
+
+    The writer reads the run folder; every rank of a distributed backend then measures the same
+    points (and raises the same error).
+
+    Args:
+        run: the run folder.
+        workload: the workload being profiled.
+        backend: the backend (its writer reads the folder, ``share`` tells the others).
+        points: every point of the profile, in order.
+        repeats: repeats per point (a resumed profile must keep them).
+    Returns:
+        The start time (now, for a new folder) and the points not yet in the folder, in order.
+    Raises:
+        UserError: on every process, for a folder that holds another profile.
+    """
     state: tuple = ("ok", None, [])
     if backend.writer:
         try:
@@ -56,62 +65,115 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
     state = backend.share(state)
     if state[0] == "error":
         raise UserError(state[1])
-    started = state[1] or _now()
     wanted = set(state[2])
-    todo = [p for p in points if p.key in wanted]
+    return state[1] or _now(), [p for p in points if p.key in wanted]
+
+
+def point_columns(point: Point, backend: Backend) -> dict[str, Any]:
+    """The columns every row of ``point`` carries ahead of its measured ones.
+
+    Args:
+        point: the measured point.
+        backend: the backend that measured it.
+    Returns:
+        Point key and kind, backend, the GEMM's shape, the collective's op and size, and the
+        point's knob settings.
+    """
+    base = {"point": point.key, "kind": point.kind, "backend": backend.name, "simulated": backend.simulated}
+    if point.gemm is not None:
+        g = point.gemm
+        base.update(gemm=g.shape_key, m=g.m, n=g.n, k=g.k, batch=g.batch, dtype=g.dtype, flops=g.flops)
+    if point.op is not None:
+        base.update(op=point.op, nbytes=point.nbytes, ranks=point.ranks)
+    base.update(point.settings)
+    return base
+
+
+class _Recorder:
+    """Writes measured rows into the run folder and keeps ``meta.yaml``'s progress in step.
+
+    Rows reach the CSV at most a second after their point completes (a simulated backend
+    completes thousands of points a second; rewriting the CSV per point would be quadratic).
+    """
+
+    def __init__(self, run: RunFolder, workload: Workload, backend: Backend, fingerprint: dict[str, Any], repeats: int,
+                 total: int, todo: int, started: str, progress: Progress | None):
+        self.run, self.workload, self.backend, self.repeats = run, workload, backend, repeats
+        self.fingerprint = fingerprint
+        self.total, self.todo, self.started, self.progress = total, todo, started, progress
+        self.finished = 0
+        self.buffer: list[dict] = []
+        self.last_flush = time.monotonic()
+
+    def write_meta(self, complete: bool) -> None:
+        """Write ``meta.yaml`` with the progress so far."""
+        self.run.write_meta({
+            "tool": {"name": "lagom-tune", "version": __version__},
+            "simulated": self.backend.simulated,
+            "fingerprint": self.fingerprint,
+            "workload_digest": self.workload.digest,
+            "repeats": self.repeats,
+            "points_total": self.total,
+            "points_done": self.total - self.todo + self.finished,
+            "complete": complete,
+            "started": self.started,
+            "updated": _now(),
+            "workload": self.workload.to_dict(),
+        })
+
+    def start(self) -> None:
+        """Record the profile as started (or resumed) before anything is measured."""
+        self.write_meta(complete=not self.todo)
+        if self.progress:
+            self.progress(self.total - self.todo, self.total, "resuming" if self.todo < self.total else "measuring")
+
+    def flush(self) -> None:
+        """Append the buffered rows to the CSV, then update ``meta.yaml``."""
+        if self.buffer:
+            self.run.append_rows(self.buffer)
+            self.buffer.clear()
+            self.write_meta(complete=self.finished == self.todo)
+        self.last_flush = time.monotonic()
+
+    def sink(self, point: Point, rows: list[dict]) -> None:
+        """The backend's ``RowSink``: one completed point's rows (one per repeat)."""
+        base = point_columns(point, self.backend)
+        self.buffer.extend({**base, **r} for r in rows)
+        self.finished += 1
+        if time.monotonic() - self.last_flush >= 1.0:
+            self.flush()
+        if self.progress:
+            self.progress(self.total - self.todo + self.finished, self.total, point.kind)
+
+
+def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeats: int = 5,
+                progress: Progress | None = None) -> RunFolder:
+    """Measure every point of ``workload`` on ``backend`` into ``out``, resuming a partial run.
+
+    Args:
+        workload: what to profile.
+        backend: what measures it (every process of a distributed backend calls this).
+        out: the run folder to create or resume.
+        repeats: timed repeats per point (a resumed folder must have been started with the same).
+        progress: called with (points done, points in all, what is being measured).
+    Returns:
+        The run folder (on the writer, holding every point's rows and ``meta.yaml``).
+    Raises:
+        UserError: for bad repeats or a folder that holds another profile.
+    """
+    if repeats < 1:
+        raise UserError("--repeats must be at least 1")
+    run = RunFolder(Path(out))
+    points = backend.plan_points(workload)  # first: a simulated backend sizes its cluster to the workload
+    fingerprint = backend.fingerprint()  # on every process: a distributed backend gathers it from all ranks
+    started, todo = _agreed_todo(run, workload, backend, points, repeats)
     if not backend.writer:
         backend.measure(todo, repeats, lambda point, rows: None)
         return run
-
-    def write_meta(complete: bool) -> None:
-        run.write_meta({
-            "tool": {"name": "lagom-tune", "version": __version__},
-            "simulated": backend.simulated,
-            "fingerprint": fingerprint,
-            "workload_digest": workload.digest,
-            "repeats": repeats,
-            "points_total": len(points),
-            "points_done": len(points) - len(todo) + finished[0],
-            "complete": complete,
-            "started": started,
-            "updated": _now(),
-            "workload": workload.to_dict(),
-        })
-
-    finished = [0]
-    buffer: list[dict] = []
-    last_flush = [time.monotonic()]
-
-    def flush() -> None:
-        # Rows reach the CSV at most a second after their point completes (a simulated backend
-        # completes thousands of points a second; rewriting the CSV per point would be quadratic).
-        if buffer:
-            run.append_rows(buffer)
-            buffer.clear()
-            write_meta(complete=finished[0] == len(todo))
-        last_flush[0] = time.monotonic()
-
-    write_meta(complete=not todo)
-    if progress:
-        progress(len(points) - len(todo), len(points), "resuming" if len(todo) < len(points) else "measuring")
-
-    def sink(point: Point, rows: list[dict]) -> None:
-        base = {"point": point.key, "kind": point.kind, "backend": backend.name, "simulated": backend.simulated}
-        if point.gemm is not None:
-            g = point.gemm
-            base.update(gemm=g.shape_key, m=g.m, n=g.n, k=g.k, batch=g.batch, dtype=g.dtype, flops=g.flops)
-        if point.op is not None:
-            base.update(op=point.op, nbytes=point.nbytes, ranks=point.ranks)
-        base.update(point.settings)
-        buffer.extend({**base, **r} for r in rows)
-        finished[0] += 1
-        if time.monotonic() - last_flush[0] >= 1.0:
-            flush()
-        if progress:
-            progress(len(points) - len(todo) + finished[0], len(points), point.kind)
-
+    recorder = _Recorder(run, workload, backend, fingerprint, repeats, len(points), len(todo), started, progress)
+    recorder.start()
     try:
-        backend.measure(todo, repeats, sink)
+        backend.measure(todo, repeats, recorder.sink)
     finally:
-        flush()  # what was measured is kept, whatever ended the run
+        recorder.flush()  # what was measured is kept, whatever ended the run
     return run

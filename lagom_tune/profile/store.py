@@ -21,6 +21,22 @@ SCHEMA_VERSION = 1
 REQUIRED_COLUMNS = ("point", "kind", "repeat", "time_us")
 NUMERIC_COLUMNS = ("repeat", "time_us", "comm_us", "window_us", "nbytes", "ranks", "m", "n", "k", "batch", "flops",
                    "threads", "n_compute", "compute_alone_us", "comm_alone_us")
+KNOB_COLUMNS = ("algo", "proto", "channels", "threads", "buffsize", "chunk_bytes")  # knob values a row was taken at
+
+
+def row_settings(row: pd.Series) -> dict:
+    """The knob settings a measurement row was taken at (integers as integers).
+
+    Args:
+        row: one row of ``measurements.csv``.
+    Returns:
+        Knob name -> value, for the knob columns the row fills.
+    """
+    out = {}
+    for k in KNOB_COLUMNS:
+        if k in row and not pd.isna(row[k]):
+            out[k] = row[k] if isinstance(row[k], str) else int(row[k])
+    return out
 
 
 @dataclass
@@ -153,7 +169,15 @@ class CsvHealth:
 
 
 def open_run(path: str | Path) -> RunFolder:
-    """An existing run folder, or a one-line error saying what is missing."""
+    """An existing run folder, or a one-line error saying what is missing.
+
+    Args:
+        path: the folder.
+    Returns:
+        The RunFolder.
+    Raises:
+        UserError: for a missing folder or one without ``meta.yaml``.
+    """
     run = RunFolder(Path(path))
     if not run.path.is_dir():
         raise UserError(f"run folder not found: {run.path}")

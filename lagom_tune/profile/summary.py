@@ -5,12 +5,18 @@ from __future__ import annotations
 import pandas as pd
 
 from lagom_tune.backends.base import bandwidth_columns, trimmed_mean
-from lagom_tune.model.rows import row_settings
+from lagom_tune.profile.store import row_settings
 
 
 def collective_summary(df: pd.DataFrame) -> pd.DataFrame:
     """One row per collective point: size, ranks, settings, median and trimmed-mean time (fastest
-    75% of repeats, AutoCCL's statistic), and ``algbw``/``busbw`` from the median, as nccl-tests prints."""
+    75% of repeats, AutoCCL's statistic), and ``algbw``/``busbw`` from the median, as nccl-tests prints.
+
+    Args:
+        df: a run folder's measurements.
+    Returns:
+        The table, sorted by op, size and settings (empty without collective points).
+    """
     coll = df[df["kind"] == "collective"]
     if coll.empty:
         return pd.DataFrame()

@@ -30,7 +30,14 @@ TORCHRUN_FLAGS = {"standalone", "no-python", "module", "run-path", "m"}  # optio
 
 
 def launcher_world_size(cmd: list[str], env: dict[str, str]) -> int | None:
-    """World size a torchrun-style command line asks for, or None when it cannot be known."""
+    """World size a torchrun-style command line asks for, or None when it cannot be known.
+
+    Args:
+        cmd: the command after ``--``.
+        env: the environment (``WORLD_SIZE`` when the command is no launcher).
+    Returns:
+        The number of ranks, or None.
+    """
     start = None
     if cmd and Path(cmd[0]).name == "torchrun":
         start = 1
@@ -59,7 +66,17 @@ def launcher_world_size(cmd: list[str], env: dict[str, str]) -> int | None:
 
 
 def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
-    """Refuse a plan that does not fit this machine (UserError); return notes on what was checked."""
+    """Refuse a plan that does not fit this machine (UserError); return notes on what was checked.
+
+    Args:
+        plan: the plan.
+        cmd: the command after ``--``.
+        env: the environment.
+    Returns:
+        One line per check that passed or could not be made.
+    Raises:
+        UserError: for a simulated plan, or one made for other hardware, world size or roles.
+    """
     notes = []
     if plan.simulated:
         raise UserError("this plan was searched on a simulated cluster (a what-if result); profile the real machine to get one to apply")
@@ -139,7 +156,13 @@ class TunerDeployment:
 
 
 def describe(rule: TunerRule) -> str:
-    """A rule in one line, for messages."""
+    """A rule in one line, for messages.
+
+    Args:
+        rule: a tuner rule.
+    Returns:
+        The line.
+    """
     sets = ", ".join(f"{k}={v}" for k, v in (("algo", rule.algo), ("proto", rule.proto), ("channels", rule.channels))
                      if v is not None)
     return f"{rule.op} on {rule.role} ({rule.n_ranks or 'any'} ranks) {rule.min_bytes}..{rule.max_bytes} B: {sets}"
@@ -147,7 +170,14 @@ def describe(rule: TunerRule) -> str:
 
 def rules_needing_plugin(plan: Plan, rules: TunerRules) -> tuple[TunerRule, ...]:
     """Rules that per-communicator CTA bounds cannot deploy on their own: an algorithm or protocol,
-    or a channel count the role's bounds (min..max over its rules) do not pin down."""
+    or a channel count the role's bounds (min..max over its rules) do not pin down.
+
+    Args:
+        plan: the plan (its roles' CTA bounds).
+        rules: its tuner rules.
+    Returns:
+        The rules only the tuner plugin deploys.
+    """
     configs = communicator_configs(plan)
     out = []
     for r in rules.rules:
@@ -192,7 +222,17 @@ def _holds(path: Path, text: str) -> bool:
 def plan_environment(plan: Plan, plan_path: Path, applied_dir: str | None, base: dict[str, str],
                      tuner: TunerDeployment | None = None) -> dict[str, str]:
     """The variables `apply` sets: process-level settings, the plan's location, the shim's path,
-    and for NCCL the tuner plugin and its rules file (when the plugin could be built)."""
+    and for NCCL the tuner plugin and its rules file (when the plugin could be built).
+
+    Args:
+        plan: the plan.
+        plan_path: its file.
+        applied_dir: where ranks write their records (None: they only log).
+        base: the current environment (its ``PYTHONPATH`` is kept after the shim's).
+        tuner: the tuner plugin's deployment, if any.
+    Returns:
+        The variables to set.
+    """
     # Without an applied folder (--print-env, --dry-run) ranks only log what they apply.
     env = {"LAGOM_TUNE_PLAN": str(plan_path.resolve()), **({"LAGOM_TUNE_APPLIED_DIR": applied_dir} if applied_dir else {})}
     if tuner is not None:
@@ -217,6 +257,9 @@ def merge_applied(applied_dir: str, out: Path) -> dict[str, dict]:
     """Every rank's record merged into ``out``; with no rank reported (the command failed before
     any rank started), ``out`` keeps the last run's record rather than becoming empty.
 
+    Args:
+        applied_dir: the folder the ranks wrote ``rank-N.json`` to.
+        out: ``applied.json``.
     Returns:
         The ranks' records, by rank.
     """
@@ -278,4 +321,11 @@ def _run(cmd: list[str], env: dict[str, str]) -> int:
 
 
 def export_lines(env: dict[str, str]) -> str:
+    """Shell ``export`` lines for ``--print-env``.
+
+    Args:
+        env: the variables.
+    Returns:
+        One quoted ``export NAME=value`` per variable.
+    """
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())

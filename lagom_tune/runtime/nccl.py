@@ -1,4 +1,4 @@
-"""What `apply` deploys for NCCL: tuner-plugin rules, per-communicator Options, environment checks.
+"""What `apply` deploys for NCCL: tuner-plugin rules, per-communicator CTA bounds, communicator roles.
 
 All of it is pure logic over the plan, so it is tested on CPU with fakes of the torch classes.
 The plugin itself is ``lagom_tuner.c`` beside this file (built by ``tuner_build.py``); the rules
@@ -10,14 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from lagom_tune.backends.nccl_controls import TUNER_COLL, CommunicatorConfig
 from lagom_tune.plan.schema import CollectiveRule, Plan
 
-# Plan op -> NCCL's collective name (as NCCL_ALGO's per-op syntax and the plugin's rules spell it).
-TUNER_COLL = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
-              "broadcast": "broadcast", "all_to_all": "alltoall"}
 # NCCL runs all-to-all as grouped send/recv, which its tuner is never asked about.
 NOT_TUNABLE = {"all_to_all": "NCCL runs all-to-all as send/recv, which no tuner plugin sees"}
-OVERRIDING_ENV = ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
 
 # The contract with lagom_tuner.c: keep these in step with its RULES_ENV, RULES_MAGIC and PLUGIN_NAME.
 RULES_ENV = "LAGOM_TUNE_TUNER_RULES"
@@ -115,16 +112,6 @@ MESH_DIM_NAMES = frozenset({"pp", "dp", "dp_replicate", "dp_shard", "cp", "tp", 
 
 
 @dataclass(frozen=True)
-class CommunicatorConfig:
-    """A role's per-communicator NCCL settings: CTA bounds (``ncclConfig_t`` min/max CTAs)."""
-
-    role: str
-    ranks: int
-    min_ctas: int
-    max_ctas: int
-
-
-@dataclass(frozen=True)
 class Role:
     """A communicator role of the plan: its name, its size, and the exact rank sets it names (if any)."""
 
@@ -181,7 +168,13 @@ def plan_roles(plan: Plan) -> tuple[Role, ...]:
 
 def mesh_dim_of(group_desc: Any) -> str | None:
     """The DeviceMesh dimension a group was made for, from the description DeviceMesh gives it
-    (``mesh_<dim name>``); None for other groups and for the mesh's reuse of the world group."""
+    (``mesh_<dim name>``); None for other groups and for the mesh's reuse of the world group.
+
+    Args:
+        group_desc: the ``group_desc`` the group was made with.
+    Returns:
+        The dimension's name, or None.
+    """
     if isinstance(group_desc, str) and group_desc.startswith("mesh_") and group_desc != "mesh_default":
         return group_desc[len("mesh_"):]
     return None
@@ -267,19 +260,14 @@ def communicator_configs(plan: Plan) -> dict[str, CommunicatorConfig]:
 def role_for(configs: Mapping[str, CommunicatorConfig], group_size: int) -> CommunicatorConfig | None:
     """The configured role a group of ``group_size`` ranks plays, by size alone (what the tuner
     plugin sees inside NCCL); None when no role or several match. The shim identifies groups with
-    ``match_role`` instead, which also uses mesh dimensions and rank sets."""
+    ``match_role`` instead, which also uses mesh dimensions and rank sets.
+
+    Args:
+        configs: CTA bounds by role (``communicator_configs``).
+        group_size: the group's ranks.
+    Returns:
+        The role's bounds, or None.
+    """
     matches = [c for c in configs.values() if c.ranks == group_size]
     return matches[0] if len(matches) == 1 else None
 
-
-def build_options(options_cls: Any, cfg: CommunicatorConfig, existing: Any = None) -> Any:
-    """A ``ProcessGroupNCCL.Options`` with the role's CTA bounds (on the user's own, if given)."""
-    opts = existing if existing is not None else options_cls()
-    opts.config.min_ctas = cfg.min_ctas
-    opts.config.max_ctas = cfg.max_ctas
-    return opts
-
-
-def overriding_env(env: Mapping[str, str]) -> list[str]:
-    """Environment variables that silently override every communicator's own CTA config."""
-    return [k for k in OVERRIDING_ENV if env.get(k)]

@@ -19,10 +19,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from lagom_tune.artifact_io import atomic_write_text
+from lagom_tune.backends.chunking import chunked_all_reduce
+from lagom_tune.backends.nccl_controls import build_options, overriding_env
 from lagom_tune.backends.registry import (
     CHUNKED_ALL_REDUCE, DDP_BUCKET_CAP, NCCL_ENVIRONMENT, NCCL_TUNER_RULES, THREAD_COUNT, backend_info,
 )
 from lagom_tune.plan.schema import Plan, load_plan
+from lagom_tune.runtime.nccl import RULES_ENV, GroupIdentity, communicator_configs, match_role, mesh_dim_of, plan_roles
 
 DDP_MODULE = "torch.nn.parallel.distributed"
 C10D_MODULE = "torch.distributed.distributed_c10d"
@@ -114,7 +117,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 class GroupMaking:
     """A group this rank is about to make, as read from the creating call's arguments."""
 
-    ident: Any  # runtime.nccl.GroupIdentity (imported when a group is made: the shim starts light)
+    ident: GroupIdentity
     backend: str
     is_nccl: bool
     name_of: Callable[[Any], Any]  # the made process group -> its name, for the record
@@ -266,8 +269,6 @@ class Shim:
             if (async_op or not tensor.is_contiguous() or tensor.numel() * tensor.element_size() <= chunk
                     or c10d.get_world_size(group) != size):
                 return original(tensor, op=op, group=group, async_op=async_op)
-            from lagom_tune.backends.gloo import chunked_all_reduce
-
             for work in chunked_all_reduce(original, tensor, chunk, op=op, group=group):
                 work.wait()
             return None
@@ -280,8 +281,6 @@ class Shim:
     # -- NCCL plans: environment, tuner rules, per-communicator Options ------------------------
 
     def on_torch_nccl(self, torch) -> None:
-        from lagom_tune.runtime.nccl import RULES_ENV
-
         if self.plan.rules:
             plugin, rules = os.environ.get("NCCL_TUNER_PLUGIN"), os.environ.get(RULES_ENV)
             ok = bool(plugin and rules) and os.path.isfile(plugin) and os.path.isfile(rules)
@@ -308,12 +307,10 @@ class Shim:
         Args:
             c10d: the ``torch.distributed.distributed_c10d`` module (or a fake with its functions).
         """
-        from lagom_tune.runtime import nccl
-
         self.c10d = c10d
-        self.roles = nccl.plan_roles(self.plan)
-        self.configs = nccl.communicator_configs(self.plan) if self.info.deploys_nccl_options else {}
-        self.overridden = nccl.overriding_env(os.environ) if self.configs else []
+        self.roles = plan_roles(self.plan)
+        self.configs = communicator_configs(self.plan) if self.info.deploys_nccl_options else {}
+        self.overridden = overriding_env(os.environ) if self.configs else []
         self._record_existing(c10d)
         replaced: dict[int, tuple[Any, Any]] = {}
         for name in GROUP_MAKERS:
@@ -371,8 +368,6 @@ class Shim:
 
     def _wrap_init_process_group(self, fn):
         def describe(a: dict) -> GroupMaking:
-            from lagom_tune.runtime.nccl import GroupIdentity
-
             # a process started without torchrun (mpirun, a plain script) is a rank too
             self.joined_rank = int(a["rank"]) if a.get("rank") is not None else -1
             world = a.get("world_size", -1)
@@ -385,8 +380,6 @@ class Shim:
 
     def _wrap_new_group(self, fn):
         def describe(a: dict) -> GroupMaking | None:
-            from lagom_tune.runtime.nccl import GroupIdentity, mesh_dim_of
-
             ranks = a.get("ranks")
             try:
                 ranks = tuple(sorted(int(r) for r in (ranks if ranks is not None else range(self.c10d.get_world_size()))))
@@ -403,8 +396,6 @@ class Shim:
 
     def _wrap_split_group(self, fn):
         def describe(a: dict) -> GroupMaking | None:
-            from lagom_tune.runtime.nccl import GroupIdentity, mesh_dim_of
-
             c10d = self.c10d
             try:  # split_ranks are ranks in the parent group: this rank's split, in global ranks
                 parent = a.get("parent_pg") or c10d._get_default_group()
@@ -468,9 +459,7 @@ class Shim:
 
     def _decide(self, via: str, ident, backend: str, is_nccl: bool, existing: Any) -> tuple[CommunicatorRecord, Any]:
         """The group's role and the ProcessGroupNCCL.Options to make it with (None: leave as given)."""
-        from lagom_tune.runtime import nccl
-
-        match = nccl.match_role(self.roles, ident)
+        match = match_role(self.roles, ident)
         rec = CommunicatorRecord(via, list(ident.ranks), ident.mesh_dim, match.role, match.by, backend,
                                  note=match.describe(ident))
         if match.role is None:
@@ -498,7 +487,7 @@ class Shim:
             rec.not_applied["ctas"] = f"{bounds}: {why}"
             self.record(f"ctas[{cfg.role}]", bounds, False, why)
             return rec, None
-        opts = nccl.build_options(cls, cfg, existing)
+        opts = build_options(cls, cfg, existing)
         rec.applied = {"min_ctas": opts.config.min_ctas, "max_ctas": opts.config.max_ctas}  # as passed on
         self.record(f"ctas[{cfg.role}]", bounds, True,
                     f"ProcessGroupNCCL.Options for a group of {ident.size} ranks ({via}, role by {match.by})")
@@ -510,10 +499,8 @@ class Shim:
         made = self.by_group.get(group_name)
         if made is None or made.mesh_dim == dim:
             return  # made for this dimension (recorded then), or not a group this shim saw made
-        from lagom_tune.runtime import nccl
-
-        ident = nccl.GroupIdentity(tuple(made.ranks), dim)
-        match = nccl.match_role(self.roles, ident)
+        ident = GroupIdentity(tuple(made.ranks), dim)
+        match = match_role(self.roles, ident)
         rec = CommunicatorRecord(f"DeviceMesh, reusing a group ({made.via})", list(made.ranks), dim, match.role,
                                  match.by, made.backend, group_name, note=match.describe(ident))
         cfg = self.configs.get(match.role) if match.role is not None else None
@@ -529,8 +516,6 @@ class Shim:
     def _record_existing(self, c10d) -> None:
         """Record the groups this rank joined before the shim was installed (an explicit install()
         late in a script): their communicators exist, so their settings cannot change."""
-        from lagom_tune.runtime import nccl
-
         try:
             if not c10d.is_initialized():
                 return
@@ -540,8 +525,8 @@ class Shim:
         for pg, mapping in groups:
             if me not in mapping:
                 continue
-            ident = nccl.GroupIdentity(tuple(sorted(mapping)), nccl.mesh_dim_of(getattr(pg, "group_desc", None)))
-            match = nccl.match_role(self.roles, ident)
+            ident = GroupIdentity(tuple(sorted(mapping)), mesh_dim_of(getattr(pg, "group_desc", None)))
+            match = match_role(self.roles, ident)
             rec = CommunicatorRecord("made before the plan was installed", list(ident.ranks), ident.mesh_dim, match.role,
                                      match.by, group=getattr(pg, "group_name", None), note=match.describe(ident))
             cfg = self.configs.get(match.role) if match.role is not None else None
@@ -611,13 +596,17 @@ def _rebind(replaced: dict[int, tuple[Any, Any]], skip: Any, by_value: bool = Fa
                     pass
 
 def chunked_allreduce_hook(chunk_bytes: int):
-    """A DDP comm hook that averages each gradient bucket in chunks of ``chunk_bytes``."""
+    """A DDP comm hook that averages each gradient bucket in chunks of ``chunk_bytes``.
+
+    Args:
+        chunk_bytes: bytes per all-reduce call.
+    Returns:
+        The hook, for ``DistributedDataParallel.register_comm_hook``.
+    """
 
     def hook(process_group, bucket):
         import torch
         import torch.distributed as dist
-
-        from lagom_tune.backends.gloo import chunked_all_reduce
 
         group = process_group if process_group is not None else dist.group.WORLD
         buf = bucket.buffer()
@@ -686,4 +675,9 @@ def install(plan_path: str, applied_dir: str | None = None) -> Shim:
 
 
 def install_from_env() -> Shim:
+    """Install the plan ``LAGOM_TUNE_PLAN`` names (what ``sitecustomize`` does in every process ``apply`` starts).
+
+    Returns:
+        The shim.
+    """
     return install(os.environ["LAGOM_TUNE_PLAN"], os.environ.get("LAGOM_TUNE_APPLIED_DIR"))

@@ -48,14 +48,26 @@ class PluginBuild:
 
 
 def cache_root(env: dict[str, str] | None = None) -> Path:
-    """``$XDG_CACHE_HOME/lagom-tune`` (default ``~/.cache/lagom-tune``)."""
+    """``$XDG_CACHE_HOME/lagom-tune`` (default ``~/.cache/lagom-tune``).
+
+    Args:
+        env: the environment (default: this process's).
+    Returns:
+        The folder.
+    """
     env = os.environ if env is None else env
     base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "lagom-tune"
 
 
 def find_compiler(env: dict[str, str] | None = None) -> list[str] | None:
-    """The C compiler command: ``$CC`` when set, else ``cc``; None when neither is on PATH."""
+    """The C compiler command: ``$CC`` when set, else ``cc``; None when neither is on PATH.
+
+    Args:
+        env: the environment (default: this process's).
+    Returns:
+        The command and its arguments, or None.
+    """
     env = os.environ if env is None else env
     cmd = shlex.split(env.get("CC", "")) or ["cc"]
     found = shutil.which(cmd[0], path=env.get("PATH"))
@@ -63,7 +75,14 @@ def find_compiler(env: dict[str, str] | None = None) -> list[str] | None:
 
 
 def build_key(source: bytes, compiler: list[str]) -> str:
-    """Hash of what determines the library: the source, the compile command and the machine."""
+    """Hash of what determines the library: the source, the compile command and the machine.
+
+    Args:
+        source: the plugin's C source.
+        compiler: the compile command.
+    Returns:
+        16 hex digits.
+    """
     h = hashlib.sha256(source)
     h.update("\0".join([*compiler, *CFLAGS, platform.system(), platform.machine()]).encode())
     return h.hexdigest()[:16]
@@ -112,6 +131,14 @@ def ensure_plugin(cache: Path | None = None, env: dict[str, str] | None = None) 
 
 
 def rules_path(text: str, cache: Path | None = None, env: dict[str, str] | None = None) -> Path:
-    """Where a rules text lives in the cache: named by its hash, so a path always means one content."""
+    """Where a rules text lives in the cache: named by its hash, so a path always means one content.
+
+    Args:
+        text: the rules file's content.
+        cache: the cache folder (default: ``cache_root``).
+        env: the environment for ``cache_root``.
+    Returns:
+        The path (not written).
+    """
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     return (cache or cache_root(env)) / "tuner-rules" / f"{digest}.rules"

@@ -7,14 +7,22 @@ import math
 import time
 
 from lagom_tune.errors import UserError
+from lagom_tune.knobs import Settings
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search.lagom import comm_of
 from lagom_tune.search.result import SearchResult
-from lagom_tune.search.space import Settings, Var, default_assignment
+from lagom_tune.search.space import Var, default_assignment
 
 
 def default_search(evaluate: ModelEvaluator, vars_: list[Var]) -> SearchResult:
-    """What the job gets without lagom-tune (NCCL's or gloo's/torch's own choices)."""
+    """What the job gets without lagom-tune (NCCL's or gloo's/torch's own choices).
+
+    Args:
+        evaluate: the evaluator (counts the evaluations).
+        vars_: the decision variables.
+    Returns:
+        Every variable at its knob's default, evaluated.
+    """
     t0, start = time.perf_counter(), evaluate.evaluations
     settings = Settings.from_assignment(default_assignment(vars_), vars_)
     return SearchResult("default", settings, evaluate(settings), evaluate.evaluations - start, time.perf_counter() - t0)
@@ -24,6 +32,13 @@ def autoccl_search(evaluate: ModelEvaluator, vars_: list[Var], *, rounds: int = 
     """Coordinate descent on each variable's own communication time under interference.
 
     Like AutoCCL, it is blind to what communication's resources cost the computation beside it.
+
+    Args:
+        evaluate: the evaluator.
+        vars_: the decision variables.
+        rounds: passes over the variables (fewer when a pass changes nothing).
+    Returns:
+        The settings it settled on, evaluated.
     """
     t0, start = time.perf_counter(), evaluate.evaluations
     state = default_assignment(vars_)
@@ -43,7 +58,17 @@ def autoccl_search(evaluate: ModelEvaluator, vars_: list[Var], *, rounds: int = 
 
 
 def exhaustive_search(evaluate: ModelEvaluator, vars_: list[Var], *, max_points: int = 20000) -> SearchResult:
-    """Every combination: ground truth for small spaces."""
+    """Every combination: ground truth for small spaces.
+
+    Args:
+        evaluate: the evaluator.
+        vars_: the decision variables.
+        max_points: the most combinations it agrees to evaluate.
+    Returns:
+        The fastest combination, evaluated.
+    Raises:
+        UserError: for a space larger than ``max_points``.
+    """
     size = math.prod(len(v.domain) for v in vars_)
     if size > max_points:
         raise UserError(f"the space has {size} combinations; exhaustive search is limited to {max_points}")

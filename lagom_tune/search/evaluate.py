@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lagom_tune.knobs import Settings
 from lagom_tune.model.contention import CostModel
-from lagom_tune.search.space import Settings
-from lagom_tune.search.timeline import Timeline, simulate
+from lagom_tune.timeline import Timeline, simulate
 from lagom_tune.workload.bucketing import bucket_group
 from lagom_tune.workload.spec import OverlapGroup, Workload
 

@@ -15,15 +15,23 @@ import itertools
 import time
 from typing import Any
 
+from lagom_tune.knobs import Settings
 from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
 from lagom_tune.search.result import SearchResult
-from lagom_tune.search.space import Settings, Var, min_comm_assignment
+from lagom_tune.search.space import Var, min_comm_assignment
 
 INITIAL_PRIORITY = 0.01
 
 
 def comm_of(var: Var, ev: Evaluation) -> float:
-    """The communication time a variable controls: its collective's, its communicator's, or all."""
+    """The communication time a variable controls: its collective's, its communicator's, or all.
+
+    Args:
+        var: the variable.
+        ev: an evaluation.
+    Returns:
+        Seconds per iteration.
+    """
     if var.scope == "collective":
         return ev.comm_by_rule.get(var.target, 0.0)
     if var.scope == "communicator":
@@ -32,7 +40,15 @@ def comm_of(var: Var, ev: Evaluation) -> float:
 
 
 def next_value(var: Var, current, lr: float):
-    """Step ``current`` up its comm-ordered domain by ``lr`` (relative), at least one position."""
+    """Step ``current`` up its comm-ordered domain by ``lr`` (relative), at least one position.
+
+    Args:
+        var: the variable.
+        current: its value now.
+        lr: the relative step (0.5: about 50% more resources for communication).
+    Returns:
+        The next value, or None at the top of the domain.
+    """
     order = var.comm_order()
     i = order.index(current)
     if i + 1 >= len(order):
@@ -108,7 +124,15 @@ def _polish(evaluate: ModelEvaluator, vars_: list[Var], state: dict, ev: Evaluat
 def lagom_search(evaluate: ModelEvaluator, vars_: list[Var], *, top_subspaces: int = 2) -> SearchResult:
     """Priority search inside the (algorithm, protocol, ...) subspaces, as AutoCCL does (the
     ``top_subspaces`` best at the default resources), keeping the best; then a local polish (each
-    collective's best subspace, neighbouring resource values)."""
+    collective's best subspace, neighbouring resource values).
+
+    Args:
+        evaluate: the evaluator.
+        vars_: the decision variables.
+        top_subspaces: how many categorical subspaces to search.
+    Returns:
+        The best settings found, evaluated; ``extra`` holds the search's trace.
+    """
     t0, start = time.perf_counter(), evaluate.evaluations
     cats = [v for v in vars_ if v.categorical]
     knobs = list(dict.fromkeys(v.knob.name for v in cats))

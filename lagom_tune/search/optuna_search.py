@@ -12,14 +12,21 @@ from typing import Callable
 import optuna
 
 from lagom_tune.errors import UserError
+from lagom_tune.knobs import Settings
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search.lagom import lagom_search
 from lagom_tune.search.result import SearchResult
-from lagom_tune.search.space import Settings, Var, default_assignment
+from lagom_tune.search.space import Var, default_assignment
 
 
 def comm_sms(settings: Settings) -> int:
-    """SMs given to communication: the most channels any collective may hold at once."""
+    """SMs given to communication: the most channels any collective may hold at once.
+
+    Args:
+        settings: the settings.
+    Returns:
+        The channels (0 without a channels knob).
+    """
     return max((int(s.get("channels", 0)) for s in settings.collectives.values()), default=0)
 
 
@@ -28,7 +35,24 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
                   enqueue_lagom: bool = True,
                   on_trial: Callable[[int, int], None] | None = None) -> SearchResult:
     """TPE over every variable; with ``multi_objective``, NSGA-II over (iteration time, SMs given to
-    communication), returning the fastest plan and the Pareto front in ``extra["pareto"]``."""
+    communication), returning the fastest plan and the Pareto front in ``extra["pareto"]``.
+
+    Args:
+        evaluate: the evaluator.
+        vars_: the decision variables.
+        n_trials: the trial budget.
+        timeout: the time budget in seconds (None: none).
+        seed: the sampler's seed.
+        storage: an Optuna storage URL (a resumable study), or None for memory.
+        study_name: the study's name in ``storage``.
+        multi_objective: trade iteration time against SMs for communication (GPU backends).
+        enqueue_lagom: also try the Lagom search's result first (after the defaults).
+        on_trial: called with (trials done, trial budget) after each trial.
+    Returns:
+        The fastest settings found, evaluated.
+    Raises:
+        UserError: for ``multi_objective`` without a channels knob, or a bad storage.
+    """
     t0, start = time.perf_counter(), evaluate.evaluations
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if multi_objective and not any(v.knob.name == "channels" for v in vars_):

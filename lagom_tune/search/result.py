@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lagom_tune.knobs import Settings
 from lagom_tune.search.evaluate import Evaluation
-from lagom_tune.search.space import Settings
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import inspect
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from lagom_tune.backends.base import KnobSpace
 from lagom_tune.errors import UserError
+from lagom_tune.knobs import KnobSpace
 from lagom_tune.model.contention import CostModel
 from lagom_tune.search.baselines import autoccl_search, default_search, exhaustive_search
 from lagom_tune.search.evaluate import ModelEvaluator
@@ -29,7 +29,15 @@ OPTIMIZERS: dict[str, Callable[..., SearchResult]] = {
 
 
 def option_names(name: str) -> frozenset[str]:
-    """The options optimizer ``name`` takes (its keyword-only parameters)."""
+    """The options optimizer ``name`` takes (its keyword-only parameters).
+
+    Args:
+        name: an optimizer's name.
+    Returns:
+        The option names.
+    Raises:
+        UserError: for an unknown optimizer.
+    """
     if name not in OPTIMIZERS:
         raise UserError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
     params = inspect.signature(OPTIMIZERS[name]).parameters.values()
@@ -37,20 +45,43 @@ def option_names(name: str) -> frozenset[str]:
 
 
 def run_optimizer(name: str, evaluate: ModelEvaluator, vars_: list, options: Mapping[str, Any]) -> SearchResult:
-    """Run optimizer ``name`` with the options meant for it (the others are other optimizers')."""
+    """Run optimizer ``name`` with the options meant for it (the others are other optimizers').
+
+    Args:
+        name: an optimizer's name.
+        evaluate: a fresh evaluator.
+        vars_: the decision variables.
+        options: options of any optimizer.
+    Returns:
+        The optimizer's result.
+    """
     mine = option_names(name)
     return OPTIMIZERS[name](evaluate, vars_, **{k: v for k, v in options.items() if k in mine})
 
 
 def taken_options(names: list[str], options: Mapping[str, Any]) -> dict[str, Any]:
     """The ``options`` some optimizer in ``names`` takes: for a command line that offers every
-    optimizer's flags (with defaults) whichever optimizer runs."""
+    optimizer's flags (with defaults) whichever optimizer runs.
+
+    Args:
+        names: the optimizers that will run.
+        options: every flag's value.
+    Returns:
+        The options one of them takes.
+    """
     known = frozenset().union(*(option_names(n) for n in names))
     return {k: v for k, v in options.items() if k in known}
 
 
 def check_options(names: list[str], options: Mapping[str, Any]) -> None:
-    """Refuse an option none of the optimizers ``names`` takes (a misspelling, not a no-op)."""
+    """Refuse an option none of the optimizers ``names`` takes (a misspelling, not a no-op).
+
+    Args:
+        names: the optimizers that will run.
+        options: the options given.
+    Raises:
+        UserError: naming the unknown options and the known ones.
+    """
     known = frozenset().union(*(option_names(n) for n in names))
     unknown = sorted(set(options) - known)
     if unknown:
@@ -72,6 +103,18 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
     Each runs on its own evaluator, so its evaluation count is its own. The plan keeps the
     defaults unless the optimizer's settings are predicted faster by more than ``min_gain``
     (a fraction): a gain smaller than the model's error is a coin flip, not a plan.
+
+    Args:
+        workload: the workload.
+        model: the fitted cost model.
+        space: the knobs on the profiled machine.
+        optimizer: an optimizer's name (``OPTIMIZERS``).
+        min_gain: the predicted gain below which the defaults are kept.
+        **options: the optimizers' options (each gets its own).
+    Returns:
+        The chosen settings and both baselines, and the contention-free bound.
+    Raises:
+        UserError: for an unknown optimizer or option.
     """
     if optimizer not in OPTIMIZERS:
         raise UserError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
@@ -91,7 +134,17 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
 
 
 def compare(workload: Workload, model: CostModel, space: KnobSpace, names: list[str] | None = None, **options: Any) -> list[SearchResult]:
-    """Every optimizer side by side, each on a fresh evaluator."""
+    """Every optimizer side by side, each on a fresh evaluator.
+
+    Args:
+        workload: the workload.
+        model: the fitted cost model.
+        space: the knobs on the profiled machine.
+        names: the optimizers (default: all; exhaustive is left out when the space is too large).
+        **options: the optimizers' options.
+    Returns:
+        One result per optimizer, in order.
+    """
     vars_ = variables(workload, space)
     names = names or list(OPTIMIZERS)
     check_options(names, options)

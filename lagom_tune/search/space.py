@@ -1,4 +1,4 @@
-"""Decision variables: each knob at each place it can be deployed, and settings built from them.
+"""Decision variables: each knob at each place it can be deployed (``knobs.Settings`` holds their values).
 
 A knob deployable only per process or per communicator is one variable for everything that
 shares it, so no optimizer can propose a setting the runtime could not apply (DESIGN.md §4).
@@ -6,11 +6,14 @@ shares it, so no optimizer can propose a setting the runtime could not apply (DE
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from lagom_tune.backends.base import Knob, KnobSpace
+from lagom_tune.knobs import Knob, KnobSpace
 from lagom_tune.workload.spec import Collective, Workload
+
+__all__ = ["Var", "default_assignment", "min_comm_assignment", "variables"]
+
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,14 @@ class Var:
 
 
 def variables(workload: Workload, space: KnobSpace) -> list[Var]:
-    """Every variable that touches at least one collective of ``workload``."""
+    """Every variable that touches at least one collective of ``workload``.
+
+    Args:
+        workload: the workload (its collectives' ops, communicators and rule keys).
+        space: the backend's knobs.
+    Returns:
+        One variable per knob and place it deploys at, in knob order.
+    """
     colls = workload.collectives()
     out: list[Var] = []
     for k in space.knobs:
@@ -63,63 +73,23 @@ def variables(workload: Workload, space: KnobSpace) -> list[Var]:
     return out
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Knob values at their scopes: what a plan deploys."""
-
-    process: Mapping[str, Any] = field(default_factory=dict)
-    communicators: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    collectives: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-    def for_collective(self, coll: Collective) -> dict[str, Any]:
-        return {**self.process, **self.communicators.get(coll.group, {}), **self.collectives.get(coll.rule_key, {})}
-
-    @property
-    def key(self) -> tuple:
-        """Hashable identity (evaluation cache key); flat, since it is computed per evaluation."""
-        nested = lambda m: tuple(sorted((k, tuple(sorted(v.items()))) for k, v in m.items()))  # noqa: E731
-        return tuple(sorted(self.process.items())), nested(self.communicators), nested(self.collectives)
-
-    @classmethod
-    def from_assignment(cls, assignment: Mapping[str, Any], vars_: list[Var]) -> "Settings":
-        process: dict[str, Any] = {}
-        comms: dict[str, dict[str, Any]] = {}
-        colls: dict[str, dict[str, Any]] = {}
-        for var in vars_:
-            value = assignment[var.key]
-            if var.scope == "process":
-                process[var.knob.name] = value
-            elif var.scope == "communicator":
-                comms.setdefault(var.target, {})[var.knob.name] = value
-            else:
-                colls.setdefault(var.target, {})[var.knob.name] = value
-        return cls(process, comms, colls)
-
-
 def default_assignment(vars_: list[Var]) -> dict[str, Any]:
+    """Every variable at its knob's default.
+
+    Args:
+        vars_: the variables (``variables``).
+    Returns:
+        Variable key -> value.
+    """
     return {v.key: v.knob.default for v in vars_}
 
 
 def min_comm_assignment(vars_: list[Var]) -> dict[str, Any]:
-    """Every knob at communication's minimum: where the Lagom search starts."""
+    """Every knob at communication's minimum: where the Lagom search starts.
+
+    Args:
+        vars_: the variables (``variables``); categorical ones stay at their default.
+    Returns:
+        Variable key -> value.
+    """
     return {v.key: (v.knob.default if v.categorical else v.comm_order()[0]) for v in vars_}
-
-
-def settings_items(s: Settings) -> tuple[tuple[str, Any], ...]:
-    """Flat ``(scope.target.knob, value)`` pairs: settings as a measurement point's config."""
-    items = [(f"process..{k}", v) for k, v in sorted(s.process.items())]
-    items += [(f"communicator.{g}.{k}", v) for g, kv in sorted(s.communicators.items()) for k, v in sorted(kv.items())]
-    items += [(f"collective.{c}.{k}", v) for c, kv in sorted(s.collectives.items()) for k, v in sorted(kv.items())]
-    return tuple(items)
-
-
-def settings_from_items(items) -> Settings:
-    out: dict[str, dict] = {"process": {}, "communicator": {}, "collective": {}}
-    for name, value in items:
-        scope, rest = name.split(".", 1)
-        target, knob = rest.rsplit(".", 1)
-        if scope == "process":
-            out["process"][knob] = value
-        else:
-            out[scope].setdefault(target, {})[knob] = value
-    return Settings(out["process"], out["communicator"], out["collective"])

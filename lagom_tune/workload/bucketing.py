@@ -17,7 +17,15 @@ MIB = 1 << 20
 
 
 def bucket_collectives(comm: tuple[Collective, ...], cap_mb: float, group: str) -> tuple[Collective, ...]:
-    """Coalesce consecutive all-reduces on communicator ``group`` into DDP buckets."""
+    """Coalesce consecutive all-reduces on communicator ``group`` into DDP buckets.
+
+    Args:
+        comm: a group's collectives, in stream order.
+        cap_mb: ``bucket_cap_mb``.
+        group: the communicator whose all-reduces are bucketed.
+    Returns:
+        The collectives with those all-reduces bucketed (others unchanged, in order).
+    """
     out: list[Collective] = []
     pending: list[Collective] = []
     limit = FIRST_BUCKET_BYTES
@@ -44,7 +52,14 @@ def bucket_collectives(comm: tuple[Collective, ...], cap_mb: float, group: str) 
 
 
 def bucket_group(g: OverlapGroup, caps: dict[str, float]) -> OverlapGroup:
-    """Apply each communicator's bucket cap (MiB) in ``caps`` to the group."""
+    """Apply each communicator's bucket cap (MiB) in ``caps`` to the group.
+
+    Args:
+        g: an overlap group.
+        caps: communicator -> ``bucket_cap_mb``.
+    Returns:
+        The group with bucketed collectives (``g`` itself when nothing changed).
+    """
     comm = g.comm
     for name, cap in caps.items():
         comm = bucket_collectives(comm, cap, name)

@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 from lagom_tune.errors import UserError
-from lagom_tune.workload.spec import DTYPES, Collective, Gemm, OverlapGroup, Workload
+from lagom_tune.workload.spec import DTYPES, Collective, Gemm, OverlapGroup, Workload, load_workload
 
 GPUS_PER_NODE = 8
 
@@ -117,6 +118,20 @@ def _attn_bwd(g: Gemm) -> tuple[Gemm, Gemm]:
 
 
 def attention_gemms(a: Arch, prefix: str, seq: int, mbs: int, dtype: str, tp: int = 1) -> list[Gemm]:
+    """The forward GEMMs of one attention block (QKV, scores, context, output projection).
+
+    Args:
+        a: the architecture.
+        prefix: the GEMMs' name prefix (``L3``).
+        seq: sequence length.
+        mbs: micro-batch size.
+        dtype: the GEMMs' dtype.
+        tp: tensor-parallel degree (heads split over it).
+    Returns:
+        The GEMMs, in order.
+    Raises:
+        UserError: when the heads do not split over ``tp``.
+    """
     t, d, hd = seq * mbs, a.hidden, a.head_dim
     if a.heads % tp or a.kv % tp and a.kv >= tp:
         raise UserError(f"{a.name}: {a.heads} heads ({a.kv} KV heads) do not split over tp={tp}")
@@ -130,12 +145,38 @@ def attention_gemms(a: Arch, prefix: str, seq: int, mbs: int, dtype: str, tp: in
 
 
 def mlp_gemms(a: Arch, prefix: str, tokens: int, ffn: int, dtype: str, tp: int = 1, batch: int = 1) -> list[Gemm]:
+    """The forward GEMMs of one MLP (up, gated when the architecture is, and down).
+
+    Args:
+        a: the architecture.
+        prefix: the GEMMs' name prefix.
+        tokens: tokens through it.
+        ffn: its hidden size.
+        dtype: the GEMMs' dtype.
+        tp: tensor-parallel degree (``ffn`` split over it).
+        batch: experts run as one batched GEMM.
+    Returns:
+        The GEMMs, in order.
+    """
     f = ffn // tp
     up = 2 * f if a.gated else f
     return [Gemm(f"{prefix}.up", tokens, up, a.hidden, dtype, batch), Gemm(f"{prefix}.down", tokens, a.hidden, f, dtype, batch)]
 
 
 def layer_gemms(a: Arch, layer: int, seq: int, mbs: int, dtype: str, tp: int = 1, ep: int = 1) -> list[Gemm]:
+    """The forward GEMMs of one transformer layer (attention, then MLP or routed experts).
+
+    Args:
+        a: the architecture.
+        layer: the layer's index.
+        seq: sequence length.
+        mbs: micro-batch size.
+        dtype: the GEMMs' dtype.
+        tp: tensor-parallel degree.
+        ep: expert-parallel degree.
+    Returns:
+        The GEMMs, in order.
+    """
     p = f"L{layer}"
     gemms = attention_gemms(a, p, seq, mbs, dtype, tp)
     t = seq * mbs
@@ -150,6 +191,19 @@ def layer_gemms(a: Arch, layer: int, seq: int, mbs: int, dtype: str, tp: int = 1
 
 
 def moe_expert_gemms(a: Arch, prefix: str, tokens: int, dtype: str, ep: int) -> list[Gemm]:
+    """The GEMMs of one rank's experts, as one batched MLP.
+
+    Args:
+        a: the architecture.
+        prefix: the GEMMs' name prefix.
+        tokens: tokens entering the layer on this rank.
+        dtype: the GEMMs' dtype.
+        ep: expert-parallel degree.
+    Returns:
+        The GEMMs.
+    Raises:
+        UserError: when the experts do not split over ``ep``.
+    """
     if a.experts % ep:
         raise UserError(f"{a.name}: {a.experts} experts do not split over ep={ep}")
     per_expert = max(1, tokens * a.top_k * ep // a.experts)
@@ -157,6 +211,13 @@ def moe_expert_gemms(a: Arch, prefix: str, tokens: int, dtype: str, ep: int) -> 
 
 
 def backward_of(gemms: list[Gemm]) -> list[Gemm]:
+    """The backward GEMMs of ``gemms``: each one's two gradients, in reverse order.
+
+    Args:
+        gemms: forward GEMMs, in order.
+    Returns:
+        The backward GEMMs, in order.
+    """
     out: list[Gemm] = []
     for g in reversed(gemms):
         out.extend(_attn_bwd(g) if g.batch > 1 and (".scores" in g.name or ".context" in g.name) else _bwd(g))
@@ -175,6 +236,16 @@ def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", 
     """Data-parallel (DDP) training: forward, then backward with per-tensor gradient all-reduces.
 
     Models a GPT-2-style block (LayerNorm, biased linears, GELU MLP), as examples/train_gpt.py.
+
+    Args:
+        arch: the architecture.
+        seq: sequence length.
+        mbs: micro-batch size.
+        ranks: data-parallel ranks.
+        dtype: the GEMMs' dtype.
+        grad_dtype: the gradients' dtype (sizes the all-reduces).
+    Returns:
+        The Workload.
     """
     _check_seq(arch, seq)
     d, f, t = arch.hidden, arch.ffn, seq * mbs
@@ -215,7 +286,17 @@ def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", 
 
 
 def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "bf16") -> Workload:
-    """FSDP (ZeRO-3): per-layer all-gather prefetch in forward and backward, reduce-scatter of gradients."""
+    """FSDP (ZeRO-3): per-layer all-gather prefetch in forward and backward, reduce-scatter of gradients.
+
+    Args:
+        arch: the architecture.
+        seq: sequence length.
+        mbs: micro-batch size.
+        ranks: sharding ranks.
+        dtype: the GEMMs' and collectives' dtype.
+    Returns:
+        The Workload.
+    """
     _check_seq(arch, seq)
     b, t, nodes = DTYPES[dtype], seq * mbs, _nodes(ranks)
     groups = []
@@ -234,7 +315,18 @@ def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "bf16") -> 
 
 
 def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dtype: str = "bf16") -> Workload:
-    """Megatron TP with Domino-style overlap of one half-batch's all-reduce with the other's GEMMs."""
+    """Megatron TP with Domino-style overlap of one half-batch's all-reduce with the other's GEMMs.
+
+    Args:
+        arch: the architecture.
+        seq: sequence length.
+        mbs: micro-batch size.
+        tp: tensor-parallel degree.
+        dp: data-parallel degree (gradient all-reduces across it).
+        dtype: the GEMMs' and collectives' dtype.
+    Returns:
+        The Workload.
+    """
     _check_seq(arch, seq)
     if mbs < 2:
         raise UserError("tensor parallelism with Domino overlap splits the micro-batch in two: --mbs must be >= 2")
@@ -261,7 +353,17 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
 
 
 def expert_parallel(arch: Arch, *, seq: int, mbs: int, ep: int, dtype: str = "bf16") -> Workload:
-    """Expert parallelism: one micro-batch's dispatch/combine all-to-alls beside the other's expert GEMMs."""
+    """Expert parallelism: one micro-batch's dispatch/combine all-to-alls beside the other's expert GEMMs.
+
+    Args:
+        arch: the architecture.
+        seq: sequence length.
+        mbs: micro-batch size.
+        ep: expert-parallel degree.
+        dtype: the GEMMs' and collectives' dtype.
+    Returns:
+        The Workload.
+    """
     _check_seq(arch, seq)
     if not arch.experts:
         raise UserError(f"{arch.name} has no experts: use --parallel fsdp=N or tp=N")
@@ -330,7 +432,15 @@ CPU_DEMO_ARCH = Arch("tiny-gpt", hidden=256, ffn=1024, heads=4, layers=4, vocab=
 
 
 def parse_parallel(spec: str) -> dict[str, int]:
-    """``fsdp=8`` | ``tp=8,dp=2`` | ``ep=8`` | ``ddp=2`` -> {"fsdp": 8} ..."""
+    """``fsdp=8`` | ``tp=8,dp=2`` | ``ep=8`` | ``ddp=2`` -> {"fsdp": 8} ...
+
+    Args:
+        spec: ``--parallel``'s value.
+    Returns:
+        Parallelism -> degree.
+    Raises:
+        UserError: for anything but exactly one of fsdp, tp (with dp), ep, ddp.
+    """
     out: dict[str, int] = {}
     for part in spec.replace(" ", "").split(","):
         m = re.fullmatch(r"(fsdp|tp|dp|ep|ddp)=(\d+)", part)
@@ -347,6 +457,17 @@ def parse_parallel(spec: str) -> dict[str, int]:
 
 def build_model(model: str, parallel: str | None = None, seq: int | None = None, mbs: int | None = None,
                 dtype: str = "bf16", **_: Any) -> Workload:
+    """A model preset's workload under a parallelism.
+
+    Args:
+        model: an architecture's name (``ARCHS``).
+        parallel: ``--parallel`` (default: ep=8 for MoE models, else fsdp=8).
+        seq: sequence length (default: 2048, at most the model's).
+        mbs: micro-batch size (default: the paper's for the model and parallelism, else 1).
+        dtype: the GEMMs' dtype.
+    Returns:
+        The Workload.
+    """
     arch = ARCHS[model]
     par = parse_parallel(parallel or ("ep=8" if arch.experts else "fsdp=8"))
     family = next(iter({"fsdp", "tp", "ep", "ddp"} & set(par)))
@@ -408,6 +529,34 @@ for _name, (_model, _par) in TABLE2.items():
 
 
 def build_preset(name: str, **shape: Any) -> Workload:
+    """The workload of preset ``name``.
+
+    Args:
+        name: a preset's name (``PRESETS``).
+        **shape: ``parallel``, ``seq``, ``mbs``, ``ranks`` (None: the preset's default).
+    Returns:
+        The Workload.
+    Raises:
+        UserError: for an unknown preset or shape.
+    """
     if name not in PRESETS:
         raise UserError(f"unknown workload {name!r}; known: {', '.join(sorted(PRESETS))}")
     return PRESETS[name].build(**{k: val for k, val in shape.items() if val is not None})
+
+
+def resolve_workload(name_or_file: str, **shape: Any) -> Workload:
+    """A preset name (see ``lagom-tune workload list``) or a path to a workload YAML.
+
+    Args:
+        name_or_file: a preset's name or a workload file.
+        **shape: the preset's parallelism and sizes (``parallel``, ``seq``, ``mbs``, ``ranks``).
+    Returns:
+        The Workload.
+    Raises:
+        UserError: for a name that is neither.
+    """
+    if name_or_file in PRESETS:
+        return build_preset(name_or_file, **shape)
+    if Path(name_or_file).suffix in (".yaml", ".yml") or Path(name_or_file).exists():
+        return load_workload(name_or_file)
+    raise UserError(f"unknown workload {name_or_file!r}: not a preset (see `lagom-tune workload list`) nor a file")

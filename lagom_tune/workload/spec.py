@@ -182,15 +182,13 @@ def _collective(x: Any, path: str, n_compute: int) -> Collective:
 
 
 def load_workload(path: str | Path) -> Workload:
+    """Read and check a workload file.
+
+    Args:
+        path: the workload YAML.
+    Returns:
+        The Workload.
+    Raises:
+        UserError: naming the field, for anything the format does not allow.
+    """
     return Workload.from_dict(read_yaml(path, "workload file"), "workload")
-
-
-def resolve_workload(name_or_file: str, **shape: Any) -> Workload:
-    """A preset name (see ``lagom-tune workload list``) or a path to a workload YAML."""
-    from lagom_tune.workload.presets import PRESETS, build_preset
-
-    if name_or_file in PRESETS:
-        return build_preset(name_or_file, **shape)
-    if Path(name_or_file).suffix in (".yaml", ".yml") or Path(name_or_file).exists():
-        return load_workload(name_or_file)
-    raise UserError(f"unknown workload {name_or_file!r}: not a preset (see `lagom-tune workload list`) nor a file")

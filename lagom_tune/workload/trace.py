@@ -66,9 +66,21 @@ def _gemm_from_dims(name: str, dims: list, types: list) -> Gemm | None:
     return Gemm(name.split("::")[1], int(m), int(n), int(k), DTYPE_NAMES.get(size, "fp32"), int(b))
 
 
-def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None = None) -> Workload:
-    """Read a Chrome trace and return its overlap groups as a workload."""
-    path = Path(path)
+# An op and the event that ran it in the trace.
+TimedGemm = tuple[_Event, Gemm]
+TimedCollective = tuple[_Event, Collective]
+
+
+def _read_spans(path: Path) -> tuple[dict, list[dict]]:
+    """The trace's JSON and its complete events (``ph == "X"`` with a duration).
+
+    Args:
+        path: the Chrome trace.
+    Returns:
+        The whole document and its spans.
+    Raises:
+        UserError: for a missing file, a file that is not JSON, or JSON without ``traceEvents``.
+    """
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -79,23 +91,39 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
     if not isinstance(events, list):
         raise UserError(f"{path}: no traceEvents list (export it with prof.export_chrome_trace)")
     spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+    return data, spans
+
+
+def _collective_bytes(ev: _Event) -> int:
+    """The bytes a collective event moved, from its input shape and type (or NCCL's element count)."""
+    dims = ev.args.get("Input Dims") or [[0]]
+    nelems = 1
+    for x in (dims[0] if dims and isinstance(dims[0], list) else [0]):
+        nelems *= int(x)
+    size = TYPE_BYTES.get((ev.args.get("Input type") or ["float"])[0], 4)
+    return nelems * size or int(ev.args.get("In msg nelems", 0)) * size
+
+
+def _timed_ops(spans: list[dict], world: int) -> tuple[list[TimedGemm], list[TimedCollective], bool]:
+    """The trace's GEMMs and collectives, each with its event, in start order.
+
+    Args:
+        spans: the trace's complete events.
+        world: the collectives' world size.
+    Returns:
+        GEMMs, collectives, and whether the trace has GPU kernels (then GEMMs are the kernels,
+        shaped by the CPU op that launched them; else the CPU ops themselves).
+    """
     shapes_by_id = {e["args"]["External id"]: e for e in spans
                     if e.get("name") in CPU_GEMMS and isinstance(e.get("args"), dict) and "External id" in e["args"]}
-
-    gemms: list[tuple[_Event, Gemm]] = []
-    colls: list[tuple[_Event, Collective]] = []
-    world = ranks or int((data.get("distributedInfo") or {}).get("world_size", 2))
+    gemms: list[TimedGemm] = []
+    colls: list[TimedCollective] = []
     gpu_kernels = any(e.get("cat") == "kernel" for e in spans)
     for e in spans:
         ev = _Event(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("args") or {})
         op = _collective_op(ev.name)
         if op:
-            dims = ev.args.get("Input Dims") or [[0]]
-            nelems = 1
-            for x in (dims[0] if dims and isinstance(dims[0], list) else [0]):
-                nelems *= int(x)
-            size = TYPE_BYTES.get((ev.args.get("Input type") or ["float"])[0], 4)
-            nbytes = nelems * size or int(ev.args.get("In msg nelems", 0)) * size
+            nbytes = _collective_bytes(ev)
             if nbytes > 0:
                 colls.append((ev, Collective(f"{op}.{len(colls)}", op, nbytes, group="dp", ranks=world)))
             continue
@@ -108,18 +136,23 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
             g = _gemm_from_dims(source["name"], source["args"].get("Input Dims", []), source["args"].get("Input type", []))
             if g is not None:
                 gemms.append((ev, g))
-    if not gemms:
-        raise UserError(f"{path}: no GEMMs with shapes found (record the trace with record_shapes=True)")
     gemms.sort(key=lambda x: x[0].start)
     colls.sort(key=lambda x: x[0].start)
+    return gemms, colls, gpu_kernels
 
-    # The step: from the first to the last GEMM or collective (one profiled step per trace).
-    step_start = min(e.start for e, _ in gemms + colls)
-    step_end = max(e.end for e, _ in gemms + colls)
 
-    # Collectives whose windows share GEMMs form one group; windows merge while they overlap.
-    clusters: list[list[tuple[_Event, Collective]]] = []
-    for item in colls:
+def _overlap_groups(gemms: list[TimedGemm], colls: list[TimedCollective]) -> tuple[list[OverlapGroup], dict[str, float], set[int]]:
+    """One group per cluster of collectives whose windows overlap, with the GEMMs beside them.
+
+    Args:
+        gemms: the GEMMs, in start order.
+        colls: the collectives, in start order.
+    Returns:
+        The groups (``overlap.N``), each group's traced milliseconds, and the indices of the
+        GEMMs they took.
+    """
+    clusters: list[list[TimedCollective]] = []
+    for item in colls:  # windows merge while they overlap
         if clusters and item[0].start <= max(e.end for e, _ in clusters[-1]):
             clusters[-1].append(item)
         else:
@@ -133,7 +166,7 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
         used |= set(idx)
         compute = [replace_name(gemms[i][1], f"g{i}") for i in idx]
         comm = []
-        for e, c in cluster:
+        for e, c in cluster:  # a collective waits for the GEMM that ended last before it started
             done_before = [j for j, i in enumerate(idx) if gemms[i][0].end <= e.start]
             comm.append(Collective(c.name, c.op, c.nbytes, c.group, c.ranks, c.nodes, done_before[-1] if done_before else None))
         label = f"overlap.{ci}"
@@ -141,17 +174,28 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
         end = max([hi] + [gemms[i][0].end for i in idx])
         traced[label] = round((end - start) / 1e3, 3)
         groups.append(OverlapGroup(label, tuple(compute), tuple(comm)))
-    # Runs of GEMMs beside no collective.
+    return groups, traced, used
+
+
+def _compute_groups(gemms: list[TimedGemm], used: set[int], first: int) -> tuple[list[OverlapGroup], dict[str, float]]:
+    """One compute-only group per run of GEMMs beside no collective.
+
+    Args:
+        gemms: the GEMMs, in start order.
+        used: indices of the GEMMs an overlap group took.
+        first: the number of groups before these (they are named ``compute.N`` after it).
+    Returns:
+        The groups and each one's traced milliseconds (the sum of its GEMMs').
+    """
+    groups: list[OverlapGroup] = []
+    traced: dict[str, float] = {}
     run: list[int] = []
-    alone_ms = 0.0
 
     def flush() -> None:
-        nonlocal alone_ms
         if run:
-            nm = f"compute.{len(groups)}"
+            nm = f"compute.{first + len(groups)}"
             groups.append(OverlapGroup(nm, tuple(replace_name(gemms[i][1], f"g{i}") for i in run)))
             traced[nm] = round(sum(gemms[i][0].dur for i in run) / 1e3, 3)
-            alone_ms += traced[nm]
             run.clear()
 
     for i in range(len(gemms)):
@@ -160,15 +204,47 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
         else:
             run.append(i)
     flush()
+    return groups, traced
+
+
+def _in_trace_order(groups: list[OverlapGroup], gemms: list[TimedGemm], colls: list[TimedCollective]) -> list[OverlapGroup]:
+    """The groups ordered by when their first op started in the trace."""
     first_start = {}
     for g in groups:
         idx = [int(op.name.split(".")[0][1:]) for op in g.compute]
         starts = [gemms[i][0].start for i in idx] + [e.start for e, c in colls if any(c.name == x.name for x in g.comm)]
         first_start[g.name] = min(starts)
-    groups.sort(key=lambda g: first_start[g.name])
+    return sorted(groups, key=lambda g: first_start[g.name])
+
+
+def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None = None) -> Workload:
+    """Read a Chrome trace and return its overlap groups as a workload.
+
+    Args:
+        path: a torch.profiler Chrome trace of one step (``record_shapes=True``).
+        name: the workload's name (default: the file's stem).
+        ranks: the collectives' world size (default: the trace's ``distributedInfo``, else 2).
+    Returns:
+        The Workload: overlap groups, compute-only groups, and the rest of the step as
+        ``exposed_ms``; ``meta`` keeps the trace's own times.
+    Raises:
+        UserError: for a file that is not a trace, or a trace without shaped GEMMs.
+    """
+    path = Path(path)
+    data, spans = _read_spans(path)
+    world = ranks or int((data.get("distributedInfo") or {}).get("world_size", 2))
+    gemms, colls, gpu_kernels = _timed_ops(spans, world)
+    if not gemms:
+        raise UserError(f"{path}: no GEMMs with shapes found (record the trace with record_shapes=True)")
+    # The step: from the first to the last GEMM or collective (one profiled step per trace).
+    step_start = min(e.start for e, _ in gemms + colls)
+    step_end = max(e.end for e, _ in gemms + colls)
+    overlapped, traced, used = _overlap_groups(gemms, colls)
+    alone, alone_traced = _compute_groups(gemms, used, len(overlapped))
+    traced.update(alone_traced)
+    groups = _in_trace_order(overlapped + alone, gemms, colls)
     step_ms = (step_end - step_start) / 1e3
-    covered = sum(traced.values())
-    exposed = max(0.0, step_ms - covered)
+    exposed = max(0.0, step_ms - sum(traced.values()))
     return Workload(
         name=name or path.stem,
         groups=tuple(groups),
@@ -180,11 +256,25 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
 
 
 def replace_name(g: Gemm, name: str) -> Gemm:
+    """``g`` renamed ``name.<its name>`` (its shape unchanged).
+
+    Args:
+        g: a GEMM.
+        name: the prefix.
+    Returns:
+        The renamed GEMM.
+    """
     return Gemm(f"{name}.{g.name}", g.m, g.n, g.k, g.dtype, g.batch)
 
 
 def summary(w: Workload) -> dict[str, Any]:
-    """Traced step time vs the time the imported groups cover (for `workload import`'s report)."""
+    """Traced step time vs the time the imported groups cover (for `workload import`'s report).
+
+    Args:
+        w: a workload ``import_trace`` made.
+    Returns:
+        Traced step, group and exposed milliseconds, and the counts of groups, GEMMs and collectives.
+    """
     covered = sum(w.meta.get("traced_group_ms", {}).values())
     return {"traced_step_ms": w.meta.get("traced_step_ms"), "groups_ms": round(covered, 3), "exposed_ms": w.exposed_ms,
             "groups": len(w.groups), "gemms": w.meta.get("gemms"), "collectives": w.meta.get("collectives")}

@@ -8,6 +8,7 @@ def _lagom_tune_shim() -> None:
     if not os.environ.get("LAGOM_TUNE_PLAN"):
         return
     try:
+        # local: keeps every Python process light; only those started under a plan load the shim
         from lagom_tune.runtime.shim import install_from_env
 
         install_from_env()

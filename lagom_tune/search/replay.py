@@ -1,4 +1,4 @@
-"""`search --validate N`: measure the default settings and the plan on the backend, interleaved."""
+"""`search --validate N`: replay the default settings and the plan on the profiling backend, interleaved."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from lagom_tune.backends.base import BackendOptions, Point
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
-from lagom_tune.search.space import Settings, settings_items
+from lagom_tune.knobs import Settings, settings_items
 from lagom_tune.workload.spec import Workload
 
 
@@ -34,7 +34,17 @@ def backend_from_fingerprint(fp: dict[str, Any]):
 
 
 def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[str, Settings], repeats: int) -> dict[str, Any]:
-    """Iteration time of each candidate, ``repeats`` rounds interleaved (d, p, d, p, ...)."""
+    """Iteration time of each candidate, ``repeats`` rounds interleaved (d, p, d, p, ...).
+
+    Args:
+        workload: the workload to replay (whole iterations).
+        fingerprint: the run folder's fingerprint (rebuilds its backend).
+        candidates: name -> settings, e.g. ``{"default": ..., "plan": ...}``.
+        repeats: rounds; each replays every candidate once.
+    Returns:
+        The plan's ``validated`` section: method, median and spread per candidate, and the
+        default-over-plan speedup when both are there.
+    """
     backend = backend_from_fingerprint(fingerprint)
     ranks = workload.world_size
     points = [Point("iteration", settings_items(s), ranks=ranks, workload=workload)

@@ -4,22 +4,41 @@ Computations run in order on one stream, collectives in order on another. Each o
 rate set by what runs beside it at that moment, re-evaluated whenever an op starts or ends, so
 slowing one collective shifts the windows of everything after it (the paper's "cascade"). A
 collective with ``after = i`` waits until computation ``i`` has finished.
+
+Below both the model (which checks its fit on overlapped points with it) and the search (which
+plays whole iterations with it), it imports nothing from lagom-tune: an op is anything with a
+``name`` (a ``workload.spec.Gemm``), a collective anything with a ``name`` and an ``after`` (a
+``workload.spec.Collective``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
-from lagom_tune.workload.spec import Collective, Gemm
 
-# (gemm, coll) -> (gemm slowdown, coll slowdown) while both run.
-Slowdowns = Callable[[Gemm, Collective], tuple[float, float]]
+class Op(Protocol):
+    """A computation on the compute stream."""
+
+    name: str
+
+
+class CommOp(Protocol):
+    """A collective on the communication stream: it waits for computation ``after`` (None: for none)."""
+
+    name: str
+    after: int | None
+
+
+# (computation, collective) -> (computation's slowdown, collective's slowdown) while both run.
+Slowdowns = Callable[[Any, Any], tuple[float, float]]
 
 
 @dataclass(frozen=True)
 class Span:
+    """One op's time on its stream, in seconds from the group's start."""
+
     name: str
     stream: str  # "compute" | "comm"
     start: float
@@ -32,6 +51,8 @@ class Span:
 
 @dataclass(frozen=True)
 class Timeline:
+    """A played group: when it ended, each op's span, and the streams' times alone."""
+
     makespan: float
     spans: tuple[Span, ...]
     y_alone: float  # sum of computation times alone
@@ -53,9 +74,19 @@ class Timeline:
         return max(self.compute_time, self.comm_time)
 
 
-def simulate(compute: Sequence[Gemm], y: Sequence[float], comm: Sequence[Collective], x: Sequence[float],
+def simulate(compute: Sequence[Op], y: Sequence[float], comm: Sequence[CommOp], x: Sequence[float],
              slowdowns: Slowdowns) -> Timeline:
-    """Play the group; ``y``/``x`` are each op's time alone in seconds."""
+    """Play one overlap group on the two streams.
+
+    Args:
+        compute: the computations, in stream order.
+        y: each computation's time alone, in seconds.
+        comm: the collectives, in stream order.
+        x: each collective's time alone, in seconds.
+        slowdowns: both ops' slowdown factors while they run beside each other.
+    Returns:
+        The Timeline (makespan, spans, alone times).
+    """
     n, m = len(compute), len(comm)
     i = j = 0
     left_y = y[0] if n else 0.0  # remaining alone-time of the current op

@@ -1,0 +1,169 @@
+"""Inside a gloo rank: how each kind of point is timed on CPU threads (``MEASURE``).
+
+Every function takes the point, the number of repeats and ``torch.distributed`` (joined to the
+other ranks), and returns one row per repeat; a barrier starts each timed repeat, and the parent
+keeps the slowest rank's time (``base.reduce_ranks``). The nccl backend's CPU stand-in uses them too.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+
+from lagom_tune.backends.base import Point
+from lagom_tune.backends.chunking import chunked_all_reduce
+from lagom_tune.backends.tensors import buffer, operands, slowest_rank
+from lagom_tune.knobs import settings_from_items
+from lagom_tune.workload.bucketing import bucket_group
+
+
+def gemm_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
+    """Time the point's GEMM on this rank's threads.
+
+    Args:
+        point: a ``gemm`` point.
+        repeats: timed repeats.
+        dist: ``torch.distributed`` (for the barrier before each repeat).
+    Returns:
+        One row per repeat: ``time_us`` per GEMM, and ``inner``, the GEMMs in the timed region.
+    """
+    a, b = operands(point.gemm)
+    # Repeat tiny GEMMs inside one timed region so each sample is well above timer resolution.
+    t0 = time.perf_counter()
+    torch.matmul(a, b)
+    once = time.perf_counter() - t0
+    inner = max(1, min(200, int(2e-3 / max(once, 1e-7))))
+    for _ in range(2):
+        torch.matmul(a, b)
+    rows = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            torch.matmul(a, b)
+        rows.append({"time_us": (time.perf_counter() - t0) / inner * 1e6, "inner": inner})
+    return rows
+
+
+def collective_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
+    """Time the point's all-reduce, in chunks of its ``chunk_bytes`` setting.
+
+    Args:
+        point: a ``collective`` point.
+        repeats: timed repeats.
+        dist: ``torch.distributed``.
+    Returns:
+        One row per repeat: ``time_us``.
+    """
+    buf = buffer(point.nbytes)
+    chunk = point.settings.get("chunk_bytes", 0)
+
+    def once() -> None:
+        for work in chunked_all_reduce(dist.all_reduce, buf, chunk):
+            work.wait()
+
+    once()
+    rows = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        once()
+        rows.append({"time_us": (time.perf_counter() - t0) * 1e6})
+    return rows
+
+
+def overlap_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
+    """Start the collective and ``n`` GEMMs together; time when each stream finishes.
+
+    ``n`` is chosen so the GEMMs alone take about as long as the collective alone: the balanced
+    case, where contention decides the window. The alone times are measured right before.
+
+    Args:
+        point: an ``overlap`` point (a GEMM and an all-reduce).
+        repeats: timed repeats.
+        dist: ``torch.distributed``.
+    Returns:
+        One row per repeat: compute (``time_us``), communication (``comm_us``) and window ends,
+        ``n_compute``, and both alone times.
+    """
+    a, b = operands(point.gemm)
+    buf = buffer(point.nbytes)
+    y = statistics.median(gemm_rows(point, 3, dist)[i]["time_us"] for i in range(3)) / 1e6
+    x = statistics.median(collective_rows(point, 3, dist)[i]["time_us"] for i in range(3)) / 1e6
+    y, x = slowest_rank(dist, (y, x))  # every rank must run the same number of GEMMs
+    n = max(1, round(x / y))
+    rows = []
+    for _ in range(repeats):
+        dist.barrier()
+        stamp: list[float] = []
+        t0 = time.perf_counter()
+        work = dist.all_reduce(buf, async_op=True)
+        work.get_future().then(lambda _f, _stamp=stamp: _stamp.append(time.perf_counter()))
+        for _ in range(n):
+            torch.matmul(a, b)
+        t_compute = time.perf_counter()
+        work.wait()
+        while not stamp:  # the callback runs on gloo's thread right after completion
+            time.sleep(1e-5)
+        t_comm = stamp[0]
+        rows.append({
+            "time_us": (t_compute - t0) * 1e6, "comm_us": (t_comm - t0) * 1e6,
+            "window_us": (max(t_compute, t_comm) - t0) * 1e6, "n_compute": n,
+            "compute_alone_us": y * n * 1e6, "comm_alone_us": x * 1e6,
+        })
+    return rows
+
+
+def iteration_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
+    """Replay the whole workload under the point's settings: GEMMs on this thread, collectives in
+    order on another, each waiting for the GEMM that readies it.
+
+    Args:
+        point: an ``iteration`` point (its workload, and settings as its config).
+        repeats: timed repeats.
+        dist: ``torch.distributed``.
+    Returns:
+        One row per repeat: the iteration's ``time_us`` (exposed time included).
+    """
+    settings = settings_from_items(point.config)
+    caps = {g: kv["bucket_cap_mb"] for g, kv in settings.communicators.items() if "bucket_cap_mb" in kv}
+    groups = [bucket_group(g, caps) for g in point.workload.groups]
+    mats = {g.shape_key: operands(g) for grp in groups for g in grp.compute}
+    buffers = {c.nbytes: buffer(c.nbytes) for grp in groups for c in grp.comm}
+
+    def play(grp) -> float:
+        ready = [threading.Event() for _ in grp.compute]
+
+        def communicate() -> None:
+            for c in grp.comm:
+                if c.after is not None:
+                    ready[c.after].wait()
+                dist.all_reduce(buffers[c.nbytes]) if c.op == "all_reduce" else dist.broadcast(buffers[c.nbytes], 0)
+
+        dist.barrier()
+        t0 = time.perf_counter()
+        comm = threading.Thread(target=communicate)
+        comm.start()
+        for i, g in enumerate(grp.compute):
+            torch.matmul(*mats[g.shape_key])
+            ready[i].set()
+        comm.join()
+        return time.perf_counter() - t0
+
+    for grp in groups:  # warm-up
+        play(grp)
+    rows = []
+    for _ in range(repeats):
+        total = sum(grp.repeat * play(grp) for grp in groups) + point.workload.exposed_ms / 1e3
+        rows.append({"time_us": total * 1e6})
+    return rows
+
+
+# Point kind -> its timing.
+MEASURE: dict[str, Callable[[Point, int, Any], list[dict]]] = {
+    "gemm": gemm_rows, "collective": collective_rows, "overlap": overlap_rows, "iteration": iteration_rows,
+}

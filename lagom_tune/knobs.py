@@ -1,0 +1,199 @@
+"""Knobs and settings: the types every layer shares, at the bottom of the package.
+
+A ``Knob`` is one tunable setting of a backend and a ``KnobSpace`` all of them; ``Settings`` are
+knob values at the scopes they deploy at (what a plan holds, what a measurement point replays).
+This module imports nothing from the rest of lagom-tune but ``errors``, and nothing heavy: the
+runtime shim loads a plan's knob space in every rank of a user's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Protocol
+
+from lagom_tune.errors import UserError
+
+SCOPES = ("collective", "communicator", "process")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable setting: its domain, default, and the scope at which it can be deployed.
+
+    ``comm_direction`` is +1 when a larger value gives communication more of the machine (NCCL
+    channels, chunk size) and -1 when it gives computation more (CPU threads per rank); the
+    Lagom search starts every knob at communication's minimum and steps towards its maximum.
+    ``ops`` limits the knob to some collective ops (empty: all).
+    """
+
+    name: str
+    scope: str
+    domain: tuple
+    default: Any
+    comm_direction: int = 1
+    ops: tuple[str, ...] = ()
+    mechanism: str = ""
+    description: str = ""
+    only_for: tuple[tuple[Any, tuple[str, ...]], ...] = ()  # (value, ops it is valid for)
+    env: str = ""  # process-scope knobs deployed through an environment variable
+
+    def __post_init__(self) -> None:
+        assert self.scope in SCOPES and self.default in self.domain, self
+
+    def comm_order(self, domain: tuple | None = None) -> tuple:
+        """The domain ordered from least to most resources for communication.
+
+        Args:
+            domain: a subset of the knob's domain (default: all of it).
+        Returns:
+            Its values, communication's minimum first.
+        """
+        return tuple(sorted(domain or self.domain, reverse=self.comm_direction < 0))
+
+    def domain_for(self, ops: set[str]) -> tuple:
+        """Values valid for every op in ``ops`` (e.g. NCCL's tree algorithm is all-reduce only).
+
+        Args:
+            ops: collective ops (``Collective.op``) the value must suit.
+        Returns:
+            The valid values, in domain order.
+        """
+        limits = dict(self.only_for)
+        return tuple(x for x in self.domain if x not in limits or ops <= set(limits[x]))
+
+    def check(self, value: Any, path: str) -> Any:
+        """``value`` if it is in the domain.
+
+        Args:
+            value: a value read from a file.
+            path: where it was read, for the error.
+        Returns:
+            The value.
+        Raises:
+            UserError: one line naming the domain, for a value outside it.
+        """
+        if value not in self.domain:
+            raise UserError(f"{path}: {value!r} is outside {self.name}'s domain {list(self.domain)}")
+        return value
+
+
+@dataclass(frozen=True)
+class KnobSpace:
+    """A backend's knobs, in a fixed order."""
+
+    knobs: tuple[Knob, ...]
+
+    def __getitem__(self, name: str) -> Knob:
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        raise UserError(f"unknown knob {name!r}; this backend has {', '.join(self.names())}")
+
+    def names(self) -> list[str]:
+        """Every knob's name, in order."""
+        return [k.name for k in self.knobs]
+
+    def at_scope(self, scope: str) -> list[Knob]:
+        """The knobs that deploy at ``scope`` (one of ``SCOPES``)."""
+        return [k for k in self.knobs if k.scope == scope]
+
+    def defaults(self) -> dict[str, Any]:
+        """Knob name -> its default."""
+        return {k.name: k.default for k in self.knobs}
+
+
+class CollectiveSite(Protocol):
+    """Where a collective runs, as settings see it (a ``workload.spec.Collective`` is one)."""
+
+    group: str  # its communicator role
+    rule_key: str  # the collective-scope rule that matches it
+
+
+class Placement(Protocol):
+    """A decision variable's place (a ``search.space.Var`` is one)."""
+
+    key: str
+    scope: str
+    target: str
+    knob: Knob
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Knob values at their scopes: what a plan deploys."""
+
+    process: Mapping[str, Any] = field(default_factory=dict)
+    communicators: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    collectives: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def for_collective(self, coll: CollectiveSite) -> dict[str, Any]:
+        """The knob values one collective runs with.
+
+        Args:
+            coll: the collective (its communicator and its rule key).
+        Returns:
+            Knob name -> value: process values, overridden by its communicator's, then its rule's.
+        """
+        return {**self.process, **self.communicators.get(coll.group, {}), **self.collectives.get(coll.rule_key, {})}
+
+    @property
+    def key(self) -> tuple:
+        """Hashable identity (evaluation cache key); flat, since it is computed per evaluation."""
+        nested = lambda m: tuple(sorted((k, tuple(sorted(v.items()))) for k, v in m.items()))  # noqa: E731
+        return tuple(sorted(self.process.items())), nested(self.communicators), nested(self.collectives)
+
+    @classmethod
+    def from_assignment(cls, assignment: Mapping[str, Any], vars_: Iterable[Placement]) -> "Settings":
+        """Settings from one value per decision variable.
+
+        Args:
+            assignment: variable key -> value.
+            vars_: the variables (``search.space.variables``), each placing its knob at a scope.
+        Returns:
+            The Settings.
+        """
+        process: dict[str, Any] = {}
+        comms: dict[str, dict[str, Any]] = {}
+        colls: dict[str, dict[str, Any]] = {}
+        for var in vars_:
+            value = assignment[var.key]
+            if var.scope == "process":
+                process[var.knob.name] = value
+            elif var.scope == "communicator":
+                comms.setdefault(var.target, {})[var.knob.name] = value
+            else:
+                colls.setdefault(var.target, {})[var.knob.name] = value
+        return cls(process, comms, colls)
+
+
+def settings_items(s: Settings) -> tuple[tuple[str, Any], ...]:
+    """Flat ``(scope.target.knob, value)`` pairs: settings as a measurement point's config.
+
+    Args:
+        s: the settings.
+    Returns:
+        The pairs, sorted within each scope (``settings_from_items`` reads them back).
+    """
+    items = [(f"process..{k}", v) for k, v in sorted(s.process.items())]
+    items += [(f"communicator.{g}.{k}", v) for g, kv in sorted(s.communicators.items()) for k, v in sorted(kv.items())]
+    items += [(f"collective.{c}.{k}", v) for c, kv in sorted(s.collectives.items()) for k, v in sorted(kv.items())]
+    return tuple(items)
+
+
+def settings_from_items(items: Iterable[tuple[str, Any]]) -> Settings:
+    """The settings that ``settings_items`` flattened.
+
+    Args:
+        items: ``(scope.target.knob, value)`` pairs (a measurement point's config).
+    Returns:
+        The Settings.
+    """
+    out: dict[str, dict] = {"process": {}, "communicator": {}, "collective": {}}
+    for name, value in items:
+        scope, rest = name.split(".", 1)
+        target, knob = rest.rsplit(".", 1)
+        if scope == "process":
+            out["process"][knob] = value
+        else:
+            out[scope].setdefault(target, {})[knob] = value
+    return Settings(out["process"], out["communicator"], out["collective"])

@@ -1,0 +1,139 @@
+"""The search verb's workflow, from a profiled run folder to a plan: read the folder, search its
+fitted model, write down the chosen settings with predictions and provenance, and (``--validate``)
+measure them. It composes the layers (profile, model, search, plan), so it sits above them all,
+beside the CLI that calls it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from lagom_tune.errors import UserError
+from lagom_tune.knobs import KnobSpace
+from lagom_tune.model.contention import CostModel, load_model
+from lagom_tune.plan.schema import CollectiveRule, Plan, knob_space_for
+from lagom_tune.profile.store import open_run
+from lagom_tune.search.replay import validate
+from lagom_tune.search.run import SearchOutcome, search
+from lagom_tune.workload.spec import Workload
+
+
+@dataclass(frozen=True)
+class SearchInputs:
+    """What a search reads from a profiled run folder, and nothing else."""
+
+    run_dir: Path
+    meta: dict[str, Any]
+    workload: Workload
+    model: CostModel
+    accuracy: dict[str, Any]
+    space: KnobSpace
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the folder was profiled on a simulator."""
+        return bool(self.meta.get("simulated", False))
+
+
+def load_search_inputs(run_dir: str | Path) -> SearchInputs:
+    """Read a profiled run folder for a search.
+
+    Args:
+        run_dir: a run folder whose profile finished (it has ``model.yaml``).
+    Returns:
+        Its workload, fingerprint, fitted model and accuracy, and the knob space on its machine.
+    Raises:
+        UserError: for a folder without a model, or one no plan can be based on (the nccl
+            backend's CPU stand-in, a single-GPU probe profile).
+    """
+    run = open_run(run_dir)
+    meta = run.read_meta()
+    if not run.model_path.is_file():
+        raise UserError(f"{run.path} has no model.yaml: the profile did not finish; rerun `lagom-tune profile` to resume")
+    model, accuracy = load_model(run.model_path)
+    fp = meta["fingerprint"]
+    if fp.get("standin"):
+        raise UserError(f"{run.path} was measured by the CPU stand-in for GPUs (a test of the nccl backend's plumbing): "
+                        "it is no basis for a plan")
+    if fp.get("mode") == "single-gpu-probe":
+        raise UserError(f"{run.path} is a single-GPU profile (GEMMs beside the contention probe): it fits the compute side "
+                        "only; profile with torchrun on the GPUs the job uses to search for NCCL settings")
+    return SearchInputs(run.path, meta, run.workload(), model, accuracy, knob_space_for(fp["backend"], fp))
+
+
+def collective_rules(workload: Workload, outcome: SearchOutcome) -> tuple[CollectiveRule, ...]:
+    """One exact-size rule per collective that carries collective-scope settings.
+
+    Args:
+        workload: the searched workload.
+        outcome: the search's outcome (its chosen settings).
+    Returns:
+        The plan's rules, in the workload's collective order.
+    """
+    rules = {}
+    for c in workload.collectives():
+        s = outcome.chosen.settings.collectives.get(c.rule_key)
+        if s:
+            rules[c.rule_key] = CollectiveRule(c.op, c.group, c.nbytes, c.nbytes, dict(s))
+    return tuple(rules.values())
+
+
+def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
+    """The plan for a search's outcome: settings, target, predictions and provenance.
+
+    Args:
+        inputs: what the search read (workload, fingerprint, model family and accuracy).
+        outcome: the chosen settings and the default and AutoCCL baselines.
+    Returns:
+        The Plan (not validated).
+    """
+    workload, meta, chosen = inputs.workload, inputs.meta, outcome.chosen
+    fp = meta["fingerprint"]
+    hardware = {k: fp[k] for k in ("device", "cores", "gpu", "sms", "cluster") if k in fp}
+    return Plan(
+        backend=fp["backend"],
+        simulated=inputs.simulated,
+        world_size=int(fp.get("ranks", workload.world_size)),
+        nodes=int(fp.get("nodes", 1)),
+        hardware=hardware,
+        groups={c.group: c.ranks for c in workload.collectives()},
+        settings=chosen.settings,
+        rules=collective_rules(workload, outcome),
+        workload={"name": workload.name, "digest": workload.digest},
+        model={"run": str(inputs.run_dir), "family": inputs.model.family, "mape": inputs.accuracy.get("mape", {})},
+        search={"optimizer": chosen.optimizer, "evaluations": chosen.evaluations, "seconds": round(chosen.seconds, 4),
+                **({"kept_default": chosen.extra["kept_default"]} if "kept_default" in chosen.extra else {}),
+                **({"pareto": chosen.extra["pareto"]} if "pareto" in chosen.extra else {})},
+        predicted={
+            "iteration_ms": {
+                "default": round(outcome.default.evaluation.iteration_s * 1e3, 3),
+                "autoccl": round(outcome.autoccl.evaluation.iteration_s * 1e3, 3),
+                "plan": round(chosen.evaluation.iteration_s * 1e3, 3),
+            },
+            "bound_ms": round(outcome.bound_s * 1e3, 3),
+            "simulated": inputs.simulated,
+        },
+    )
+
+
+def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0, **options: Any) -> tuple[Plan, SearchOutcome]:
+    """Read a profiled run folder (workload, fingerprint, fitted model), search it, make the plan.
+
+    Args:
+        run_dir: the run folder.
+        optimizer: an optimizer's name (``run.OPTIMIZERS``).
+        validate_repeats: if not 0, replay the default settings and the plan on the profiling
+            backend this many times each, interleaved, and record the times in the plan.
+        **options: ``min_gain`` and the optimizers' options (``run.search``).
+    Returns:
+        The plan and the search's outcome.
+    """
+    inputs = load_search_inputs(run_dir)
+    outcome = search(inputs.workload, inputs.model, inputs.space, optimizer, **options)
+    plan = build_plan(inputs, outcome)
+    if validate_repeats:
+        measured = validate(inputs.workload, inputs.meta["fingerprint"],
+                            {"default": outcome.default.settings, "plan": outcome.chosen.settings}, validate_repeats)
+        plan = replace(plan, validated=measured)
+    return plan, outcome
