@@ -66,13 +66,14 @@ def test_the_fitted_form_is_recorded_and_reads_back(fit, df):
 
 def test_the_fit_finds_the_wave_step_the_data_show(fit):
     """40-50 µs GEMMs: cuBLAS's persistent grid leaves an SM or two idle, so one probe block
-    costs nothing, and from 4 blocks on some CTAs wait for a second wave (1.8-2.0x measured)."""
+    costs no wave (1.14x measured for this shape: the co-run cost of any running block), and from
+    4 blocks on some CTAs wait for a second wave (1.8-2.0x measured)."""
     model = fit.model
     g = Gemm("g", 2048, 4096, 2048, "bf16")
     coll = Collective("c", "probe", 256 << 20, ranks=1)
     s = {"algo": "copy", "proto": "copy", "threads": 512, "buffsize": 4 << 20}
     slow = {c: model.compute_slowdown(g, coll, {**s, "channels": c}) for c in (1, 2, 4, 16)}
-    assert slow[1] < 1.15 and 1.3 < slow[2] < 1.8 and slow[4] > 1.6 and slow[16] == pytest.approx(slow[4], rel=0.1), slow
+    assert slow[1] < 1.2 and 1.3 < slow[2] < 1.8 and slow[4] > 1.6 and slow[16] == pytest.approx(slow[4], rel=0.1), slow
     assert model.gemms[g.shape_key].ctas < model.sms
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lagom_tune.backends.sim_clusters import GB, Cluster
-from lagom_tune.backends.sim_compute import MAX_UTILISATION
+from lagom_tune.backends.sim_compute import hbm_share, queue_latency
 
 LAUNCH_S = 5.0e-6  # a collective's launch and first handshake
 PROTOCOLS = {  # payload efficiency, per-step handshake (s)
@@ -38,7 +38,6 @@ STEPS_PER_BUFFER = 8  # NCCL splits a channel's buffer into 8 steps
 THREADS_FULL_RATE = 256  # a channel CTA reaches its full copy rate from this many threads
 TREE_WORK = 1.1  # a tree step reduces and broadcasts: more work per byte than a ring step
 HBM_PER_BUS_BYTE = {"all_reduce": 3.0}  # others 2: read once, write once
-CORUN_STEP_DELAY = 0.6  # per-step handshakes wait this much longer per unit of HBM utilisation a GEMM beside adds
 IB = {100: 12.5 * GB, 400: 50 * GB}  # per GPU, one NIC each
 
 
@@ -88,15 +87,21 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
     rate = channel_share(c, link, channels, int(s["threads"])) * eff
     if s["algo"] == "tree" and not link.inter_node:
         rate /= TREE_WORK
-    hbm_need = rate * channels * HBM_PER_BUS_BYTE.get(op, 2.0)
-    cap = c.hbm_effective
-    if gemm_hbm and hbm_need + gemm_hbm > cap:  # arbitrated in proportion to demand, as for the GEMM
-        rate *= cap / (hbm_need + gemm_hbm)
-    rho = min(MAX_UTILISATION, gemm_hbm / cap)
-    handshake *= 1 + CORUN_STEP_DELAY * rho / (1 - rho)
+    if gemm_hbm:
+        # Beside a GEMM: HBM is shared (max-min fair, as for the GEMM) and its latency grows with
+        # the GEMM's traffic, which slows a channel's copies (bytes in flight over latency) and
+        # its handshakes alike.
+        rate /= copy_slowdown(c, rate * channels * HBM_PER_BUS_BYTE.get(op, 2.0), gemm_hbm)
+        handshake *= queue_latency(gemm_hbm, c.hbm_effective)
     per_channel_bytes = bus_bytes / channels
     n_steps = max(math.ceil(per_channel_bytes / (int(s["buffsize"]) / STEPS_PER_BUFFER)), steps(op, s["algo"], ranks))
     return LAUNCH_S + n_steps * (per_channel_bytes / n_steps / rate + handshake)
+
+
+def copy_slowdown(c: Cluster, need: float, gemm_hbm: float) -> float:
+    """How much slower channels copying ``need`` bytes/s of HBM traffic run beside a GEMM drawing
+    ``gemm_hbm``: their share of HBM, and the latency of each copy (bytes in flight over latency)."""
+    return need / hbm_share(need, gemm_hbm, c.hbm_effective) * queue_latency(gemm_hbm, c.hbm_effective)
 
 
 def channel_share(c: Cluster, link: Link, channels: int, threads: int) -> float:

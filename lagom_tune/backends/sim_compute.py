@@ -42,12 +42,12 @@ CORUN_LAUNCH_S = 1.5e-6  # a launch waits for the block dispatcher while another
 TILE_FIXED_S = 0.6e-6  # per tile: prologue (first k-panel) and epilogue (C written)
 IN_WAVE_REUSE = 4.0  # CTAs running together share A and B panels through L2
 CROSS_WAVE_HITS = 0.3  # share of a later wave's panel loads that hit what the wave before left in L2, undisturbed
-EVICTED_MISSES = 1.4  # panel-load misses per tile, relative to a first wave's, once a collective streams through L2
-EVICTION_PER_UTILISATION = 1.1  # more misses as the collective's share u of HBM bandwidth grows, as u**EVICTION_POWER
+EVICTED_MISSES = 1.3  # panel-load misses per tile, relative to a first wave's, once a collective streams through L2
+EVICTION_PER_UTILISATION = 1.5  # more misses as the collective's share u of HBM bandwidth grows, as u**EVICTION_POWER
 EVICTION_POWER = 3.0  # (calibrated: the H200's slowdown rises late, past half its bandwidth)
 MISS_STALL = 0.3  # a tile's mainloop runs this much longer when all its panel loads miss L2 (latency not hidden)
-QUEUE_DELAY = 0.2  # HBM latency grows with utilisation rho as 1 + QUEUE_DELAY * rho / (1 - rho) (a queue)
-MAX_UTILISATION = 0.95
+QUEUE_DELAY = 0.1  # HBM latency grows with utilisation rho as 1 + QUEUE_DELAY * rho / (1 - rho) (a queue)
+MAX_UTILISATION = 0.8
 SPLIT_REDUCE_BYTES = 4  # a split-K partial tile is written and read back in fp32
 
 
@@ -137,19 +137,25 @@ def tile_seconds(c: Cluster, g: Gemm, kernel: Kernel, running: int, load: Conten
     wave_bytes = ((tm + tn) * k * dt * misses / IN_WAVE_REUSE + out) * running
     # A miss stalls for HBM's latency, which grows as the collective's traffic fills the queue in
     # front of HBM (the GEMM's own traffic is part of its time alone).
-    latency = _queue(load.hbm, cap)
+    latency = queue_latency(load.hbm, cap)
     math_s *= 1 + MISS_STALL * misses * latency
     demand = wave_bytes / (math_s + TILE_FIXED_S)
-    # HBM is arbitrated between requesters: each gets what it asks for while the sum fits, else
-    # a share in proportion to its demand.
-    got = min(demand, cap) if demand + load.hbm <= cap else cap * demand / (demand + load.hbm)
+    got = hbm_share(demand, load.hbm, cap)
     tile_s = max(math_s, wave_bytes / got) + TILE_FIXED_S
     return tile_s, wave_bytes / tile_s
 
 
-def _queue(drawn: float, cap: float) -> float:
+def queue_latency(drawn: float, cap: float) -> float:
+    """HBM latency, relative to an idle device's, while ``drawn`` bytes/s of traffic queue for it."""
     rho = min(MAX_UTILISATION, drawn / cap)
     return 1 + QUEUE_DELAY * rho / (1 - rho)
+
+
+def hbm_share(demand: float, other: float, cap: float) -> float:
+    """Bytes/s a requester asking ``demand`` gets beside one asking ``other``: all it asks while
+    the sum fits, else a share in proportion to what it asks (requests in flight win slots in the
+    memory controllers' queues in proportion to their number)."""
+    return min(demand, cap) if demand + other <= cap else cap * demand / (demand + other)
 
 
 def _makespan(shares: list[int], places: int, tile_s: float) -> float:

@@ -12,7 +12,7 @@ Computation ``i`` beside collective ``j`` with ``NC`` channels and buffer ``C``,
 ``lagom-waves-v2``, what one H200 showed (``tests/data/h200-2026-11-29``)::
 
     g_ij = waves(mu_i, lambda - NC, w)
-    y_ij = g_ij * theta_i + mu_i * D_i / (Bbar - V_j),    V_j = v_base + v_per_byte * bw_j(NC, NT, C)
+    y_ij = g_ij * theta_i * (1 + rho_i [NC > 0]) + mu_i * D_i / (Bbar - V_j),    V_j = v_base + v_per_byte * bw_j(NC, NT, C)
 
 * ``mu_i``, the CTAs the GEMM's kernel runs, is chosen per shape by the fit: a tile count
   (:data:`CTA_TILES`, split-K :data:`SPLITS`) or a persistent grid of ``lambda - s`` CTAs
@@ -24,21 +24,31 @@ Computation ``i`` beside collective ``j`` with ``NC`` channels and buffer ``C``,
 * ``waves`` counts a partial wave of ``r`` CTAs as ``min(1, r / w)`` of a wave: ``w = 1`` is Eq. 4's
   ceil; the H200 measured ``w = 2`` (one CTA pushed out by a channel adds half a wave, two or more
   a whole one: 1.5x at 2 channels, 1.8-2.0x from 4 up to 48 for 40-50 µs GEMMs).
+* ``rho_i``, the shape's co-run cost: its math runs this much longer whenever any collective runs
+  beside it (L2 evictions, HBM latency), fitted per shape against its time alone (0-40%; the
+  H200's large GEMMs lost ~20% to a single copy block, one-wave ones ~5%). Never-measured shapes
+  take the median.
 * ``V_j``, HBM bandwidth the running collective takes: a base (any channel running: DRAM row and
   L2 interference) plus HBM bytes per communicated byte times the collective's fitted bandwidth,
   so it follows channels, threads and buffer size through the communication fit.
 
-Communication ``x = a + bus_bytes / bw`` with ``bw = L * (1 - exp(-NC * beta * (NT/512)^tau / L)) /
-(1 + c / (C/8))`` per (op, algorithm, protocol, nodes), fitted with torch on relative error. That is
+Communication ``x = a + bus_bytes / bw`` per (op, algorithm, protocol, nodes), fitted with torch on
+relative error. Fits since 2026-11-30 use the ``steps`` curve: each channel copies at ``beta``
+once it has ``n0`` threads (a soft minimum of sharpness ``q``), the channels' sum meets the link
+``L`` as a soft minimum of power ``p``, and every pipeline step of ``C/8`` bytes pays a handshake
+``h``: ``1/bw = 1/carried(NC, NT) + h / (NC * C / 8)``. Older files hold the ``exp-pipeline`` curve,
+``bw = L * (1 - exp(-NC * beta * (NT/512)^tau / L)) / (1 + c / (C/8))``, and are read as written. That is
 its time in a workload, where the computation beside it has evicted its buffers from L2. Timed
 alone, back to back on one buffer (how the profiler measures it), a collective whose footprint
 ``nbytes + NC * C`` fits in L2 reads from L2: its bandwidth is ``bw * (1 + warm_gain * h)``, ``h =
 min(1, l2_bytes / footprint)^2`` (a 25 MB probe copies 2.4x faster alone than beside a GEMM).
 Beside a GEMM it slows by ``1 + kappa * memory_share_i`` (eq4-6: the fitted memory part of the
-GEMM's time), or ``1 + kappa * u_i + kappa_channel * NC / lambda`` (waves-v2: ``u_i`` is the share of
-``Bbar`` the GEMM draws alone, its least traffic over its time, which the shape fixes where the
-fitted math/memory split may not; the probe slowed 1.2x beside 1x GEMMs and 2x beside batched
-k=128 ones, and more with more channels).
+GEMM's time), or ``1 + kappa * u_i + kappa_channel * NC / lambda + kappa_traffic * t_ij + drag_i *
+pace_ij`` (waves-v2: ``u_i`` is the share of ``Bbar`` the GEMM draws alone, its least traffic over
+its time, which the shape fixes where the fitted math/memory split may not; ``t_ij`` the share its
+fitted traffic draws beside the collective; ``drag_i`` the shape's own residual drag, scaled by its
+pace beside the collective, time alone over time contended, since a slowed GEMM issues less
+traffic; the probe slowed 1.2x beside 1x GEMMs and 2x beside batched k=128 ones).
 
 A legacy overlapped row (no ``baseline`` column) whose shape has no GEMM point has no usable time
 alone: the fit starts that shape from its fastest overlapped GEMM, then from its own estimate.
@@ -74,6 +84,7 @@ CTA_TILES = ((128, 128), (128, 256), (256, 128))  # tile shapes cuBLAS picks for
 SPLITS = (1, 2)  # split-K factors: a short, deep GEMM runs twice the CTAs
 GRID_SPARE = range(0, 9)  # a persistent kernel's grid leaves 0..8 SMs idle
 WAVE_WIDTHS = (1.0, 2.0, 4.0)  # candidates for w; 1 is Eq. 4's ceil
+CORUN_GRID = tuple(i / 40 for i in range(17))  # candidates for a shape's co-run slowdown: 0 to 40%
 MIN_FREE_HBM = 0.05  # the bandwidth left to a GEMM never falls below 5% of Bbar
 MAX_V_PER_BYTE = 6.0  # HBM bytes per communicated byte, at most (a copy reads and writes 2, an all-reduce about 3)
 TIE = 1e-6  # relative difference in loss below which two candidate CTA counts fit equally well
@@ -81,6 +92,10 @@ HUBER_DELTA = 0.1  # relative error beyond which a point counts linearly, not sq
 L2_SHARPNESS = 2.0  # h = min(1, l2 / footprint)^2: streaming past the L2 size loses hits quickly
 
 COMM_PARAMS = ("latency_us", "link_GBps", "per_channel_GBps", "threads_exp", "pipeline_bytes", "warm_gain", "l2_bytes")
+STEP_PARAMS = ("latency_us", "link_GBps", "per_channel_GBps", "threads_knee", "threads_exp", "saturation", "handshake_us",
+               "warm_gain", "l2_bytes")
+CURVE_EXP, CURVE_STEPS = "exp-pipeline", "steps"
+STEPS_PER_BUFFER = 8  # NCCL moves a channel's buffer in 8 steps
 
 
 def blocks(g: Gemm) -> int:
@@ -143,11 +158,14 @@ def comm_group_of_row(row: pd.Series) -> str:
 
 @dataclass(frozen=True)
 class GemmFit:
-    """A measured GEMM shape's terms: seconds of math per wave, effective HBM bytes per CTA, CTAs."""
+    """A measured GEMM shape's terms: seconds of math per wave, effective HBM bytes per CTA, CTAs,
+    and (waves-v2) how much longer its math runs whenever a collective runs beside it."""
 
     theta: float
     dbytes: float
     ctas: int
+    corun: float = 0.0
+    drag: float = 0.0  # waves-v2: how much more a collective beside this shape slows, at the shape's rate alone
 
 
 @dataclass(frozen=True)
@@ -159,29 +177,41 @@ class ShapeRegression:
     d_per_block_byte: float = 0.0
     d_per_tile_byte: float = 0.0
     launch_s: float = 0.0
+    corun: float = 0.0  # the measured shapes' median
 
     def estimate(self, g: Gemm) -> GemmFit:
         """The terms of a shape never measured, with Eq. 4's 128x128 tiles as its CTAs."""
         return GemmFit(self.theta_per_kflop * 2 * TILE * TILE * g.k / 1e3,
-                       self.d_per_block_byte * block_bytes(g) + self.d_per_tile_byte * tile_bytes(g), blocks(g))
+                       self.d_per_block_byte * block_bytes(g) + self.d_per_tile_byte * tile_bytes(g), blocks(g), self.corun)
 
 
 @dataclass(frozen=True)
 class CommFit:
-    """One (op, algorithm, protocol, nodes) group's communication curve (see the module docstring)."""
+    """One (op, algorithm, protocol, nodes) group's communication curve (see the module docstring).
+
+    ``curve`` says which: ``steps`` (fits since 2026-11-30: channels sharing a link, plus a
+    handshake per pipeline step) or ``exp-pipeline`` (model files written before).
+    """
 
     latency_us: float
     link_GBps: float
     per_channel_GBps: float
-    threads_exp: float
-    pipeline_bytes: float
+    threads_exp: float  # exp-pipeline: (NT/512)^tau; steps: the sharpness of the thread knee
+    pipeline_bytes: float  # exp-pipeline only
     warm_gain: float = 0.0
     l2_bytes: float = 0.0
+    curve: str = CURVE_EXP
+    threads_knee: float = 0.0  # steps: threads at which a channel reaches its copy rate
+    saturation: float = 1.0  # steps: how sharply the channels' sum meets the link (1: smoothly, large: a hard cap)
+    handshake_us: float = 0.0  # steps: per pipeline step of buffsize/8
 
     def bandwidth(self, channels: float, threads: float, buffsize: float) -> float:
-        """Bus bytes/s with cold buffers (in a workload)."""
-        return float(channel_bandwidth(np, self.link_GBps, self.per_channel_GBps, self.threads_exp, self.pipeline_bytes,
-                                channels, threads, buffsize))
+        """Bus bytes/s with cold buffers (in a workload), per-step handshakes included."""
+        if self.curve == CURVE_EXP:
+            return float(channel_bandwidth(np, self.link_GBps, self.per_channel_GBps, self.threads_exp, self.pipeline_bytes,
+                                           channels, threads, buffsize))
+        return float(step_bandwidth(np, self.link_GBps, self.per_channel_GBps, self.threads_knee, self.threads_exp,
+                                    self.saturation, self.handshake_us, channels, threads, buffsize))
 
     def seconds(self, bus_bytes: float, nbytes: float, channels: float, threads: float, buffsize: float,
                 repeated: bool = False) -> float:
@@ -189,12 +219,17 @@ class CommFit:
         warm = self.warm_gain * l2_hit_share(np, self.l2_bytes, nbytes, channels, buffsize) if repeated else 0.0
         return self.latency_us * 1e-6 + bus_bytes / (self.bandwidth(channels, threads, buffsize) * (1 + warm))
 
-    def to_dict(self) -> dict[str, float]:
-        return {n: float(getattr(self, n)) for n in COMM_PARAMS}
+    def to_dict(self) -> dict[str, Any]:
+        names = COMM_PARAMS if self.curve == CURVE_EXP else STEP_PARAMS
+        return {"curve": self.curve, **{n: float(getattr(self, n)) for n in names}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CommFit":
-        """Reads files written before the L2 terms existed (no ``warm_gain``: no warm speed-up)."""
+        """Reads both curves; files written before the L2 terms existed have no ``warm_gain`` (no
+        warm speed-up), before the step curve no ``curve`` (exp-pipeline)."""
+        curve = str(d.get("curve", CURVE_EXP))
+        if curve == CURVE_STEPS:
+            return cls(**{n: float(d[n]) for n in STEP_PARAMS}, pipeline_bytes=0.0, curve=CURVE_STEPS)
         return cls(**{n: float(d[n]) for n in COMM_PARAMS[:5]}, **{n: float(d.get(n, 0.0)) for n in COMM_PARAMS[5:]})
 
 
@@ -214,6 +249,7 @@ class Contention:
     v_table: Mapping[tuple[int, int], float] = field(default_factory=dict)
     kappa: float = 0.0  # collective slowdown per unit of the GEMM's memory share
     kappa_channel: float = 0.0  # ... and per channel, as a fraction of the SMs
+    kappa_traffic: float = 0.0  # ... and per unit of the GEMM's fitted HBM traffic share while contended (waves-v2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,7 +319,8 @@ class LagomGpuModel:
         bandwidth = max(MIN_FREE_HBM * self.hbm, self.hbm - hbm_taken)
         if self.form == FORM_EQ46:
             return launch + math.ceil(fit.ctas / free) * (fit.theta + free * fit.dbytes / bandwidth)
-        return launch + waves(fit.ctas, free, self.contention.wave_width) * fit.theta + fit.ctas * fit.dbytes / bandwidth
+        corun = 1 + fit.corun if channels else 1.0
+        return launch + waves(fit.ctas, free, self.contention.wave_width) * fit.theta * corun + fit.ctas * fit.dbytes / bandwidth
 
     def compute_time(self, gemm: Gemm, settings: Mapping[str, Any]) -> float:
         return self.gemm_time(gemm)
@@ -332,25 +369,41 @@ class LagomGpuModel:
         c = self.contention
         if c.form == FORM_EQ46:
             return 1 + c.kappa * self.memory_share(gemm)
-        return 1 + c.kappa * self.hbm_demand(gemm) + c.kappa_channel * int(settings.get("channels", 0)) / self.sms
+        return (1 + c.kappa * self.hbm_demand(gemm) + c.kappa_channel * int(settings.get("channels", 0)) / self.sms
+                + c.kappa_traffic * self.traffic_share(gemm, coll, settings) + self.gemm_fit(gemm).drag * self.pace(gemm, coll, settings))
+
+    def pace(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
+        """The GEMM's rate beside ``coll`` relative to alone (1: unslowed): its traffic, and so its
+        drag on the collective, scales with it."""
+        return self.gemm_time(gemm) / self.gemm_time(gemm, int(settings.get("channels", 0)), self.hbm_taken(coll, settings))
+
+    def traffic_share(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
+        """The share of HBM bandwidth the GEMM's fitted traffic draws while it runs beside ``coll``
+        (a collective's steps wait behind it)."""
+        fit = self.gemm_fit(gemm)
+        return min(1.0, fit.ctas * fit.dbytes / (self.hbm * self.gemm_time(gemm, int(settings.get("channels", 0)),
+                                                                           self.hbm_taken(coll, settings))))
 
     # -- artifact ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         c, r = self.contention, self.new_shapes
         params: dict[str, Any] = {
-            "gemms": {k: {"theta": f.theta, "dbytes": f.dbytes, "ctas": f.ctas} for k, f in sorted(self.gemms.items())},
+            "gemms": {k: {"theta": f.theta, "dbytes": f.dbytes, "ctas": f.ctas, "corun": f.corun, "drag": f.drag}
+                      for k, f in sorted(self.gemms.items())},
             "theta_per_kflop": r.theta_per_kflop,
             "d_per_block_byte": r.d_per_block_byte,
             "d_per_tile_byte": r.d_per_tile_byte,
             "launch_s": r.launch_s,
+            "corun": r.corun,
             "comm": {k: f.to_dict() for k, f in sorted(self.comm.items())},
             "kappa": c.kappa,
         }
         if c.form == FORM_EQ46:
             params["v_table"] = [{"channels": ch, "buffsize": b, "bytes_per_s": val} for (ch, b), val in sorted(c.v_table.items())]
         else:
-            params.update(wave_width=c.wave_width, v_base=c.v_base, v_per_byte=c.v_per_byte, kappa_channel=c.kappa_channel)
+            params.update(wave_width=c.wave_width, v_base=c.v_base, v_per_byte=c.v_per_byte, kappa_channel=c.kappa_channel,
+                          kappa_traffic=c.kappa_traffic)
         return {
             "family": self.family,
             "form": c.form,
@@ -362,7 +415,10 @@ class LagomGpuModel:
                       "pipeline_bytes": "bytes", "warm_gain": "bandwidth gain of a repeated launch served from L2",
                       "l2_bytes": "bytes of L2 a repeated launch can reuse",
                       "kappa": "collective slowdown per unit of the GEMM's memory share (eq4-6) or HBM demand alone (waves-v2)",
-                      "kappa_channel": "collective slowdown per channel, as a fraction of the SMs"},
+                      "kappa_channel": "collective slowdown per channel, as a fraction of the SMs",
+                      "kappa_traffic": "collective slowdown per unit of the GEMM's fitted HBM traffic share beside it",
+                      "corun": "fraction a shape's math slows whenever a collective runs beside it (waves-v2)",
+                      "drag": "collective slowdown a shape adds beyond the shared terms, at its rate alone (waves-v2)"},
             "device": {"sms": self.sms, "hbm_GBps": self.hbm / 1e9},
             "params": params,
         }
@@ -382,13 +438,15 @@ class LagomGpuModel:
             else:
                 contention = Contention(FORM_WAVES, wave_width=v.field(p, "wave_width", pp, float, minimum=1.0),
                                         v_base=v.field(p, "v_base", pp, float), v_per_byte=v.field(p, "v_per_byte", pp, float),
-                                        kappa=v.field(p, "kappa", pp, float), kappa_channel=v.field(p, "kappa_channel", pp, float))
+                                        kappa=v.field(p, "kappa", pp, float), kappa_channel=v.field(p, "kappa_channel", pp, float),
+                                        kappa_traffic=v.field(p, "kappa_traffic", pp, float, 0.0))
             return cls(
                 sms=v.field(dev, "sms", f"{path}.device", int), hbm=v.field(dev, "hbm_GBps", f"{path}.device", float) * 1e9,
-                gemms={k: GemmFit(float(x["theta"]), float(x["dbytes"]), int(x.get("ctas", 0)) or blocks(_gemm_of_key(k)))
-                       for k, x in gemms.items()},
+                gemms={k: GemmFit(float(x["theta"]), float(x["dbytes"]), int(x.get("ctas", 0)) or blocks(_gemm_of_key(k)),
+                                  float(x.get("corun", 0.0)), float(x.get("drag", 0.0))) for k, x in gemms.items()},
                 new_shapes=ShapeRegression(v.field(p, "theta_per_kflop", pp, float), v.field(p, "d_per_block_byte", pp, float),
-                                           v.field(p, "d_per_tile_byte", pp, float, 0.0), v.field(p, "launch_s", pp, float, 0.0)),
+                                           v.field(p, "d_per_tile_byte", pp, float, 0.0), v.field(p, "launch_s", pp, float, 0.0),
+                                           v.field(p, "corun", pp, float, 0.0)),
                 comm={k: CommFit.from_dict(val) for k, val in v.field(p, "comm", pp, dict).items()},
                 contention=contention, simulated=bool(d.get("simulated", False)),
             )
@@ -412,6 +470,18 @@ def channel_bandwidth(xp, link, per_ch, tau, pipe, channels, threads, buffsize):
     (predictions) or torch (the fit's gradients)."""
     ch_bw = per_ch * 1e9 * (threads / 512.0) ** tau
     return link * 1e9 * (1 - xp.exp(-channels * ch_bw / (link * 1e9))) / (1 + pipe / (buffsize / 8.0))
+
+
+def step_bandwidth(xp, link, per_ch, knee, sharpness, saturation, handshake_us, channels, threads, buffsize):
+    """Bus bandwidth (bytes/s) of the ``steps`` curve: each channel copies at ``per_ch`` GB/s once it
+    has ``knee`` threads (a soft minimum of the given sharpness), the channels' sum meets the link
+    as a soft minimum of power ``saturation``, and every step of ``buffsize / 8`` bytes pays a
+    handshake. ``xp`` is numpy (predictions) or torch (the fit's gradients)."""
+    rate = per_ch * 1e9 / (1 + (knee / threads) ** sharpness) ** (1 / sharpness)
+    offered = channels * rate
+    carried = offered / (1 + (offered / (link * 1e9)) ** saturation) ** (1 / saturation)
+    step_bytes = channels * buffsize / STEPS_PER_BUFFER  # bus bytes moved per round of steps
+    return 1 / (1 / carried + handshake_us * 1e-6 / step_bytes)
 
 
 def l2_hit_share(xp, l2_bytes, nbytes, channels, buffsize):

@@ -9,6 +9,7 @@ together. See ``model/gpu.py`` for the two forms.
 
 from __future__ import annotations
 
+import itertools
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -22,12 +23,13 @@ from lagom_tune.backends.base import bus_factor
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.gpu import (
-    FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_V_PER_BYTE, MIN_FREE_HBM, TIE, TILE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
-    LagomGpuModel, ShapeRegression, block_bytes, blocks, channel_bandwidth, comm_group_of_row, cta_candidates, l2_hit_share,
+    CORUN_GRID, CURVE_STEPS, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_V_PER_BYTE, MIN_FREE_HBM, TIE, TILE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
+    LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, step_bandwidth, cta_candidates, l2_hit_share,
     tile_bytes, waves,
 )
 from lagom_tune.model.rows import consistent_baselines, contention_points, gemm_of_row, two_rate_slowdowns
-from lagom_tune.workload.spec import Gemm
+from lagom_tune.profile.store import row_settings
+from lagom_tune.workload.spec import Collective, Gemm
 
 
 def alone_comm_rows(pts: pd.DataFrame) -> pd.DataFrame:
@@ -80,21 +82,25 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000) -> dict[str, CommFit]:
     t = {c: torch.tensor(rows[c].to_numpy(float), dtype=torch.float64)
          for c in ("bus_bytes", "nbytes", "channels", "threads", "buffsize", "seconds")}
     best_bw = rows.assign(bw=rows["bus_bytes"] / rows["seconds"] / 1e9).groupby("group")["bw"].max().reindex(keys).to_numpy()
-    # log-parameters keep every quantity positive
-    start = [[5.0, b * 1.1, b / 8, 0.3, 16e3, 0.3, 32e6] for b in best_bw]  # in COMM_PARAMS order
+    # log-parameters keep every quantity positive; in STEP_PARAMS order
+    start = [[5.0, b * 1.1, b / 8, 128.0, 2.0, 2.0, 2.0, 0.3, 32e6] for b in best_bw]
     raw = torch.tensor(start, dtype=torch.float64).log().requires_grad_()
     share = 1.0 / torch.bincount(group, minlength=len(keys)).to(torch.float64)[group]  # each group's loss is its mean
     opt = torch.optim.Adam([raw], lr=0.05)
     with _one_torch_thread():
         for _ in range(steps):
             opt.zero_grad()
-            lat, link, per_ch, tau, pipe, gain, l2 = raw.exp()[group].T
-            bw = channel_bandwidth(torch, link, per_ch, tau, pipe, t["channels"], t["threads"], t["buffsize"])
+            lat, link, per_ch, knee, sharp, sat, hand, gain, l2 = raw.exp()[group].T
+            bw = step_bandwidth(torch, link, per_ch, knee, sharp + 0.5, sat + 0.5, hand, t["channels"], t["threads"], t["buffsize"])
             pred = lat * 1e-6 + t["bus_bytes"] / (bw * (1 + gain * l2_hit_share(torch, l2, t["nbytes"], t["channels"], t["buffsize"])))
             loss = (((pred - t["seconds"]) / t["seconds"]).pow(2) * share).sum()
             loss.backward()
             opt.step()
-    return {k: CommFit(*(float(x) for x in p)) for k, p in zip(keys, raw.detach().exp())}
+    out = {}
+    for k, p in zip(keys, raw.detach().exp()):
+        lat, link, per_ch, knee, sharp, sat, hand, gain, l2 = (float(x) for x in p)
+        out[k] = CommFit(lat, link, per_ch, sharp + 0.5, 0.0, gain, l2, CURVE_STEPS, knee, sat + 0.5, hand)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,9 +164,12 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: st
             gemms, contention = _fit_eq46(obs, alone, shapes, sms, hbm, iterations)
         else:
             gemms, contention = _fit_waves(obs, alone, shapes, regression, sms, hbm, iterations)
+        if gemms:  # a shape never measured slows beside communication as the median measured one
+            regression = replace(regression, corun=float(np.median([f.corun for f in gemms.values()])))
         model = LagomGpuModel(sms, hbm, gemms, regression, comm, contention, simulated)
         unknown = {k: model.gemm_time(shapes[k]) for k in unknown if k in gemms}
-    return replace(model, contention=_fit_comm_slowdown(model, filled))
+    contention, gemms = _fit_comm_slowdown(model, filled)
+    return replace(model, contention=contention, gemms=gemms)
 
 
 def _fill_baselines(over: pd.DataFrame, alone: dict[str, float]) -> pd.DataFrame:
@@ -208,17 +217,22 @@ def _fit_new_shapes(alone: dict[str, float], shapes: dict[str, Gemm], sms: int, 
 
 
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
-    """Weighted least squares with non-negative coefficients (two or fewer columns: try the
-    unconstrained solution, then each column alone). Returns the coefficients and the weighted SSE."""
+    """Weighted least squares with non-negative coefficients, for a few columns: the best feasible
+    solution over every subset of columns (the active-set answer, by enumeration). Returns the
+    coefficients and the weighted SSE."""
     aw, yw = a * w[:, None], y * w
-    tries = [np.linalg.lstsq(aw, yw, rcond=None)[0]]
-    for j in range(a.shape[1]):
-        col = aw[:, j]
-        c = np.zeros(a.shape[1])
-        c[j] = max(0.0, (col @ yw) / (col @ col)) if col @ col > 0 else 0.0
-        tries.append(c)
-    best = min((c for c in tries if (c >= 0).all()), key=lambda c: float(((aw @ c - yw) ** 2).sum()))
-    return best, float(((aw @ best - yw) ** 2).sum())
+    best, best_sse = np.zeros(a.shape[1]), float((yw ** 2).sum())
+    for size in range(1, a.shape[1] + 1):
+        for cols in itertools.combinations(range(a.shape[1]), size):
+            sub = np.linalg.lstsq(aw[:, cols], yw, rcond=None)[0]
+            if (sub < 0).any() or not np.isfinite(sub).all():
+                continue
+            c = np.zeros(a.shape[1])
+            c[list(cols)] = sub
+            sse = float(((aw @ c - yw) ** 2).sum())
+            if sse < best_sse:
+                best, best_sse = c, sse
+    return best, best_sse
 
 
 def _huber(r: np.ndarray) -> np.ndarray:
@@ -310,15 +324,20 @@ def _fit_shape_waves(g: Gemm, alone: float | None, channels: np.ndarray, taken: 
     anchor = [] if alone is None else [alone]
     free = np.concatenate([[sms] * len(anchor), sms - channels])
     bandwidth = np.concatenate([[hbm] * len(anchor), hbm - taken])
+    beside = np.concatenate([[0.0] * len(anchor), np.ones(len(seconds))])
     y = np.concatenate([anchor, seconds])
     weight = np.concatenate([[1.0] * len(anchor), weights])
+    # candidates: every co-run slowdown (without a time alone it cannot be told from theta: 0)
+    # times every CTA count, the smallest co-run and fewest CTAs first
+    coruns = np.array(CORUN_GRID if anchor else (0.0,))
     ctas = np.array(cta_candidates(g, sms), dtype=float)
-    theta, d, loss = _two_term_fits(waves(ctas[:, None], free[None, :], width), ctas[:, None] / bandwidth[None, :], y, weight)
-    # candidates come fewest CTAs first, and the first that fits as well as the best is taken:
-    # where the data cannot tell grids apart (no point at the channel counts that would), the
-    # model assumes no slowdown the data did not show
+    cand_corun, cand_ctas = np.repeat(coruns, len(ctas)), np.tile(ctas, len(coruns))
+    math_terms = waves(cand_ctas[:, None], free[None, :], width) * (1 + cand_corun[:, None] * beside[None, :])
+    theta, d, loss = _two_term_fits(math_terms, cand_ctas[:, None] / bandwidth[None, :], y, weight)
+    # the first candidate that fits as well as the best is taken: where the data cannot tell them
+    # apart, the model assumes no slowdown the data did not show
     i = int(np.argmax(loss <= loss.min() * (1 + TIE)))
-    return GemmFit(float(theta[i]), float(d[i]), int(ctas[i])), float(loss[i])
+    return GemmFit(float(theta[i]), float(d[i]), int(cand_ctas[i]), float(cand_corun[i])), float(loss[i])
 
 
 def _fit_v(obs: _Observations, gemms: dict[str, GemmFit], contention: Contention, sms: int, hbm: float) -> Contention:
@@ -328,7 +347,7 @@ def _fit_v(obs: _Observations, gemms: dict[str, GemmFit], contention: Contention
     if not known.any():
         return contention
     fits = [gemms[k] for k in obs.shape[known]]
-    theta = np.array([f.theta for f in fits])
+    theta = np.array([f.theta * (1 + f.corun) for f in fits])  # every observation here ran beside a collective
     traffic = np.array([f.ctas * f.dbytes for f in fits])
     n_waves = waves(np.array([f.ctas for f in fits], dtype=float), sms - obs.channels[known], contention.wave_width)
     bw, y, weight = obs.comm_bw[known], obs.seconds[known], obs.weight[known]
@@ -384,13 +403,13 @@ def _fit_eq46(obs: _Observations, alone: dict[str, float], shapes: dict[str, Gem
     return gemms, Contention(FORM_EQ46, v_table=v_table)
 
 
-def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> Contention:
-    """``kappa`` (and for waves-v2 ``kappa_channel``) by non-negative least squares on the
-    collective's slowdown while both ran, each point weighted by the share of the collective's
+def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> tuple[Contention, dict[str, GemmFit]]:
+    """``kappa`` (and for waves-v2 ``kappa_channel``, ``kappa_traffic`` and each shape's ``drag``) by
+    non-negative least squares on the collective's slowdown while both ran, each point weighted by the share of the collective's
     time the GEMMs ran beside it. The pair's alone time was timed repeated (L2-warm): it is
     converted to the cold time the model's overlap starts from before the slowdown is solved."""
 
-    memory, per_channel, extra, weight = [], [], [], []
+    memory, per_channel, traffic, pace, shapes, extra, weight = [], [], [], [], [], [], []
     for _, r in over.iterrows():
         fit = model.comm.get(comm_group_of_row(r))
         if fit is None or pd.isna(r["comm_alone_us"]):
@@ -405,14 +424,49 @@ def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> Contention:
         g = gemm_of_row(r)
         memory.append(model.memory_share(g) if model.form == FORM_EQ46 else model.hbm_demand(g))
         per_channel.append(r["channels"] / model.sms)
+        coll, settings = _collective_of_row(r), row_settings(r)
+        traffic.append(model.traffic_share(g, coll, settings))
+        pace.append(model.pace(g, coll, settings))
+        shapes.append(r["gemm"])
         extra.append(s_x - 1)
         weight.append(min(1.0, r["time_us"] / r["comm_us"]))
     c = model.contention
     if not extra:
-        return c
+        return c, model.gemms
     y, w = np.array(extra), np.array(weight)
     if c.form == FORM_EQ46:
         (kappa,), _ = _nonneg_lstsq(np.array(memory)[:, None], y, w)
-        return replace(c, kappa=float(kappa))
-    (kappa, kappa_channel), _ = _nonneg_lstsq(np.column_stack([memory, per_channel]), y, w)
-    return replace(c, kappa=float(kappa), kappa_channel=float(kappa_channel))
+        return replace(c, kappa=float(kappa)), model.gemms
+    shared = np.column_stack([memory, per_channel, traffic])
+    kappas, _ = _nonneg_lstsq(shared, y, w)
+    c = replace(c, kappa=float(kappas[0]), kappa_channel=float(kappas[1]), kappa_traffic=float(kappas[2]))
+    return c, _fit_drags(model.gemms, np.array(shapes, dtype=object), np.array(pace), shared @ kappas, y, w)
+
+
+def _fit_drags(gemms: dict[str, GemmFit], shapes: np.ndarray, pace: np.ndarray, shared: np.ndarray, y: np.ndarray,
+               w: np.ndarray) -> dict[str, GemmFit]:
+    """Each shape's own drag on the collective: weighted least squares of what the shared terms
+    leave (``y - shared``) on the shape's pace, no less than keeps every one of its predicted
+    slowdowns at 1 or more.
+
+    Args:
+        gemms: the shapes' fits.
+        shapes, pace, shared, y, w: per observation, its shape, the GEMM's pace beside the
+            collective, the shared terms' predicted extra slowdown, the measured one, its weight.
+
+    Returns:
+        The fits with ``drag`` set for every shape observed.
+    """
+    out = dict(gemms)
+    for key in set(shapes) & set(gemms):
+        sel = shapes == key
+        p, wt = pace[sel], w[sel] ** 2
+        drag = float((wt * p * (y[sel] - shared[sel])).sum() / (wt * p * p).sum()) if (wt * p * p).sum() > 0 else 0.0
+        out[key] = replace(gemms[key], drag=max(drag, float((-shared[sel] / p).max())))
+    return out
+
+
+def _collective_of_row(r: pd.Series) -> Collective:
+    ranks = int(r["ranks"]) if "ranks" in r and not pd.isna(r["ranks"]) else 1
+    nodes = int(r["nodes"]) if "nodes" in r and not pd.isna(r["nodes"]) else 1
+    return Collective("c", str(r["op"]), int(r["nbytes"]), ranks=ranks, nodes=nodes)
