@@ -204,6 +204,7 @@ class CommFit:
     threads_knee: float = 0.0  # steps: threads at which a channel reaches its copy rate
     saturation: float = 1.0  # steps: how sharply the channels' sum meets the link (1: smoothly, large: a hard cap)
     handshake_us: float = 0.0  # steps: per pipeline step of buffsize/8
+    sensitivity: float = 1.0  # how strongly this group's collectives feel a GEMM beside them (waves-v2; 1: as fitted overall)
 
     def bandwidth(self, channels: float, threads: float, buffsize: float) -> float:
         """Bus bytes/s with cold buffers (in a workload), per-step handshakes included."""
@@ -221,16 +222,18 @@ class CommFit:
 
     def to_dict(self) -> dict[str, Any]:
         names = COMM_PARAMS if self.curve == CURVE_EXP else STEP_PARAMS
-        return {"curve": self.curve, **{n: float(getattr(self, n)) for n in names}}
+        return {"curve": self.curve, **{n: float(getattr(self, n)) for n in names}, "sensitivity": self.sensitivity}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CommFit":
         """Reads both curves; files written before the L2 terms existed have no ``warm_gain`` (no
         warm speed-up), before the step curve no ``curve`` (exp-pipeline)."""
         curve = str(d.get("curve", CURVE_EXP))
+        sensitivity = float(d.get("sensitivity", 1.0))
         if curve == CURVE_STEPS:
-            return cls(**{n: float(d[n]) for n in STEP_PARAMS}, pipeline_bytes=0.0, curve=CURVE_STEPS)
-        return cls(**{n: float(d[n]) for n in COMM_PARAMS[:5]}, **{n: float(d.get(n, 0.0)) for n in COMM_PARAMS[5:]})
+            return cls(**{n: float(d[n]) for n in STEP_PARAMS}, pipeline_bytes=0.0, curve=CURVE_STEPS, sensitivity=sensitivity)
+        return cls(**{n: float(d[n]) for n in COMM_PARAMS[:5]}, **{n: float(d.get(n, 0.0)) for n in COMM_PARAMS[5:]},
+                   sensitivity=sensitivity)
 
 
 @dataclass(frozen=True)
@@ -369,7 +372,12 @@ class LagomGpuModel:
         c = self.contention
         if c.form == FORM_EQ46:
             return 1 + c.kappa * self.memory_share(gemm)
-        return (1 + c.kappa * self.hbm_demand(gemm) + c.kappa_channel * int(settings.get("channels", 0)) / self.sms
+        return 1 + self.comm_params(coll.op, settings["algo"], settings["proto"], coll.nodes).sensitivity * self.comm_drag(gemm, coll, settings)
+
+    def comm_drag(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
+        """waves-v2: the extra slowdown of a collective beside ``gemm``, before its group's sensitivity."""
+        c = self.contention
+        return (c.kappa * self.hbm_demand(gemm) + c.kappa_channel * int(settings.get("channels", 0)) / self.sms
                 + c.kappa_traffic * self.traffic_share(gemm, coll, settings) + self.gemm_fit(gemm).drag * self.pace(gemm, coll, settings))
 
     def pace(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:

@@ -168,8 +168,8 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: st
             regression = replace(regression, corun=float(np.median([f.corun for f in gemms.values()])))
         model = LagomGpuModel(sms, hbm, gemms, regression, comm, contention, simulated)
         unknown = {k: model.gemm_time(shapes[k]) for k in unknown if k in gemms}
-    contention, gemms = _fit_comm_slowdown(model, filled)
-    return replace(model, contention=contention, gemms=gemms)
+    contention, gemms, comm = _fit_comm_slowdown(model, filled)
+    return replace(model, contention=contention, gemms=gemms, comm=comm)
 
 
 def _fill_baselines(over: pd.DataFrame, alone: dict[str, float]) -> pd.DataFrame:
@@ -403,13 +403,13 @@ def _fit_eq46(obs: _Observations, alone: dict[str, float], shapes: dict[str, Gem
     return gemms, Contention(FORM_EQ46, v_table=v_table)
 
 
-def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> tuple[Contention, dict[str, GemmFit]]:
+def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> tuple[Contention, dict[str, GemmFit], dict[str, CommFit]]:
     """``kappa`` (and for waves-v2 ``kappa_channel``, ``kappa_traffic`` and each shape's ``drag``) by
     non-negative least squares on the collective's slowdown while both ran, each point weighted by the share of the collective's
     time the GEMMs ran beside it. The pair's alone time was timed repeated (L2-warm): it is
     converted to the cold time the model's overlap starts from before the slowdown is solved."""
 
-    memory, per_channel, traffic, pace, shapes, extra, weight = [], [], [], [], [], [], []
+    memory, per_channel, traffic, pace, shapes, groups, rows, extra, weight = [], [], [], [], [], [], [], [], []
     for _, r in over.iterrows():
         fit = model.comm.get(comm_group_of_row(r))
         if fit is None or pd.isna(r["comm_alone_us"]):
@@ -428,19 +428,38 @@ def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> tuple[Conten
         traffic.append(model.traffic_share(g, coll, settings))
         pace.append(model.pace(g, coll, settings))
         shapes.append(r["gemm"])
+        groups.append(comm_group_of_row(r))
+        rows.append((g, coll, settings))
         extra.append(s_x - 1)
         weight.append(min(1.0, r["time_us"] / r["comm_us"]))
     c = model.contention
     if not extra:
-        return c, model.gemms
+        return c, model.gemms, model.comm
     y, w = np.array(extra), np.array(weight)
     if c.form == FORM_EQ46:
         (kappa,), _ = _nonneg_lstsq(np.array(memory)[:, None], y, w)
-        return replace(c, kappa=float(kappa)), model.gemms
+        return replace(c, kappa=float(kappa)), model.gemms, model.comm
     shared = np.column_stack([memory, per_channel, traffic])
     kappas, _ = _nonneg_lstsq(shared, y, w)
     c = replace(c, kappa=float(kappas[0]), kappa_channel=float(kappas[1]), kappa_traffic=float(kappas[2]))
-    return c, _fit_drags(model.gemms, np.array(shapes, dtype=object), np.array(pace), shared @ kappas, y, w)
+    gemms = _fit_drags(model.gemms, np.array(shapes, dtype=object), np.array(pace), shared @ kappas, y, w)
+    comm = _fit_sensitivities(replace(model, contention=c, gemms=gemms), np.array(groups, dtype=object), rows, y, w)
+    return c, gemms, comm
+
+
+def _fit_sensitivities(model: LagomGpuModel, groups: np.ndarray, rows: list, y: np.ndarray, w: np.ndarray) -> dict[str, CommFit]:
+    """Each communication group's sensitivity: weighted least squares, through the origin, of its
+    collectives' measured extra slowdown on the extra the shared and per-shape terms predict (an
+    all-reduce inside a node, whose every step goes through HBM, feels a GEMM more than one bound by
+    the network)."""
+    drag = np.array([model.comm_drag(g, coll, s) for g, coll, s in rows])
+    out = dict(model.comm)
+    for key in set(groups) & set(out):
+        sel = groups == key
+        den = float((w[sel] ** 2 * drag[sel] ** 2).sum())
+        if den > 0:
+            out[key] = replace(out[key], sensitivity=max(0.0, float((w[sel] ** 2 * drag[sel] * y[sel]).sum()) / den))
+    return out
 
 
 def _fit_drags(gemms: dict[str, GemmFit], shapes: np.ndarray, pace: np.ndarray, shared: np.ndarray, y: np.ndarray,
