@@ -74,6 +74,24 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
     return value
 
 
+def schema_version(d: dict, path: str, reads: int, default: Any = ...) -> int:
+    """An artifact's ``schema_version``, refused unless it is the one this lagom-tune reads.
+
+    Args:
+        d: the artifact's top-level mapping.
+        path: its path, for errors.
+        reads: the version this lagom-tune reads (the artifact module's ``SCHEMA_VERSION``).
+        default: the version of a file without the field; ``...`` makes it required.
+
+    Returns:
+        The version.
+    """
+    version = field(d, "schema_version", path, int, default)
+    if version != reads:
+        raise UserError(f"{path}.schema_version: unknown version {version} (this lagom-tune reads {reads})")
+    return version
+
+
 def one_of(value: Any, choices, path: str) -> Any:
     """``value`` if it is one of ``choices``.
 

@@ -213,13 +213,13 @@ def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[in
     Returns:
         The worker's environment, and the user's variables it dropped.
     """
-    owned = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NTHREADS", "NCCL_BUFFSIZE")
+    process_vars = {k.name: k.env for k in nccl_knob_space().knobs if k.env}  # NCCL_NTHREADS, NCCL_BUFFSIZE
+    owned = ("NCCL_ALGO", "NCCL_PROTO", *process_vars.values())
     removed = [k for k in (*OVERRIDING_ENV, *owned) if k in base]
     env = {k: val for k, val in base.items() if k not in removed}
-    if "threads" in process:
-        env["NCCL_NTHREADS"] = str(int(process["threads"]))
-    if "buffsize" in process:
-        env["NCCL_BUFFSIZE"] = str(int(process["buffsize"]))
+    for name, var in process_vars.items():
+        if name in process:
+            env[var] = str(int(process[name]))
     funcs = sorted({TUNER_COLL[op] for op in ops if op in TUNER_COLL and op != "all_to_all"})
     per_op = nccl_version is not None and tuple(nccl_version[:2]) >= PER_OP_SYNTAX
     for key, var, names in (("algo", "NCCL_ALGO", ALGO_ENV), ("proto", "NCCL_PROTO", PROTO_ENV)):

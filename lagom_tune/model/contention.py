@@ -209,9 +209,7 @@ def model_from_dict(d: Any, path: str = "model") -> CostModel:
         UserError: for an unknown schema version or family, or a bad field.
     """
     d = v.mapping(d, path)
-    version = v.field(d, "schema_version", path, int)
-    if version != SCHEMA_VERSION:
-        raise UserError(f"{path}.schema_version: unknown version {version} (this lagom-tune reads {SCHEMA_VERSION})")
+    v.schema_version(d, path, SCHEMA_VERSION)
     family = v.one_of(v.field(d, "family", path, str), FAMILIES, f"{path}.family")
     return FAMILIES[family].from_dict(d, path)
 

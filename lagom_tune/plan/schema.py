@@ -96,9 +96,7 @@ class Plan:
         kind = d.get("kind")
         if kind != KIND:
             raise UserError(f"{path}.kind: expected {KIND!r}, got {kind!r} (is this a plan file?)")
-        version = v.field(d, "schema_version", path, int)
-        if version != SCHEMA_VERSION:
-            raise UserError(f"{path}.schema_version: unknown version {version} (this lagom-tune reads {SCHEMA_VERSION})")
+        v.schema_version(d, path, SCHEMA_VERSION)
         target = v.mapping(v.field(d, "target", path, dict), f"{path}.target")
         backend = v.field(target, "backend", f"{path}.target", str)
         space = knob_space_for(backend)

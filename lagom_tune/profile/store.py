@@ -60,9 +60,7 @@ class RunFolder:
 
     def read_meta(self) -> dict[str, Any]:
         meta = v.mapping(read_yaml(self.meta_path, "run metadata"), f"{self.meta_path}")
-        version = v.field(meta, "schema_version", str(self.meta_path), int)
-        if version != SCHEMA_VERSION:
-            raise UserError(f"{self.meta_path}: unknown schema_version {version} (this lagom-tune reads {SCHEMA_VERSION})")
+        v.schema_version(meta, str(self.meta_path), SCHEMA_VERSION)
         v.field(meta, "fingerprint", str(self.meta_path), dict)
         return meta
 

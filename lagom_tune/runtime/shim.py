@@ -24,7 +24,7 @@ from lagom_tune.backends.nccl_controls import build_options, overriding_env
 from lagom_tune.backends.registry import (
     CHUNKED_ALL_REDUCE, DDP_BUCKET_CAP, NCCL_ENVIRONMENT, NCCL_TUNER_RULES, THREAD_COUNT, backend_info,
 )
-from lagom_tune.plan.schema import Plan, load_plan
+from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
 from lagom_tune.runtime.nccl import RULES_ENV, GroupIdentity, communicator_configs, match_role, mesh_dim_of, plan_roles
 
 DDP_MODULE = "torch.nn.parallel.distributed"
@@ -288,8 +288,9 @@ class Shim:
                         f"NCCL_TUNER_PLUGIN={plugin} reads {RULES_ENV}={rules}" if ok else
                         "no tuner plugin in the environment (no C compiler when `apply` ran, or not run under "
                         "`lagom-tune apply`): only per-communicator CTA bounds apply")
+        space = knob_space_for(self.plan.backend)  # the knob modules import no torch, numpy or pandas
         for name, value in self.plan.settings.process.items():
-            var = {"threads": "NCCL_NTHREADS", "buffsize": "NCCL_BUFFSIZE"}.get(name)
+            var = space[name].env
             if var:
                 self.record(name, value, os.environ.get(var) == str(value), f"{var} in the environment")
 

@@ -131,9 +131,7 @@ class Workload:
     @classmethod
     def from_dict(cls, data: Any, path: str = "workload") -> "Workload":
         d = v.mapping(data, path)
-        version = v.field(d, "schema_version", path, int, SCHEMA_VERSION)
-        if version != SCHEMA_VERSION:
-            raise UserError(f"{path}.schema_version: unknown version {version} (this lagom-tune reads {SCHEMA_VERSION})")
+        v.schema_version(d, path, SCHEMA_VERSION, default=SCHEMA_VERSION)
         groups = []
         for i, gd in enumerate(v.seq(v.field(d, "groups", path, list), f"{path}.groups")):
             gp = f"{path}.groups[{i}]"
