@@ -22,7 +22,7 @@ import pandas as pd
 from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.model.fit import fit_run
 from lagom_tune.plan.schema import knob_space_for
-from lagom_tune.plan.validate import validate
+from lagom_tune.search.replay import validate
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search.run import run_optimizer
@@ -84,6 +84,7 @@ def run_one(cluster: str, name: str, trials: int, work: Path) -> dict:
     row = {
         "cluster": cluster, "workload": name, "fit_s": round(fit_s, 1),
         "mape_window": round(fit.mape.get("overlap_window", float("nan")), 4),
+        **{f"mape_{q}": round(v, 4) for q, v in fit.mape.items() if q != "overlap_window"},
         "default_ms": round(d * 1e3, 2),
         "autoccl_x": round(d / res["autoccl"].evaluation.iteration_s, 3),
         "lagom_x": round(d / res["lagom"].evaluation.iteration_s, 3),
@@ -126,6 +127,8 @@ def main() -> None:
                 "bound_x", "replay_autoccl_x", "replay_lagom_x", "plan_x", "replay_plan_x"]]
     eff = df[["cluster", "workload", "lagom_evals", "lagom_evals_to_1pct", "lagom_s", "autoccl_evals", "autoccl_evals_to_1pct",
               "optuna_evals", "optuna_evals_to_1pct", "optuna_s"]]
+    mape_cols = [c for c in df.columns if c.startswith("mape_")]
+    accuracy = df.groupby("cluster")[mape_cols].max().rename(columns=lambda c: c.removeprefix("mape_")).reset_index()
     lo, hi = df["lagom_x"].min(), df["lagom_x"].max()
     lo_a, hi_a = df["lagom_vs_autoccl_x"].min(), df["lagom_vs_autoccl_x"].max()
     text = "\n".join([
@@ -143,6 +146,14 @@ def main() -> None:
         f"{df['replay_plan_x'].min():.3f}–{df['replay_plan_x'].max():.3f}× (raw Lagom: {df['replay_lagom_x'].min():.3f}–"
         f"{df['replay_lagom_x'].max():.3f}×): predicted gains below the model's error can be losses.",
         "",
+        "## The model's held-out error on each simulated cluster (worst workload, 5-fold MAPE, 2% noise)",
+        "",
+        "The simulator is a mechanism (tiles in waves on SMs, channel blocks, HBM arbitration, step pipelines over a",
+        "link; `backends/sim_compute.py`, `backends/sim_comm.py`) calibrated on one H200 and on published figures,",
+        "not the model's equations, so this is the error the model earns. Aim: 5%.",
+        "",
+        accuracy.to_markdown(index=False, floatfmt=".3f"),
+        "",
         "## Predicted iteration time, side by side",
         "",
         speed.to_markdown(index=False),
@@ -151,20 +162,26 @@ def main() -> None:
         "",
         eff.to_markdown(index=False),
         "",
-        "## Where the simulation and the paper disagree",
+        "## Where the simulation and the paper agree and disagree",
+        "",
+        "Inputs (calibrated, checked in `tests/test_sim_observations.py`): the H200's GEMM slowdowns beside copy",
+        "blocks, nccl-tests bus bandwidths, AutoCCL's 1.24-1.29x isolated-collective gain on A40s, Lagom's §2 A40",
+        "observation. Everything below is an output, not tuned toward the paper.",
         "",
         f"- AutoCCL-style tuning (minimise each collective's own time) is predicted slower than NCCL's defaults in "
-        f"{int((df['autoccl_x'] < 1).sum())} of {len(df)} cases (replayed: {int((df['replay_autoccl_x'] < 1).sum())}): it takes",
-        "  the most channels, and the simulator charges each channel a whole SM and HBM bandwidth that the overlapped",
-        "  GEMMs then lack. The paper measured AutoCCL ahead of NCCL on average; on real GPUs extra channels cost",
-        "  compute less than the simulator assumes when GEMMs are not SM-bound.",
+        f"{int((df['autoccl_x'] < 1).sum())} of {len(df)} cases (replayed: {int((df['replay_autoccl_x'] < 1).sum())}), although the same",
+        "  simulator gives it its published gain for collectives alone: the channels it adds hold SMs and HBM the",
+        "  overlapped GEMMs then lack (Lagom reports the same for AutoCCL on Phi-2, A40 NVLink: 0.87x). The paper",
+        "  measured AutoCCL ahead of NCCL on average.",
         f"- Lagom's gains over NCCL here ({lo:.3f}–{hi:.3f}×) are "
         + ("smaller than" if hi < 1.07 else "in the range of" if lo >= 1.07 else "partly below")
-        + " the paper's 1.07–1.33×: the simulated defaults (8–16 channels of 84–132 SMs) leave computation most of",
-        "  the GPU, and the workloads model GEMMs and collectives only.",
+        + " the paper's 1.07–1.33×: the workloads model GEMMs and collectives only (no",
+        "  element-wise kernels, no optimizer step), and NCCL's defaults are near the best for collectives on the",
+        "  NVLink clusters, so there is less to win.",
         f"- Model vs simulator ground truth: the fitted model's predicted gains and the replayed gains differ by up to "
         f"{(df['replay_lagom_x'] - df['lagom_x']).abs().max():.3f}× (held-out window MAPE ≤ {df['mape_window'].max():.1%}); "
-        f"in {int((df['replay_lagom_x'] < 1).sum())} of {len(df)} cases Lagom's raw settings replay slower than the defaults.",
+        f"in {int((df['replay_lagom_x'] < 1).sum())} of {len(df)} cases Lagom's raw settings replay slower than the defaults,",
+        "  which is why `search` deploys them only above `--min-gain`.",
         "",
         f"Reproduce: `python bench/paper_sim.py --optuna-trials {args.optuna_trials}`",
         "",
