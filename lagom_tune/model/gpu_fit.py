@@ -62,7 +62,7 @@ def _one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def fit_comm(rows: pd.DataFrame, steps: int = 1000) -> dict[str, CommFit]:
+def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[str, CommFit]:
     """Fit each group's curve on relative error with torch, every row timed alone and repeated.
 
     All groups are optimised in one Adam loop: each group's loss is its own mean, so its
@@ -71,6 +71,7 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000) -> dict[str, CommFit]:
     Args:
         rows: :func:`alone_comm_rows`'s frame.
         steps: Adam steps.
+        warm: fit the speed-up of launches repeated on an L2-resident buffer (False: none).
 
     Returns:
         comm_group -> its fit.
@@ -92,6 +93,7 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000) -> dict[str, CommFit]:
             opt.zero_grad()
             lat, link, per_ch, knee, sharp, sat, hand, gain, l2 = raw.exp()[group].T
             bw = step_bandwidth(torch, link, per_ch, knee, sharp + 0.5, sat + 0.5, hand, t["channels"], t["threads"], t["buffsize"])
+            gain = gain * warm
             pred = lat * 1e-6 + t["bus_bytes"] / (bw * (1 + gain * l2_hit_share(torch, l2, t["nbytes"], t["channels"], t["buffsize"])))
             loss = (((pred - t["seconds"]) / t["seconds"]).pow(2) * share).sum()
             loss.backward()
@@ -99,7 +101,7 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000) -> dict[str, CommFit]:
     out = {}
     for k, p in zip(keys, raw.detach().exp()):
         lat, link, per_ch, knee, sharp, sat, hand, gain, l2 = (float(x) for x in p)
-        out[k] = CommFit(lat, link, per_ch, sharp + 0.5, 0.0, gain, l2, CURVE_STEPS, knee, sat + 0.5, hand)
+        out[k] = CommFit(lat, link, per_ch, sharp + 0.5, 0.0, gain if warm else 0.0, l2, CURVE_STEPS, knee, sat + 0.5, hand)
     return out
 
 
@@ -119,7 +121,8 @@ class _Observations:
     weight: np.ndarray  # the share of the GEMM stream's time the collective ran beside it
 
 
-def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: str = FORM_WAVES, iterations: int = 6) -> LagomGpuModel:
+def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: str = FORM_WAVES, iterations: int = 6,
+            warm: bool = True) -> LagomGpuModel:
     """Fit from point medians (one row per measured point).
 
     Args:
@@ -128,6 +131,8 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: st
         simulated: whether the measurements came from the simulator.
         form: ``lagom-waves-v2`` (default) or the paper's ``lagom-eq4-6``.
         iterations: alternations between the per-shape terms and the shared contention terms.
+        warm: fit an L2-warm speed-up of collectives timed back to back (``fit.fit_model`` tries
+            both and keeps the one that predicts the overlapped collectives better).
 
     Returns:
         The fitted model.
@@ -140,7 +145,7 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: st
     gemm = pts[pts["kind"] == "gemm"]
     if gemm.empty or pts[pts["kind"] == "collective"].empty:
         raise UserError("the profile has no GEMM or no collective measurements to fit")
-    comm = fit_comm(alone_comm_rows(pts))
+    comm = fit_comm(alone_comm_rows(pts), warm=warm)
     over = contention_points(pts)
     # A shape's time alone: its own point, and the alone times measured beside each of its
     # overlapped pairs (real measurements too, taken just before the pair).
