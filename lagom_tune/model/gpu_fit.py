@@ -142,24 +142,41 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: st
         raise ValueError(f"unknown GPU model form {form!r}")
     sms, hbm = int(device["sms"]), float(device["hbm_GBps"]) * 1e9
     pts = consistent_baselines(pts)
-    gemm = pts[pts["kind"] == "gemm"]
-    if gemm.empty or pts[pts["kind"] == "collective"].empty:
+    if pts[pts["kind"] == "gemm"].empty or pts[pts["kind"] == "collective"].empty:
         raise UserError("the profile has no GEMM or no collective measurements to fit")
     comm = fit_comm(alone_comm_rows(pts), warm=warm)
     over = contention_points(pts)
-    # A shape's time alone: its own point, and the alone times measured beside each of its
-    # overlapped pairs (real measurements too, taken just before the pair).
+    alone = _times_alone(pts[pts["kind"] == "gemm"], over)
+    shapes = {r["gemm"]: gemm_of_row(r) for _, r in pts[pts["gemm"].notna()].iterrows()}
+    model, filled = _fit_computation(over, alone, shapes, _fit_new_shapes(alone, shapes, sms, hbm, form), comm,
+                                     sms, hbm, form, iterations, simulated)
+    contention, gemms, comm = _fit_comm_slowdown(model, filled)
+    return replace(model, contention=contention, gemms=gemms, comm=comm)
+
+
+def _times_alone(gemm: pd.DataFrame, over: pd.DataFrame) -> dict[str, float]:
+    """Each shape's time alone (seconds): the median of its own point and of the alone times measured
+    beside each of its overlapped pairs (real measurements too, taken just before the pair)."""
     seen: dict[str, list[float]] = {}
     for _, r in gemm.iterrows():
         seen.setdefault(r["gemm"], []).append(r["time_us"] / 1e6)
     for _, r in over[over["compute_alone_us"].notna()].iterrows():
         seen.setdefault(r["gemm"], []).append(r["compute_alone_us"] / r["n_compute"] / 1e6)
-    alone = {k: float(np.median(val)) for k, val in seen.items()}
-    shapes = {r["gemm"]: gemm_of_row(r) for _, r in pts[pts["gemm"].notna()].iterrows()}
-    regression = _fit_new_shapes(alone, shapes, sms, hbm, form)
+    return {k: float(np.median(val)) for k, val in seen.items()}
 
-    # A shape overlapped without a consistent baseline (legacy rows, no GEMM point) starts from
-    # its fastest overlapped GEMM and then from the fit's own time alone, a few rounds.
+
+def _fit_computation(over: pd.DataFrame, alone: dict[str, float], shapes: dict[str, Gemm], regression: ShapeRegression,
+                     comm: dict[str, CommFit], sms: int, hbm: float, form: str, iterations: int,
+                     simulated: bool) -> tuple[LagomGpuModel, pd.DataFrame]:
+    """The shapes' terms and the contention terms of ``form``, given the communication curves.
+
+    A shape overlapped without a consistent baseline (legacy rows, no GEMM point) starts from its
+    fastest overlapped GEMM and then from the fit's own time alone, a few rounds.
+
+    Returns:
+        The model (its collectives' slowdown not yet fitted) and the overlapped rows with every
+        baseline filled.
+    """
     unknown = {k: float((rows["time_us"] / rows["n_compute"]).min()) / 1e6
                for k, rows in over[over["compute_alone_us"].isna()].groupby("gemm") if k not in alone}
     for _ in range(3 if unknown else 1):
@@ -173,8 +190,7 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: st
             regression = replace(regression, corun=float(np.median([f.corun for f in gemms.values()])))
         model = LagomGpuModel(sms, hbm, gemms, regression, comm, contention, simulated)
         unknown = {k: model.gemm_time(shapes[k]) for k in unknown if k in gemms}
-    contention, gemms, comm = _fit_comm_slowdown(model, filled)
-    return replace(model, contention=contention, gemms=gemms, comm=comm)
+    return model, filled
 
 
 def _fill_baselines(over: pd.DataFrame, alone: dict[str, float]) -> pd.DataFrame:
