@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from lagom_tune.backends.base import PAIRED
+from lagom_tune.measurements import PAIRED
 from lagom_tune.model.contention import model_from_dict
 from lagom_tune.model.fit import fit_model, predict_point
 from lagom_tune.model.rows import MIN_SLOWDOWN, compute_slowdowns, consistent_baselines, contention_points, low_slowdowns, point_medians

@@ -14,9 +14,10 @@ from conftest import ROOT
 PACKAGE = ROOT / "lagom_tune"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # Shared types and file helpers: errors, field checks, YAML I/O, knobs and settings, the timeline.
+    # Shared types and file helpers: errors, field checks, YAML I/O, knobs and settings, the timeline,
+    # the measurement row's columns.
     ("base", ("lagom_tune", "lagom_tune.errors", "lagom_tune.validate", "lagom_tune.artifact_io",
-              "lagom_tune.knobs", "lagom_tune.timeline")),
+              "lagom_tune.knobs", "lagom_tune.timeline", "lagom_tune.measurements")),
     ("workload", ("lagom_tune.workload",)),
     ("backends", ("lagom_tune.backends",)),
     ("profile", ("lagom_tune.profile",)),

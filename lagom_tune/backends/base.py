@@ -8,6 +8,7 @@ from typing import Any, Callable, Protocol
 
 from lagom_tune.backends.registry import BackendInfo, backend_info, record_of
 from lagom_tune.knobs import Knob, KnobSpace
+from lagom_tune.measurements import BANDWIDTH_COLUMNS, TIMED_COLUMNS
 from lagom_tune.workload.spec import Gemm, Workload
 
 __all__ = ["Backend", "BackendOptions", "Knob", "KnobSpace", "LocalBackend", "Point", "RegisteredBackend", "get_backend"]
@@ -64,13 +65,7 @@ def bandwidth_columns(op: str, nbytes: int, ranks: int, seconds: float) -> dict[
         ``algbw_GBps`` and ``busbw_GBps`` (NaN for a time of 0).
     """
     algbw = nbytes / seconds / 1e9 if seconds > 0 else math.nan
-    return {"algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, ranks)}
-
-
-TIMED_COLUMNS = ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us")
-# An overlapped row's ``baseline``: its alone times were measured right before it, the same way.
-# Rows without it (profiles before 2026-11-30) are rebaselined by the fit from the GEMM points.
-PAIRED = "paired"
+    return dict(zip(BANDWIDTH_COLUMNS, (algbw, algbw * bus_factor(op, ranks))))
 
 
 def reduce_ranks(point: Point, per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

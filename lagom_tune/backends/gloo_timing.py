@@ -18,6 +18,7 @@ from lagom_tune.backends.base import Point
 from lagom_tune.backends.chunking import chunked_all_reduce
 from lagom_tune.backends.tensors import buffer, operands, slowest_rank
 from lagom_tune.knobs import settings_from_items
+from lagom_tune.measurements import overlap_columns, timed_columns
 from lagom_tune.workload.bucketing import bucket_group
 
 
@@ -45,7 +46,7 @@ def gemm_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
         t0 = time.perf_counter()
         for _ in range(inner):
             torch.matmul(a, b)
-        rows.append({"time_us": (time.perf_counter() - t0) / inner * 1e6, "inner": inner})
+        rows.append(timed_columns((time.perf_counter() - t0) / inner * 1e6, inner))
     return rows
 
 
@@ -72,7 +73,7 @@ def collective_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
         dist.barrier()
         t0 = time.perf_counter()
         once()
-        rows.append({"time_us": (time.perf_counter() - t0) * 1e6})
+        rows.append(timed_columns((time.perf_counter() - t0) * 1e6))
     return rows
 
 
@@ -110,11 +111,7 @@ def overlap_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
         while not stamp:  # the callback runs on gloo's thread right after completion
             time.sleep(1e-5)
         t_comm = stamp[0]
-        rows.append({
-            "time_us": (t_compute - t0) * 1e6, "comm_us": (t_comm - t0) * 1e6,
-            "window_us": (max(t_compute, t_comm) - t0) * 1e6, "n_compute": n,
-            "compute_alone_us": y * n * 1e6, "comm_alone_us": x * 1e6,
-        })
+        rows.append(overlap_columns((t_compute - t0) * 1e6, (t_comm - t0) * 1e6, n, y * n * 1e6, x * 1e6))
     return rows
 
 
@@ -159,7 +156,7 @@ def iteration_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
     rows = []
     for _ in range(repeats):
         total = sum(grp.repeat * play(grp) for grp in groups) + point.workload.exposed_ms / 1e3
-        rows.append({"time_us": total * 1e6})
+        rows.append(timed_columns(total * 1e6))
     return rows
 
 

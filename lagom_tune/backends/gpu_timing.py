@@ -119,10 +119,6 @@ class Overlapped:
     compute_us: float
     comm_us: float
 
-    @property
-    def window_us(self) -> float:
-        return max(self.compute_us, self.comm_us)
-
 
 def time_overlapped(torch: Any, compute: Callable[[], None], comm: Callable[[], None], side: Any) -> Overlapped:
     """``comm`` on the ``side`` stream and ``compute`` on the current one, released by one event.

@@ -17,10 +17,11 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from lagom_tune.backends.base import PAIRED, Point
+from lagom_tune.backends.base import Point
 from lagom_tune.backends.gpu_timing import Launches, launches, time_overlapped, time_run
 from lagom_tune.backends.nccl_sweep import PROBE, PROBE_REFERENCE, channel_options, subgroups
 from lagom_tune.backends.probe import Probe, probe_geometry, steps_for
+from lagom_tune.measurements import PAIRED, overlap_columns, timed_columns
 
 TARGET_US = 200.0  # a timed GEMM sample spans at least this long (CUDA events resolve ~0.5 µs)
 OVERLAP_MIN_S = 1e-3  # overlapped windows last at least this long
@@ -209,7 +210,7 @@ class CudaMeter:
 
     def gemm(self, point: Point, repeats: int) -> list[dict]:
         run = self.timed_launches(self.matmul(point))
-        return [{"time_us": t / run.n, "inner": run.n, "timing": run.how} for t in self.repeat(run, repeats)]
+        return [timed_columns(t / run.n, run.n, run.how) for t in self.repeat(run, repeats)]
 
     def collective(self, point: Point, repeats: int) -> list[dict]:
         fn, probe = self.comm(point)
@@ -219,7 +220,7 @@ class CudaMeter:
         else:
             run = self.timed_launches(fn)
         extra = {"nbytes": probe.geometry.nbytes} if probe else {}
-        return [{"time_us": t / run.n, "inner": run.n, "timing": run.how, **extra} for t in self.repeat(run, repeats, self.side)]
+        return [{**timed_columns(t / run.n, run.n, run.how), **extra} for t in self.repeat(run, repeats, self.side)]
 
     def job(self, point: Point, gemm_s: float) -> tuple[int, int]:
         """The overlapped job of the point's shape: ``n`` GEMMs, and the probe's bytes (0 for a
@@ -258,7 +259,6 @@ class CudaMeter:
                 comm_alone = time_run(self.torch, comm)
             self.barrier()
             both = time_overlapped(self.torch, compute, comm, self.side)
-            rows.append({"time_us": both.compute_us, "comm_us": both.comm_us, "window_us": both.window_us, "n_compute": n,
-                         "compute_alone_us": compute_alone, "comm_alone_us": comm_alone, "baseline": PAIRED,
-                         "timing": compute.how, **extra})
+            rows.append({**overlap_columns(both.compute_us, both.comm_us, n, compute_alone, comm_alone),
+                         "baseline": PAIRED, "timing": compute.how, **extra})
         return rows

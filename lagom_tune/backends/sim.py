@@ -26,13 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from lagom_tune.backends.base import PAIRED, BackendOptions, LocalBackend, Point, RowSink, bandwidth_columns, bus_factor
+from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, bandwidth_columns, bus_factor
 from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
 from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Cluster
 from lagom_tune.backends.sim_comm import IB, comm_seconds, hbm_draw, link_of
 from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_seconds, hbm_demand
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import settings_from_items
+from lagom_tune.measurements import ALONE_COLUMNS, OVERLAPPED_COLUMNS, PAIRED, overlap_columns, timed_columns
 from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Gemm, Workload
 
@@ -80,8 +81,9 @@ class SimCluster:
         else:
             t_comp = y1
             t_comm = y1 + (1 - y1 / x1) * x0
-        return {"time_us": t_comp * 1e6, "comm_us": t_comm * 1e6, "window_us": max(t_comp, t_comm) * 1e6,
-                "compute_alone_us": y0 * 1e6, "comm_alone_us": x0 * 1e6, "n_compute": n}
+        row = overlap_columns(t_comp * 1e6, t_comm * 1e6, n, y0 * 1e6, x0 * 1e6)
+        row["n_compute"] = row.pop("n_compute")  # after the alone times, where the simulator's CSV has always had it
+        return row
 
 
 def _ground_truth_iteration(sim: "SimCluster", workload: Workload, items) -> float:
@@ -185,23 +187,23 @@ class SimBackend(LocalBackend):
             for r in range(repeats):
                 z = _noise(p.key, r, self.options.seed, self.options.noise)
                 if p.kind == "iteration":
-                    row = {"time_us": self.iteration(p.workload, p.config) * 1e6 * z}
+                    row = timed_columns(self.iteration(p.workload, p.config) * 1e6 * z)
                 elif p.kind == "gemm":
-                    row = {"time_us": self.sim.gemm_time(p.gemm) * 1e6 * z}
+                    row = timed_columns(self.sim.gemm_time(p.gemm) * 1e6 * z)
                 elif p.kind == "collective":
                     t = self.sim.comm_time(p.op, p.nbytes, p.ranks, nodes, s)
-                    row = {"time_us": t * 1e6 * z, **bandwidth_columns(p.op, p.nbytes, p.ranks, t * z)}
+                    row = {**timed_columns(t * 1e6 * z), **bandwidth_columns(p.op, p.nbytes, p.ranks, t * z)}
                 else:
                     y = self.sim.gemm_time(p.gemm)
                     x = self.sim.comm_time(p.op, p.nbytes, p.ranks, nodes, s)
                     row = self.sim.overlap(p.gemm, max(1, round(x / y)), p.op, p.nbytes, p.ranks, nodes, s)
-                    for col in ("time_us", "comm_us", "window_us"):
+                    for col in OVERLAPPED_COLUMNS:
                         row[col] *= z
                     # The alone times are measurements too, taken just before the pair the same way
                     # (paired, as on a GPU): own noise.
-                    for col in ("compute_alone_us", "comm_alone_us"):
+                    for col in ALONE_COLUMNS:
                         row[col] *= _noise(f"{p.key}|{col}", r, self.options.seed, self.options.noise)
                     row["baseline"] = PAIRED
-                rows.append({**row, "repeat": r, "simulated": True})
+                rows.append({**row, "repeat": r})  # the identity columns (simulated: True) come with the point
             sink(p, rows)
 

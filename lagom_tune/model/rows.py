@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from lagom_tune.backends.base import PAIRED
+from lagom_tune.measurements import DESCRIBING_COLUMNS, PAIRED, TIMED_COLUMNS
 from lagom_tune.workload.spec import Gemm
 
 
@@ -20,10 +20,9 @@ def point_medians(df: pd.DataFrame) -> pd.DataFrame:
     Returns:
         One row per point, its describing columns first, timed columns as medians.
     """
-    num = [c for c in ("time_us", "comm_us", "window_us", "compute_alone_us", "comm_alone_us", "n_compute") if c in df.columns]
-    keys = [c for c in ("point", "kind", "gemm", "m", "n", "k", "batch", "dtype", "op", "nbytes", "ranks", "nodes",
-                        "threads", "algo", "proto", "channels", "buffsize", "chunk_bytes", "baseline") if c in df.columns]
-    return df.groupby("point", sort=True).agg({**{k: "first" for k in keys if k != "point"}, **{c: "median" for c in num}}).reset_index()
+    num = [c for c in (*TIMED_COLUMNS, "n_compute") if c in df.columns]
+    keys = [c for c in (*DESCRIBING_COLUMNS, "baseline") if c in df.columns and c != "point"]
+    return df.groupby("point", sort=True).agg({**{k: "first" for k in keys}, **{c: "median" for c in num}}).reset_index()
 
 
 MIN_SLOWDOWN = 0.97  # a measured compute slowdown below this is a measurement error (DESIGN.md §10)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 from lagom_tune import __version__
 from lagom_tune.backends.base import Backend, Point
 from lagom_tune.errors import UserError
+from lagom_tune.measurements import collective_columns, gemm_columns, identity_columns
 from lagom_tune.profile.store import RunFolder
 from lagom_tune.workload.spec import Workload
 
@@ -79,12 +80,11 @@ def point_columns(point: Point, backend: Backend) -> dict[str, Any]:
         Point key and kind, backend, the GEMM's shape, the collective's op and size, and the
         point's knob settings.
     """
-    base = {"point": point.key, "kind": point.kind, "backend": backend.name, "simulated": backend.simulated}
+    base = identity_columns(point.key, point.kind, backend.name, backend.simulated)
     if point.gemm is not None:
-        g = point.gemm
-        base.update(gemm=g.shape_key, m=g.m, n=g.n, k=g.k, batch=g.batch, dtype=g.dtype, flops=g.flops)
+        base.update(gemm_columns(point.gemm))
     if point.op is not None:
-        base.update(op=point.op, nbytes=point.nbytes, ranks=point.ranks)
+        base.update(collective_columns(point.op, point.nbytes, point.ranks))
     base.update(point.settings)
     return base
 

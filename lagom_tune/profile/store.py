@@ -15,13 +15,10 @@ import pandas as pd
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, read_yaml, write_yaml
 from lagom_tune.errors import UserError
+from lagom_tune.measurements import KNOB_COLUMNS, NUMERIC_COLUMNS, REQUIRED_COLUMNS
 from lagom_tune.workload.spec import Workload
 
 SCHEMA_VERSION = 1
-REQUIRED_COLUMNS = ("point", "kind", "repeat", "time_us")
-NUMERIC_COLUMNS = ("repeat", "time_us", "comm_us", "window_us", "nbytes", "ranks", "m", "n", "k", "batch", "flops",
-                   "threads", "n_compute", "compute_alone_us", "comm_alone_us")
-KNOB_COLUMNS = ("algo", "proto", "channels", "threads", "buffsize", "chunk_bytes")  # knob values a row was taken at
 
 
 def row_settings(row: pd.Series) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from lagom_tune.backends.base import bandwidth_columns, trimmed_mean
+from lagom_tune.measurements import SETTING_COLUMNS
 from lagom_tune.profile.store import row_settings
 
 
@@ -31,5 +32,5 @@ def collective_summary(df: pd.DataFrame) -> pd.DataFrame:
                      "time_us": round(median, 2), "trimmed_us": round(trimmed_mean(rep["time_us"].tolist()), 2),
                      "algbw_GBps": round(bw["algbw_GBps"], 3), "busbw_GBps": round(bw["busbw_GBps"], 3), "repeats": len(rep)})
     out = pd.DataFrame(rows)
-    settings = [c for c in out.columns[3:] if c not in ("time_us", "trimmed_us", "algbw_GBps", "busbw_GBps", "repeats")]
+    settings = [c for c in out.columns if c in SETTING_COLUMNS]
     return out.sort_values(["op", "size_B", *settings], kind="stable").reset_index(drop=True)

@@ -1,0 +1,83 @@
+"""The measurement row's schema (lagom_tune/measurements.py) against rows that real runs wrote: a
+short sim profile, the gloo profile of the tiny workload, and the H200 profiles in tests/data."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lagom_tune import measurements as m
+from lagom_tune.profile.store import RunFolder, row_settings
+from lagom_tune.workload.spec import Gemm
+
+from conftest import cli
+
+H200 = sorted((Path(__file__).parent / "data" / "h200-2026-11-30").glob("*/measurements.csv"))
+GROUPS = (m.IDENTITY_COLUMNS, m.GEMM_COLUMNS, m.COLLECTIVE_COLUMNS, m.KNOB_COLUMNS, m.LAYOUT_COLUMNS, m.RESULT_COLUMNS,
+          m.BANDWIDTH_COLUMNS)
+
+
+@pytest.fixture(scope="module")
+def sim_csv(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("schema") / "run"
+    cli("profile", "--backend", "sim", "--workload", "olmoe-1b-7b-ep8", "--out", out, "--repeats", 1, check=True)
+    return out / "measurements.csv"
+
+
+def check_against_schema(csv: Path) -> pd.DataFrame:
+    """Every column of ``csv`` is in the schema, the required ones are there, and the numeric ones read as numbers."""
+    df = pd.read_csv(csv)
+    assert [c for c in df.columns if c not in m.COLUMNS] == [], csv
+    assert set(m.REQUIRED_COLUMNS) <= set(df.columns) and set(m.IDENTITY_COLUMNS) <= set(df.columns)
+    assert [c for c in df.columns if c in m.NUMERIC_COLUMNS and not pd.api.types.is_numeric_dtype(df[c])] == [], csv
+    return df
+
+
+def test_the_groups_name_each_column_once():
+    every = [c for group in GROUPS for c in group]
+    assert len(every) == len(set(every)) and tuple(every) == m.COLUMNS
+    assert set(m.REQUIRED_COLUMNS) <= set(m.COLUMNS) and set(m.TEXT_COLUMNS) <= set(m.COLUMNS)
+    assert set(m.TIMED_COLUMNS) == set(m.OVERLAPPED_COLUMNS) | set(m.ALONE_COLUMNS) and set(m.TIMED_COLUMNS) <= set(m.RESULT_COLUMNS)
+    assert not set(m.NUMERIC_COLUMNS) & set(m.TEXT_COLUMNS)
+
+
+def test_the_builders_fill_their_groups_in_order():
+    g = Gemm("g", 64, 128, 256, "bf16", batch=2)
+    assert tuple(m.identity_columns("p", "gemm", "sim", True)) == m.IDENTITY_COLUMNS
+    assert m.gemm_columns(g) == dict(zip(m.GEMM_COLUMNS, (g.shape_key, 64, 128, 256, 2, "bf16", g.flops)))
+    assert tuple(m.collective_columns("all_reduce", 1024, 8)) == m.COLLECTIVE_COLUMNS
+    assert m.timed_columns(5.0) == {"time_us": 5.0} and list(m.timed_columns(5.0, 3, "graph")) == ["time_us", "inner", "timing"]
+    over = m.overlap_columns(10.0, 12.0, 4, 8.0, 9.0)
+    assert set(over) <= set(m.RESULT_COLUMNS) and set(m.TIMED_COLUMNS) <= set(over) and over["window_us"] == 12.0
+
+
+def test_a_sim_profile_writes_the_schema(sim_csv):
+    df = check_against_schema(sim_csv)
+    # The column order measurements.csv has always had for the simulator (first appearance: GEMM, collective, overlapped rows).
+    assert list(df.columns) == [*m.IDENTITY_COLUMNS, *m.GEMM_COLUMNS, "time_us", "repeat", *m.COLLECTIVE_COLUMNS,
+                                "algo", "proto", "channels", "threads", "buffsize", "nodes", *m.BANDWIDTH_COLUMNS,
+                                "comm_us", "window_us", *m.ALONE_COLUMNS, "n_compute", "baseline"]
+    over = df[df["kind"] == "overlap"]
+    assert over[list(m.TIMED_COLUMNS)].notna().all().all() and (over["baseline"] == m.PAIRED).all()
+    assert df["simulated"].all() and (df["backend"] == "sim").all()
+
+
+def test_a_gloo_profile_writes_the_schema(tiny_run):
+    df = check_against_schema(tiny_run / "measurements.csv")
+    assert list(df.columns) == [*m.IDENTITY_COLUMNS, *m.GEMM_COLUMNS, "threads", "time_us", "inner", "repeat",
+                                *m.COLLECTIVE_COLUMNS, "chunk_bytes", *m.BANDWIDTH_COLUMNS, "comm_us", "window_us",
+                                "n_compute", *m.ALONE_COLUMNS]
+    assert not df["simulated"].any() and (df["backend"] == "gloo").all()
+
+
+@pytest.mark.parametrize("csv", H200, ids=lambda p: p.parent.name)
+def test_the_h200_profiles_hold_only_schema_columns(csv):
+    df = check_against_schema(csv)
+    assert set(m.COLUMNS) - set(df.columns) == {"chunk_bytes"}  # every column but the gloo knob
+    settings = row_settings(df[df["kind"] == "overlap"].iloc[0])
+    assert set(settings) == {"algo", "proto", "channels", "threads", "buffsize"}  # the knob columns an NCCL row fills
+
+
+def test_the_run_folder_reads_numeric_columns_as_numbers(sim_csv):
+    df = RunFolder(sim_csv.parent).measurements()
+    assert all(pd.api.types.is_numeric_dtype(df[c]) for c in m.NUMERIC_COLUMNS if c in df.columns)
