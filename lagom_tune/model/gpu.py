@@ -46,9 +46,10 @@ Beside a GEMM it slows by ``1 + kappa * memory_share_i`` (eq4-6: the fitted memo
 GEMM's time), or ``1 + kappa * u_i + kappa_channel * NC / lambda + kappa_traffic * t_ij + drag_i *
 pace_ij`` (waves-v2: ``u_i`` is the share of ``Bbar`` the GEMM draws alone, its least traffic over
 its time, which the shape fixes where the fitted math/memory split may not; ``t_ij`` the share its
-fitted traffic draws beside the collective; ``drag_i`` the shape's own residual drag, scaled by its
-pace beside the collective, time alone over time contended, since a slowed GEMM issues less
-traffic; the probe slowed 1.2x beside 1x GEMMs and 2x beside batched k=128 ones).
+fitted traffic draws beside the collective; ``drag_i`` the shape's own drag beyond those terms,
+scaled by its pace beside the collective, time alone over time contended, since a slowed GEMM
+issues less traffic; a shape whose own points fit better with its drag alone (``own_drag``) drops
+the shared terms; the probe slowed 1.2x beside 1x GEMMs and 2x beside batched k=128 ones).
 
 A legacy overlapped row (no ``baseline`` column) whose shape has no GEMM point has no usable time
 alone: the fit starts that shape from its fastest overlapped GEMM, then from its own estimate.
@@ -166,6 +167,7 @@ class GemmFit:
     ctas: int
     corun: float = 0.0
     drag: float = 0.0  # waves-v2: how much more a collective beside this shape slows, at the shape's rate alone
+    own_drag: bool = False  # the drag is all of it (fitted on the shape's own overlapped points), not beyond the shared terms
 
 
 @dataclass(frozen=True)
@@ -376,9 +378,11 @@ class LagomGpuModel:
 
     def comm_drag(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
         """waves-v2: the extra slowdown of a collective beside ``gemm``, before its group's sensitivity."""
-        c = self.contention
+        c, fit = self.contention, self.gemm_fit(gemm)
+        if fit.own_drag:  # measured beside collectives: its own drag, at its pace
+            return fit.drag * self.pace(gemm, coll, settings)
         return (c.kappa * self.hbm_demand(gemm) + c.kappa_channel * int(settings.get("channels", 0)) / self.sms
-                + c.kappa_traffic * self.traffic_share(gemm, coll, settings) + self.gemm_fit(gemm).drag * self.pace(gemm, coll, settings))
+                + c.kappa_traffic * self.traffic_share(gemm, coll, settings) + fit.drag * self.pace(gemm, coll, settings))
 
     def pace(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
         """The GEMM's rate beside ``coll`` relative to alone (1: unslowed): its traffic, and so its
@@ -397,7 +401,8 @@ class LagomGpuModel:
     def to_dict(self) -> dict[str, Any]:
         c, r = self.contention, self.new_shapes
         params: dict[str, Any] = {
-            "gemms": {k: {"theta": f.theta, "dbytes": f.dbytes, "ctas": f.ctas, "corun": f.corun, "drag": f.drag}
+            "gemms": {k: {"theta": f.theta, "dbytes": f.dbytes, "ctas": f.ctas, "corun": f.corun, "drag": f.drag,
+                           "own_drag": f.own_drag}
                       for k, f in sorted(self.gemms.items())},
             "theta_per_kflop": r.theta_per_kflop,
             "d_per_block_byte": r.d_per_block_byte,
@@ -426,7 +431,7 @@ class LagomGpuModel:
                       "kappa_channel": "collective slowdown per channel, as a fraction of the SMs",
                       "kappa_traffic": "collective slowdown per unit of the GEMM's fitted HBM traffic share beside it",
                       "corun": "fraction a shape's math slows whenever a collective runs beside it (waves-v2)",
-                      "drag": "collective slowdown a shape adds beyond the shared terms, at its rate alone (waves-v2)"},
+                      "drag": "collective slowdown a shape adds beyond the shared terms (or all of it: own_drag), at its rate alone (waves-v2)"},
             "device": {"sms": self.sms, "hbm_GBps": self.hbm / 1e9},
             "params": params,
         }
@@ -451,7 +456,8 @@ class LagomGpuModel:
             return cls(
                 sms=v.field(dev, "sms", f"{path}.device", int), hbm=v.field(dev, "hbm_GBps", f"{path}.device", float) * 1e9,
                 gemms={k: GemmFit(float(x["theta"]), float(x["dbytes"]), int(x.get("ctas", 0)) or blocks(_gemm_of_key(k)),
-                                  float(x.get("corun", 0.0)), float(x.get("drag", 0.0))) for k, x in gemms.items()},
+                                  float(x.get("corun", 0.0)), float(x.get("drag", 0.0)), bool(x.get("own_drag", False)))
+                       for k, x in gemms.items()},
                 new_shapes=ShapeRegression(v.field(p, "theta_per_kflop", pp, float), v.field(p, "d_per_block_byte", pp, float),
                                            v.field(p, "d_per_tile_byte", pp, float, 0.0), v.field(p, "launch_s", pp, float, 0.0),
                                            v.field(p, "corun", pp, float, 0.0)),

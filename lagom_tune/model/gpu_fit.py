@@ -485,9 +485,10 @@ def _fit_sensitivities(model: LagomGpuModel, groups: np.ndarray, rows: list, y: 
 
 def _fit_drags(gemms: dict[str, GemmFit], shapes: np.ndarray, pace: np.ndarray, shared: np.ndarray, y: np.ndarray,
                w: np.ndarray) -> dict[str, GemmFit]:
-    """Each shape's own drag on the collective: weighted least squares of what the shared terms
-    leave (``y - shared``) on the shape's pace, no less than keeps every one of its predicted
-    slowdowns at 1 or more.
+    """Each shape's drag on the collective, by weighted least squares on the shape's pace: either
+    beyond the shared terms (on what they leave, ``y - shared``, no less than keeps every predicted
+    slowdown at 1 or more) or all of it (its own, the shared terms dropped for the shape),
+    whichever fits the shape's points better.
 
     Args:
         gemms: the shapes' fits.
@@ -501,8 +502,15 @@ def _fit_drags(gemms: dict[str, GemmFit], shapes: np.ndarray, pace: np.ndarray, 
     for key in set(shapes) & set(gemms):
         sel = shapes == key
         p, wt = pace[sel], w[sel] ** 2
-        drag = float((wt * p * (y[sel] - shared[sel])).sum() / (wt * p * p).sum()) if (wt * p * p).sum() > 0 else 0.0
-        out[key] = replace(gemms[key], drag=max(drag, float((-shared[sel] / p).max())))
+        if (wt * p * p).sum() <= 0:
+            continue
+        base, yk = shared[sel], y[sel]
+        beyond = max(float((wt * p * (yk - base)).sum() / (wt * p * p).sum()), float((-base / p).max()))
+        own = max(float((wt * p * yk).sum() / (wt * p * p).sum()), 0.0)
+        if (wt * (yk - own * p) ** 2).sum() < (wt * (yk - base - beyond * p) ** 2).sum():
+            out[key] = replace(gemms[key], drag=own, own_drag=True)
+        else:
+            out[key] = replace(gemms[key], drag=beyond)
     return out
 
 
