@@ -16,6 +16,7 @@ import os
 import platform
 import queue
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -101,6 +102,7 @@ class GlooBackend(LocalBackend):
         if not points:
             return
         ctx = torch.multiprocessing.get_context("spawn")
+        _quiet_resource_tracker()
         results = ctx.Queue()
         # After each point a rank waits for the parent's word that it is persisted, so the
         # parent's CSV writing never competes with a measurement for the CPU. One queue per rank,
@@ -126,6 +128,17 @@ class GlooBackend(LocalBackend):
                 if p.is_alive():  # stopped or ignoring SIGTERM: a hung rank must not hang us
                     p.kill()
                     p.join(timeout=5)
+
+
+def _quiet_resource_tracker() -> None:
+    """Ctrl-C reaches the whole process group; when a rank dies inside a queue operation the
+    multiprocessing resource tracker reclaims the queue's semaphore at exit and warns about it on
+    our stderr (4 lines after "interrupted", in about 1 run of 10). The reclaiming is what it is
+    for; only its warning is silenced, in the tracker and the ranks (``-W`` options reach spawned
+    interpreters through ``sys.warnoptions``), not in this process."""
+    option = "ignore::UserWarning:multiprocessing.resource_tracker"
+    if option not in sys.warnoptions:
+        sys.warnoptions.append(option)
 
 
 def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: float, persisted) -> None:
