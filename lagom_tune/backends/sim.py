@@ -53,20 +53,21 @@ class SimCluster:
         bus = nbytes * bus_factor(op, ranks)
         return comm_seconds(self.c, op, bus, ranks, link_of(self.c, nodes, self.ib_gbps), s, gemm_hbm)
 
-    def contention(self, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> Contention:
-        """What the collective takes from a GEMM beside it: its channel blocks' SMs, its HBM traffic, L2."""
-        t = self.comm_time(op, nbytes, ranks, nodes, s)
-        return Contention(int(s["channels"]), hbm_draw(self.c, op, nbytes * bus_factor(op, ranks), t), True)
+    def contention(self, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any], seconds: float | None = None) -> Contention:
+        """What the collective takes from a GEMM beside it: its channel blocks' SMs, its HBM traffic
+        (over ``seconds``, its time alone, computed when not given), L2."""
+        t = self.comm_time(op, nbytes, ranks, nodes, s) if seconds is None else seconds
+        return Contention(int(s["channels"]), hbm_draw(op, nbytes * bus_factor(op, ranks), t), True)
 
     def gemm_time(self, g: Gemm, load: Contention = IDLE) -> float:
         return gemm_seconds(self.c, g, load)
 
     def slowdowns(self, g: Gemm, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> tuple[float, float]:
         """The GEMM's and the collective's slowdowns while both run."""
-        load = self.contention(op, nbytes, ranks, nodes, s)
+        alone = self.comm_time(op, nbytes, ranks, nodes, s)
+        load = self.contention(op, nbytes, ranks, nodes, s, alone)
         compute = self.gemm_time(g, load) / self.gemm_time(g)
-        comm = self.comm_time(op, nbytes, ranks, nodes, s, hbm_demand(self.c, g, load)) / self.comm_time(op, nbytes, ranks, nodes, s)
-        return compute, comm
+        return compute, self.comm_time(op, nbytes, ranks, nodes, s, hbm_demand(self.c, g, load)) / alone
 
     def overlap(self, g: Gemm, n: int, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> dict[str, float]:
         """n GEMMs and one collective started together: when each stream ends."""

@@ -112,7 +112,7 @@ def channel_share(c: Cluster, link: Link, channels: int, threads: int) -> float:
     return min(carried, link.rate) / channels
 
 
-def hbm_draw(c: Cluster, op: str, bus_bytes: float, seconds: float) -> float:
+def hbm_draw(op: str, bus_bytes: float, seconds: float) -> float:
     """Bytes/s of HBM the collective draws while it runs."""
     return bus_bytes / max(seconds, 1e-12) * HBM_PER_BUS_BYTE.get(op, 2.0)
 

@@ -61,10 +61,6 @@ class Kernel:
     grid: int  # CTAs launched: a persistent grid, or one per tile
     persistent: bool
 
-    def cluster(self, c: Cluster) -> int:
-        """CTAs co-scheduled as one group: a persistent kernel's thread-block cluster, else one."""
-        return c.cta_cluster
-
     def shares(self, cluster: int) -> list[int]:
         """Tiles per co-scheduled group of ``cluster`` CTAs under the static schedule (CTA j owns
         tiles j, j + grid, ...); a group lasts as long as its busiest CTA. Smallest first: CTAs are
@@ -169,25 +165,27 @@ def _makespan(shares: list[int], places: int, tile_s: float) -> float:
     return max(free)
 
 
+def _placement(c: Cluster, kernel: Kernel, load: Contention) -> tuple[int, int, int]:
+    """Where the kernel's CTAs run beside ``load``: free places, CTA groups, CTAs running at once."""
+    places = slots(c, load.blocks, c.cta_cluster)
+    groups = math.ceil(kernel.grid / c.cta_cluster)
+    return places, groups, min(min(groups, places) * c.cta_cluster, kernel.tiles)
+
+
 def kernel_seconds(c: Cluster, g: Gemm, kernel: Kernel, load: Contention = IDLE) -> float:
     """A kernel's time, alone (``load`` idle) or beside a collective."""
-    cluster = kernel.cluster(c)
-    places = slots(c, load.blocks, cluster)
-    groups = math.ceil(kernel.grid / cluster)
-    running = min(groups, places) * cluster
-    tile_s, _ = tile_seconds(c, g, kernel, min(running, kernel.tiles), load)
+    places, groups, running = _placement(c, kernel, load)
+    tile_s, _ = tile_seconds(c, g, kernel, running, load)
     launch = LAUNCH_S + (CORUN_LAUNCH_S if load.blocks else 0.0)
     if kernel.persistent:
-        return launch + _makespan(kernel.shares(cluster), places, tile_s)
+        return launch + _makespan(kernel.shares(c.cta_cluster), places, tile_s)
     return launch + math.ceil(groups / places) * tile_s  # one CTA per tile: full waves of free places
 
 
 def hbm_demand(c: Cluster, g: Gemm, load: Contention = IDLE) -> float:
     """Bytes/s of HBM bandwidth the GEMM draws while it runs (what a collective beside it competes with)."""
     kernel = choose_kernel(c, g)
-    cluster = kernel.cluster(c)
-    running = min(math.ceil(kernel.grid / cluster), slots(c, load.blocks, cluster)) * cluster
-    return tile_seconds(c, g, kernel, min(running, kernel.tiles), load)[1]
+    return tile_seconds(c, g, kernel, _placement(c, kernel, load)[2], load)[1]
 
 
 @lru_cache(maxsize=4096)

@@ -379,22 +379,28 @@ class LagomGpuModel:
     def comm_drag(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
         """waves-v2: the extra slowdown of a collective beside ``gemm``, before its group's sensitivity."""
         c, fit = self.contention, self.gemm_fit(gemm)
+        contended = self._contended_time(gemm, coll, settings)
+        drag = fit.drag * self.gemm_time(gemm) / contended
         if fit.own_drag:  # measured beside collectives: its own drag, at its pace
-            return fit.drag * self.pace(gemm, coll, settings)
+            return drag
         return (c.kappa * self.hbm_demand(gemm) + c.kappa_channel * int(settings.get("channels", 0)) / self.sms
-                + c.kappa_traffic * self.traffic_share(gemm, coll, settings) + fit.drag * self.pace(gemm, coll, settings))
+                + c.kappa_traffic * self._traffic_share(fit, contended) + drag)
 
     def pace(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
         """The GEMM's rate beside ``coll`` relative to alone (1: unslowed): its traffic, and so its
         drag on the collective, scales with it."""
-        return self.gemm_time(gemm) / self.gemm_time(gemm, int(settings.get("channels", 0)), self.hbm_taken(coll, settings))
+        return self.gemm_time(gemm) / self._contended_time(gemm, coll, settings)
 
     def traffic_share(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
         """The share of HBM bandwidth the GEMM's fitted traffic draws while it runs beside ``coll``
         (a collective's steps wait behind it)."""
-        fit = self.gemm_fit(gemm)
-        return min(1.0, fit.ctas * fit.dbytes / (self.hbm * self.gemm_time(gemm, int(settings.get("channels", 0)),
-                                                                           self.hbm_taken(coll, settings))))
+        return self._traffic_share(self.gemm_fit(gemm), self._contended_time(gemm, coll, settings))
+
+    def _contended_time(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
+        return self.gemm_time(gemm, int(settings.get("channels", 0)), self.hbm_taken(coll, settings))
+
+    def _traffic_share(self, fit: GemmFit, contended_s: float) -> float:
+        return min(1.0, fit.ctas * fit.dbytes / (self.hbm * contended_s))
 
     # -- artifact ------------------------------------------------------------------------------
 
