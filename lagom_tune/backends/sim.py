@@ -29,7 +29,7 @@ import numpy as np
 from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, bandwidth_columns, bus_factor
 from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
 from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Cluster
-from lagom_tune.backends.sim_comm import IB, comm_seconds, hbm_draw, link_of
+from lagom_tune.backends.sim_comm import IB, comm_seconds, copy_slowdown, hbm_draw, link_of
 from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_seconds, hbm_demand
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import settings_from_items
@@ -61,6 +61,13 @@ class SimCluster:
 
     def gemm_time(self, g: Gemm, load: Contention = IDLE) -> float:
         return gemm_seconds(self.c, g, load)
+
+    def probe_slowdowns(self, g: Gemm, blocks: int, copy_hbm: float) -> tuple[float, float]:
+        """A GEMM beside a copy kernel of ``blocks`` blocks that draws ``copy_hbm`` bytes/s of HBM
+        alone, the probe of the H200 tables the computation is calibrated on: the GEMM's slowdown
+        and the copy's."""
+        load = Contention(blocks, copy_hbm, True)
+        return self.gemm_time(g, load) / self.gemm_time(g), copy_slowdown(self.c, copy_hbm, hbm_demand(self.c, g, load))
 
     def slowdowns(self, g: Gemm, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> tuple[float, float]:
         """The GEMM's and the collective's slowdowns while both run."""

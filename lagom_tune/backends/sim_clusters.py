@@ -11,6 +11,23 @@ HBM_EFFICIENCY = 4.26 / 4.8  # measured device-to-device copy over the data-shee
 
 
 @dataclass(frozen=True)
+class MemoryCalibration:
+    """How a GEMM's tiles and a collective share L2 and HBM in the simulated mechanism
+    (``sim_compute.tile_seconds``, ``sim_comm.copy_slowdown``): constants no data sheet gives, fitted
+    to one H200's slowdown table by ``bench/calibrate_sim.py`` (Optuna, 2026-11-30; the table and
+    the constants in ``bench/results/sim_calibration.md``) and used for every simulated device."""
+
+    in_wave_reuse: float = 3.92  # CTAs running together share A and B panels through L2
+    cross_wave_hits: float = 0.585  # share of a later wave's panel loads that hit what the wave before left in L2
+    evicted_misses: float = 1.42  # panel-load misses per tile, relative to a first wave's, of a non-persistent kernel once a collective streams through L2
+    eviction_per_utilisation: float = 3.97  # more misses as the collective's share u of HBM bandwidth grows, as u ** eviction_power
+    eviction_power: float = 5.23  # (the H200's slowdown rises late, past half its bandwidth)
+    miss_stall: float = 0.35  # a tile's mainloop runs this much longer when all its panel loads miss L2 (latency not hidden)
+    queue_delay: float = 0.0826  # HBM latency grows with utilisation rho as 1 + queue_delay * rho / (1 - rho) (a queue) ...
+    max_utilisation: float = 0.762  # ... up to this rho (the memory controllers' queues are finite)
+
+
+@dataclass(frozen=True)
 class Cluster:
     """One simulated node type's figures (every node has 8 GPUs)."""
 
@@ -27,6 +44,7 @@ class Cluster:
     fabric: float = math.inf  # bytes/s at which the switch fabric's contention halves what channels offer
     gpcs: int = 7  # graphics processing clusters: the block scheduler spreads CTAs across them
     cta_cluster: int = 1  # CTAs a GEMM kernel co-schedules on one TPC (Hopper's thread-block clusters: 2)
+    memory: MemoryCalibration = MemoryCalibration()
 
     @property
     def hbm_effective(self) -> float:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lagom_tune.backends.sim_clusters import GB, Cluster
-from lagom_tune.backends.sim_compute import hbm_share, queue_latency
+from lagom_tune.backends.sim_compute import hbm_share, latency_beside
 
 LAUNCH_S = 5.0e-6  # a collective's launch and first handshake
 PROTOCOLS = {  # payload efficiency, per-step handshake (s)
@@ -91,8 +91,9 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
         # Beside a GEMM: HBM is shared (max-min fair, as for the GEMM) and its latency grows with
         # the GEMM's traffic, which slows a channel's copies (bytes in flight over latency) and
         # its handshakes alike.
-        rate /= copy_slowdown(c, rate * channels * HBM_PER_BUS_BYTE.get(op, 2.0), gemm_hbm)
-        handshake *= queue_latency(gemm_hbm, c.hbm_effective)
+        need = rate * channels * HBM_PER_BUS_BYTE.get(op, 2.0)
+        rate /= copy_slowdown(c, need, gemm_hbm)
+        handshake *= latency_beside(c, need, gemm_hbm)
     per_channel_bytes = bus_bytes / channels
     n_steps = max(math.ceil(per_channel_bytes / (int(s["buffsize"]) / STEPS_PER_BUFFER)), steps(op, s["algo"], ranks))
     return LAUNCH_S + n_steps * (per_channel_bytes / n_steps / rate + handshake)
@@ -101,7 +102,7 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
 def copy_slowdown(c: Cluster, need: float, gemm_hbm: float) -> float:
     """How much slower channels copying ``need`` bytes/s of HBM traffic run beside a GEMM drawing
     ``gemm_hbm``: their share of HBM, and the latency of each copy (bytes in flight over latency)."""
-    return need / hbm_share(need, gemm_hbm, c.hbm_effective) * queue_latency(gemm_hbm, c.hbm_effective)
+    return need / hbm_share(need, gemm_hbm, c.hbm_effective) * latency_beside(c, need, gemm_hbm)
 
 
 def channel_share(c: Cluster, link: Link, channels: int, threads: int) -> float:

@@ -40,14 +40,6 @@ SPARE_SLOTS = 1  # a persistent grid leaves one slot (a TPC on Hopper) idle
 LAUNCH_S = 3.0e-6  # kernel launch and ramp, back to back on one stream (H200: 8 us for the smallest GEMMs)
 CORUN_LAUNCH_S = 1.5e-6  # a launch waits for the block dispatcher while another kernel holds SMs (H200: small GEMMs +1-2 us beside one block)
 TILE_FIXED_S = 0.6e-6  # per tile: prologue (first k-panel) and epilogue (C written)
-IN_WAVE_REUSE = 4.0  # CTAs running together share A and B panels through L2
-CROSS_WAVE_HITS = 0.3  # share of a later wave's panel loads that hit what the wave before left in L2, undisturbed
-EVICTED_MISSES = 1.3  # panel-load misses per tile, relative to a first wave's, once a collective streams through L2
-EVICTION_PER_UTILISATION = 1.5  # more misses as the collective's share u of HBM bandwidth grows, as u**EVICTION_POWER
-EVICTION_POWER = 3.0  # (calibrated: the H200's slowdown rises late, past half its bandwidth)
-MISS_STALL = 0.3  # a tile's mainloop runs this much longer when all its panel loads miss L2 (latency not hidden)
-QUEUE_DELAY = 0.1  # HBM latency grows with utilisation rho as 1 + QUEUE_DELAY * rho / (1 - rho) (a queue)
-MAX_UTILISATION = 0.8
 SPLIT_REDUCE_BYTES = 4  # a split-K partial tile is written and read back in fp32
 
 
@@ -122,29 +114,35 @@ def tile_seconds(c: Cluster, g: Gemm, kernel: Kernel, running: int, load: Conten
     # The first wave misses; later ones find part of their panels in L2. A collective streaming
     # through L2 evicts panels in proportion to its traffic; CTAs launched wave after wave (not a
     # persistent grid, which prefetches its next tile's panels) lose the cross-wave hits outright.
-    cap = c.hbm_effective
-    misses = 1 - CROSS_WAVE_HITS * (1 - 1 / waves)
+    cal, cap = c.memory, c.hbm_effective
+    misses = 1 - cal.cross_wave_hits * (1 - 1 / waves)
     if load.evicts_l2:
-        misses += EVICTION_PER_UTILISATION * min(1.0, load.hbm / cap) ** EVICTION_POWER
+        misses += cal.eviction_per_utilisation * min(1.0, load.hbm / cap) ** cal.eviction_power
         if not kernel.persistent:
-            misses = max(misses, EVICTED_MISSES)
+            misses = max(misses, cal.evicted_misses)
     math_s = 2 * tm * tn * k / (c.tflops / c.sms * TILE_EFFICIENCY[kernel.tile])
     out = tm * tn * (SPLIT_REDUCE_BYTES * 2 if kernel.split > 1 else dt)
-    wave_bytes = ((tm + tn) * k * dt * misses / IN_WAVE_REUSE + out) * running
-    # A miss stalls for HBM's latency, which grows as the collective's traffic fills the queue in
-    # front of HBM (the GEMM's own traffic is part of its time alone).
-    latency = queue_latency(load.hbm, cap)
-    math_s *= 1 + MISS_STALL * misses * latency
+    wave_bytes = ((tm + tn) * k * dt * misses / cal.in_wave_reuse + out) * running
+    # A miss stalls for HBM's latency, which grows as the collective's traffic joins the GEMM's own
+    # in the queue in front of HBM.
+    latency = latency_beside(c, wave_bytes / (math_s + TILE_FIXED_S), load.hbm)
+    math_s *= 1 + cal.miss_stall * misses * latency
     demand = wave_bytes / (math_s + TILE_FIXED_S)
     got = hbm_share(demand, load.hbm, cap)
     tile_s = max(math_s, wave_bytes / got) + TILE_FIXED_S
     return tile_s, wave_bytes / tile_s
 
 
-def queue_latency(drawn: float, cap: float) -> float:
+def queue_latency(c: Cluster, drawn: float) -> float:
     """HBM latency, relative to an idle device's, while ``drawn`` bytes/s of traffic queue for it."""
-    rho = min(MAX_UTILISATION, drawn / cap)
-    return 1 + QUEUE_DELAY * rho / (1 - rho)
+    rho = min(c.memory.max_utilisation, drawn / c.hbm_effective)
+    return 1 + c.memory.queue_delay * rho / (1 - rho)
+
+
+def latency_beside(c: Cluster, own: float, other: float) -> float:
+    """HBM latency seen by a requester drawing ``own`` bytes/s once another draws ``other`` beside
+    it, relative to its latency alone (its own traffic is part of its time alone)."""
+    return queue_latency(c, own + other) / queue_latency(c, own) if other else 1.0
 
 
 def hbm_share(demand: float, other: float, cap: float) -> float:

@@ -74,7 +74,7 @@ import pandas as pd
 from lagom_tune import validate as v
 from lagom_tune.backends.base import bus_factor
 from lagom_tune.errors import UserError
-from lagom_tune.workload.spec import DTYPES, Collective, Gemm
+from lagom_tune.workload.spec import DTYPES, Collective, Gemm, gemm_of_key
 
 TILE = 128  # the paper's tile edge: Eq. 4's mu_i, and the estimate for shapes never measured
 FORM_EQ46 = "lagom-eq4-6"
@@ -168,6 +168,7 @@ class GemmFit:
     corun: float = 0.0
     drag: float = 0.0  # waves-v2: how much more a collective beside this shape slows, at the shape's rate alone
     own_drag: bool = False  # the drag is all of it (fitted on the shape's own overlapped points), not beyond the shared terms
+    alone: float = 0.0  # waves-v2: the measured time alone in seconds (0: from the terms)
 
 
 @dataclass(frozen=True)
@@ -325,7 +326,10 @@ class LagomGpuModel:
         if self.form == FORM_EQ46:
             return launch + math.ceil(fit.ctas / free) * (fit.theta + free * fit.dbytes / bandwidth)
         corun = 1 + fit.corun if channels else 1.0
-        return launch + waves(fit.ctas, free, self.contention.wave_width) * fit.theta * corun + fit.ctas * fit.dbytes / bandwidth
+        seconds = launch + waves(fit.ctas, free, self.contention.wave_width) * fit.theta * corun + fit.ctas * fit.dbytes / bandwidth
+        if fit.alone:  # measured alone: that time, and never faster beside a collective
+            return max(seconds, fit.alone) if channels else fit.alone
+        return seconds
 
     def compute_time(self, gemm: Gemm, settings: Mapping[str, Any]) -> float:
         return self.gemm_time(gemm)
@@ -408,7 +412,7 @@ class LagomGpuModel:
         c, r = self.contention, self.new_shapes
         params: dict[str, Any] = {
             "gemms": {k: {"theta": f.theta, "dbytes": f.dbytes, "ctas": f.ctas, "corun": f.corun, "drag": f.drag,
-                           "own_drag": f.own_drag}
+                           "own_drag": f.own_drag, "alone_s": f.alone}
                       for k, f in sorted(self.gemms.items())},
             "theta_per_kflop": r.theta_per_kflop,
             "d_per_block_byte": r.d_per_block_byte,
@@ -437,7 +441,8 @@ class LagomGpuModel:
                       "kappa_channel": "collective slowdown per channel, as a fraction of the SMs",
                       "kappa_traffic": "collective slowdown per unit of the GEMM's fitted HBM traffic share beside it",
                       "corun": "fraction a shape's math slows whenever a collective runs beside it (waves-v2)",
-                      "drag": "collective slowdown a shape adds beyond the shared terms (or all of it: own_drag), at its rate alone (waves-v2)"},
+                      "drag": "collective slowdown a shape adds beyond the shared terms (or all of it: own_drag), at its rate alone (waves-v2)",
+                      "alone_s": "a measured shape's time alone in seconds, which the model returns as measured (waves-v2; 0: from the terms)"},
             "device": {"sms": self.sms, "hbm_GBps": self.hbm / 1e9},
             "params": params,
         }
@@ -461,8 +466,9 @@ class LagomGpuModel:
                                         kappa_traffic=v.field(p, "kappa_traffic", pp, float, 0.0))
             return cls(
                 sms=v.field(dev, "sms", f"{path}.device", int), hbm=v.field(dev, "hbm_GBps", f"{path}.device", float) * 1e9,
-                gemms={k: GemmFit(float(x["theta"]), float(x["dbytes"]), int(x.get("ctas", 0)) or blocks(_gemm_of_key(k)),
-                                  float(x.get("corun", 0.0)), float(x.get("drag", 0.0)), bool(x.get("own_drag", False)))
+                gemms={k: GemmFit(float(x["theta"]), float(x["dbytes"]), int(x.get("ctas", 0)) or blocks(gemm_of_key(k)),
+                                  float(x.get("corun", 0.0)), float(x.get("drag", 0.0)), bool(x.get("own_drag", False)),
+                                  float(x.get("alone_s", 0.0)))
                        for k, x in gemms.items()},
                 new_shapes=ShapeRegression(v.field(p, "theta_per_kflop", pp, float), v.field(p, "d_per_block_byte", pp, float),
                                            v.field(p, "d_per_tile_byte", pp, float, 0.0), v.field(p, "launch_s", pp, float, 0.0),
@@ -472,13 +478,6 @@ class LagomGpuModel:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise UserError(f"{pp}: malformed GPU model parameters ({e})") from None
-
-
-def _gemm_of_key(key: str) -> Gemm:
-    """The GEMM a shape key (``BxMxNxK:dtype``) names."""
-    dims, dtype = key.split(":")
-    b, m, n, k = (int(x) for x in dims.split("x"))
-    return Gemm("g", m, n, k, dtype, b)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -186,6 +186,8 @@ def _fit_computation(over: pd.DataFrame, alone: dict[str, float], shapes: dict[s
             gemms, contention = _fit_eq46(obs, alone, shapes, sms, hbm, iterations)
         else:
             gemms, contention = _fit_waves(obs, alone, shapes, regression, sms, hbm, iterations)
+        if form == FORM_WAVES:  # the terms model a shape beside collectives; alone it takes what it measured
+            gemms = {k: replace(f, alone=alone[k]) if k in alone else f for k, f in gemms.items()}
         if gemms:  # a shape never measured slows beside communication as the median measured one
             regression = replace(regression, corun=float(np.median([f.corun for f in gemms.values()])))
         model = LagomGpuModel(sms, hbm, gemms, regression, comm, contention, simulated)

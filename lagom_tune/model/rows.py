@@ -166,3 +166,35 @@ def two_rate_slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
         return (tc / w1 if w1 > 0 else None), tc / x
     x1 = x - (tc - ty)
     return ty / w, (ty / x1 if x1 > 0 else None)
+
+
+@dataclass(frozen=True)
+class SlowdownTable:
+    """A probe profile's contention, per GEMM shape (rows) and channel count (columns): the median
+    two-rate slowdown of the GEMM and of the collective, and the collective's own HBM-facing rate
+    (bytes/s of its largest size, timed alone) per channel count."""
+
+    gemm: pd.DataFrame
+    comm: pd.DataFrame
+    comm_rate: pd.Series
+
+
+def slowdown_table(pts: pd.DataFrame) -> SlowdownTable:
+    """The per-shape, per-channel-count slowdowns of a probe profile (the H200 tables the simulator
+    is calibrated on and tested against).
+
+    Args:
+        pts: point medians of a run folder whose overlapped rows carry consistent baselines.
+    Returns:
+        The SlowdownTable.
+    """
+    pts = consistent_baselines(pts)
+    over = pts[pts["kind"] == "overlap"].copy()
+    both = over.apply(two_rate_slowdowns, axis=1)
+    over["gemm_slowdown"] = [a for a, _ in both]
+    over["comm_slowdown"] = [b for _, b in both]
+    by = over.groupby(["gemm", "channels"])
+    alone = pts[pts["kind"] == "collective"]
+    alone = alone[alone["nbytes"] == alone.groupby("channels")["nbytes"].transform("max")]
+    rate = (alone["nbytes"] / (alone["time_us"] * 1e-6)).groupby(alone["channels"]).median()
+    return SlowdownTable(by["gemm_slowdown"].median().unstack(), by["comm_slowdown"].median().unstack(), rate)
