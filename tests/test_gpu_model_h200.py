@@ -18,7 +18,7 @@ from lagom_tune.model.fit import fit_model, predict_point
 from lagom_tune.model.rows import MIN_SLOWDOWN, compute_slowdowns, consistent_baselines, contention_points, low_slowdowns, point_medians
 from lagom_tune.model.gpu import FORM_EQ46, FORM_WAVES, LagomGpuModel, waves
 from lagom_tune.model.ranking import rank_settings, spearman
-from lagom_tune.workload.spec import Collective, Gemm
+from lagom_tune.workload.spec import Collective, Gemm, gemm_of_key
 
 RUN = Path(__file__).parent / "data" / "h200-2026-11-29" / "mpt-7b-tp8-dp1"
 
@@ -75,6 +75,26 @@ def test_the_fit_finds_the_wave_step_the_data_show(fit):
     slow = {c: model.compute_slowdown(g, coll, {**s, "channels": c}) for c in (1, 2, 4, 16)}
     assert slow[1] < 1.2 and 1.3 < slow[2] < 1.8 and slow[4] > 1.6 and slow[16] == pytest.approx(slow[4], rel=0.1), slow
     assert model.gemms[g.shape_key].ctas < model.sms
+
+
+def test_a_measured_shape_takes_its_measured_time_alone(fit, df):
+    """The terms model a shape beside collectives; alone the model returns what was measured (the
+    median of its GEMM point and its pairs' alone times), and beside a collective never less.
+    Written to model.yaml; a file without it reads as the terms' time."""
+    model, pts = fit.model, consistent_baselines(point_medians(df))
+    coll = Collective("c", "probe", 256 << 20, ranks=1)
+    s = {"algo": "copy", "proto": "copy", "threads": 512, "buffsize": 4 << 20}
+    for key, rows in pts[pts["gemm"].notna()].groupby("gemm"):
+        times = rows["time_us"].where(rows["kind"] == "gemm", rows["compute_alone_us"] / rows["n_compute"])
+        g = gemm_of_key(key)
+        assert model.gemm_time(g) == pytest.approx(times.median() / 1e6), key
+        assert all(model.compute_slowdown(g, coll, {**s, "channels": c}) >= 1.0 for c in (1, 2, 4, 16, 64)), key
+    d = model.to_dict()
+    back = model_from_dict({"schema_version": 1, **d})
+    assert back.gemm_time(g) == model.gemm_time(g)
+    del d["params"]["gemms"][key]["alone_s"]
+    terms = model_from_dict({"schema_version": 1, **d}).gemm_time(g)
+    assert terms != model.gemm_time(g) and terms == pytest.approx(model.gemm_time(g), rel=0.3)
 
 
 def test_legacy_rows_are_rebaselined_and_paired_rows_kept(df):

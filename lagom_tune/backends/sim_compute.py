@@ -2,8 +2,10 @@
 running beside them take away. A mechanism, not a formula: nothing here is the fitted model's
 equations (model/gpu.py), so the model has to earn its accuracy on what this produces.
 
-The mechanism, per device (constants calibrated on one H200, 2026-11-30, ``tests/data/
-h200-2026-11-30``; other devices scaled by their SMs, HBM bandwidth and peak TFLOP/s):
+The mechanism, per device (calibrated on one H200, 2026-11-30, ``tests/data/h200-2026-11-30``:
+the constants below from its GEMM times and slowdown pattern, the L2 and HBM-latency ones, which
+no data sheet gives, in ``sim_clusters.MemoryCalibration`` by ``bench/calibrate_sim.py``; other
+devices scaled by their SMs, HBM bandwidth and peak TFLOP/s):
 
 * **Kernel choice.** Like cuBLAS, the kernel is chosen once, alone: among tile shapes
   (:data:`TILES`) and split-K factors, the one with the shortest time on an idle device. NCCL's
@@ -18,8 +20,9 @@ h200-2026-11-30``; other devices scaled by their SMs, HBM bandwidth and peak TFL
   a later wave finds panels an earlier one loaded (cross-wave reuse) unless a collective
   streaming through L2 has evicted them.
 * **Beside communication** the GEMM loses the SMs of the channel blocks, the HBM bandwidth the
-  collective draws, and cross-wave L2 reuse in proportion to how much of L2 the collective
-  sweeps while the GEMM runs.
+  collective draws (shared in proportion to demand once the two ask more than HBM gives), L2
+  panels the collective evicts as its share of bandwidth grows, and time to HBM latency, which
+  rises as the collective's traffic joins the GEMM's in the memory queue.
 """
 
 from __future__ import annotations
