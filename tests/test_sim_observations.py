@@ -159,6 +159,8 @@ def test_the_model_is_not_the_simulator_and_earns_its_accuracy(tmp_path, hardwar
     b = get_backend("sim", BackendOptions(hardware=hardware, noise=noise))
     run = run_profile(build_preset(name), b, tmp_path / "run", repeats=1 if noise == 0 else 3)
     fp = run.read_meta()["fingerprint"]
-    mape = fit_model(run.measurements(), device={"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]}, simulated=True).mape
+    fit = fit_model(run.measurements(), device={"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]}, simulated=True)
+    mape = fit.mape
+    assert all(c.warm_gain == 0 for c in fit.model.comm.values())  # the simulator times collectives alone cold
     assert all(v > 0.001 for v in mape.values()), mape
     assert mape["overlap_window"] <= 0.05 and max(mape.values()) <= 0.07, mape

@@ -41,7 +41,9 @@ once it has ``n0`` threads (a soft minimum of sharpness ``q``), the channels' su
 its time in a workload, where the computation beside it has evicted its buffers from L2. Timed
 alone, back to back on one buffer (how the profiler measures it), a collective whose footprint
 ``nbytes + NC * C`` fits in L2 reads from L2: its bandwidth is ``bw * (1 + warm_gain * h)``, ``h =
-min(1, l2_bytes / footprint)^2`` (a 25 MB probe copies 2.4x faster alone than beside a GEMM).
+min(1, l2_bytes / footprint)^2`` (a 25 MB probe copies 2.4x faster alone than beside a GEMM;
+``fit.fit_model`` keeps the term only where held-out overlapped points ask for it, else
+``warm_gain = 0``).
 Beside a GEMM it slows by ``1 + kappa * memory_share_i`` (eq4-6: the fitted memory part of the
 GEMM's time), or ``1 + kappa * u_i + kappa_channel * NC / lambda + kappa_traffic * t_ij + drag_i *
 pace_ij`` (waves-v2: ``u_i`` is the share of ``Bbar`` the GEMM draws alone, its least traffic over
