@@ -14,8 +14,8 @@ HBM_EFFICIENCY = 4.26 / 4.8  # measured device-to-device copy over the data-shee
 class MemoryCalibration:
     """How a GEMM's tiles and a collective share L2 and HBM in the simulated mechanism
     (``sim_compute.tile_seconds``, ``sim_comm.copy_slowdown``): constants no data sheet gives, fitted
-    to one H200's slowdown table by ``bench/calibrate_sim.py`` (Optuna, 2026-11-30; the table and
-    the constants in ``bench/results/sim_calibration.md``) and used for every simulated device."""
+    to one H200's slowdown table by ``bench/calibrate_sim.py`` (Optuna, 2026-11-30; how they were
+    found in its docstring, the table and the constants in ``bench/results/sim_calibration.md``) and used for every simulated device."""
 
     in_wave_reuse: float = 3.92  # CTAs running together share A and B panels through L2
     cross_wave_hits: float = 0.585  # share of a later wave's panel loads that hit what the wave before left in L2
