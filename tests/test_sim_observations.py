@@ -153,9 +153,10 @@ def test_infiniband_bounds_multi_node_collectives():
                                                   ("h200-nvlink", "olmoe-1b-7b-ep8", 0.02)])
 def test_the_model_is_not_the_simulator_and_earns_its_accuracy(tmp_path, hardware, name, noise):
     """Held-out (5-fold) error of the fitted model on the simulator: non-zero for every quantity even
-    without noise (its equations are not the simulator's); the overlapped window within the 5% aim,
-    every quantity within 7% (measured 2026-11-30: GEMMs alone up to 6.9% on h200 olmoe, the
-    collective beside a GEMM up to 5.5%; bench/results/paper_sim.md has every cluster)."""
+    without noise (its equations are not the simulator's); every quantity within the 5% aim but
+    isolated GEMM points, within 7% (2026-11-30: 6.9% on h200 olmoe, whose attention shapes are
+    profiled only alone, so a held-out point is a shape the model never saw; bench/results/
+    paper_sim.md has every cluster)."""
     b = get_backend("sim", BackendOptions(hardware=hardware, noise=noise))
     run = run_profile(build_preset(name), b, tmp_path / "run", repeats=1 if noise == 0 else 3)
     fp = run.read_meta()["fingerprint"]
@@ -163,4 +164,4 @@ def test_the_model_is_not_the_simulator_and_earns_its_accuracy(tmp_path, hardwar
     mape = fit.mape
     assert all(c.warm_gain == 0 for c in fit.model.comm.values())  # the simulator times collectives alone cold
     assert all(v > 0.001 for v in mape.values()), mape
-    assert mape["overlap_window"] <= 0.05 and max(mape.values()) <= 0.07, mape
+    assert max(v for k, v in mape.items() if k != "gemm") <= 0.05 and mape["gemm"] <= 0.07, mape
