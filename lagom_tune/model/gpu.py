@@ -61,9 +61,10 @@ from a short overlap is ill-conditioned; outliers count linearly (Huber), not sq
 A shape's time alone comes from its own point and from the alone times recorded with its
 overlapped pairs; waves-v2 returns it as measured (``alone_s``: the terms model the shape beside
 collectives, where a kernel's waves may quantise unlike its time alone, e.g. a persistent grid
-with uneven tiles per CTA; it never runs faster beside one). A shape never measured is predicted from the others: per wave, math in
-proportion to the block's ``k``; memory in proportion to the bytes its CTAs read (A and B panels)
-and write (C tiles), fitted jointly with non-negative coefficients.
+with uneven tiles per CTA; it never runs faster beside one). A shape never measured is predicted
+from the others: per wave, math in proportion to the block's ``k``; memory in proportion to the
+bytes its CTAs read (A and B panels) and write (C tiles), fitted jointly with non-negative
+coefficients.
 """
 
 from __future__ import annotations

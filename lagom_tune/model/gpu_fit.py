@@ -131,8 +131,9 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: st
         simulated: whether the measurements came from the simulator.
         form: ``lagom-waves-v2`` (default) or the paper's ``lagom-eq4-6``.
         iterations: alternations between the per-shape terms and the shared contention terms.
-        warm: fit an L2-warm speed-up of collectives timed back to back (``fit.fit_model`` tries
-            both and keeps the one that predicts the overlapped collectives better).
+        warm: fit an L2-warm speed-up of collectives timed back to back (``fit.fit_model`` fits
+            both and keeps it only where it cuts the overlapped collectives' held-out error by
+            more than ``fit.WARM_MARGIN``).
 
     Returns:
         The fitted model.

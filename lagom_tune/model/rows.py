@@ -171,8 +171,8 @@ def two_rate_slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
 @dataclass(frozen=True)
 class SlowdownTable:
     """A probe profile's contention, per GEMM shape (rows) and channel count (columns): the median
-    two-rate slowdown of the GEMM and of the collective, and the collective's own HBM-facing rate
-    (bytes/s of its largest size, timed alone) per channel count."""
+    two-rate slowdown of the GEMM and of the collective, and per channel count the bytes/s the
+    collective moves alone at its largest size."""
 
     gemm: pd.DataFrame
     comm: pd.DataFrame

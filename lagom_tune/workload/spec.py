@@ -43,7 +43,6 @@ class Gemm:
         return f"{self.batch}x{self.m}x{self.n}x{self.k}:{self.dtype}"
 
 
-
 def gemm_of_key(key: str, name: str = "g") -> Gemm:
     """The GEMM a shape key (``Gemm.shape_key``: ``BxMxNxK:dtype``) names.
 
@@ -56,6 +55,7 @@ def gemm_of_key(key: str, name: str = "g") -> Gemm:
     dims, dtype = key.split(":")
     b, m, n, k = (int(x) for x in dims.split("x"))
     return Gemm(name, m, n, k, dtype, b)
+
 
 @dataclass(frozen=True)
 class Collective:
