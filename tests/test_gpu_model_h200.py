@@ -16,7 +16,7 @@ from lagom_tune.measurements import PAIRED
 from lagom_tune.model.contention import model_from_dict
 from lagom_tune.model.fit import fit_model, predict_point
 from lagom_tune.model.rows import MIN_SLOWDOWN, compute_slowdowns, consistent_baselines, contention_points, low_slowdowns, point_medians
-from lagom_tune.model.gpu import FORM_EQ46, FORM_WAVES, LagomGpuModel, waves
+from lagom_tune.model.gpu import FORM_EQ46, FORM_WAVES, LagomGpuModel, free_sms, waves
 from lagom_tune.model.ranking import rank_settings, spearman
 from lagom_tune.workload.spec import Collective, Gemm, gemm_of_key
 
@@ -143,6 +143,20 @@ def test_waves_generalise_eq4s_ceil():
     assert waves(256, 132, 1.0) == 2 and waves(264, 132, 1.0) == 2 and waves(265, 132, 1.0) == 3  # Eq. 4
     assert waves(131, 130, 2.0) == 1.5 and waves(131, 128, 2.0) == 2 and waves(130, 130, 2.0) == 1
     assert np.allclose(waves(np.array([131.0, 131.0]), np.array([131, 130]), 2.0), [1.0, 1.5])
+
+
+def test_channel_blocks_take_one_sm_each_or_whole_tpcs_over_gpcs():
+    assert free_sms(132, 16) == 116 and free_sms(132, 131) == 1 and free_sms(132, 200) == 1  # Eq. 4's lambda - NC
+    # over 8 GPCs: a GPC's odd block spoils a TPC, so 8 blocks cost what 16 do, 24 what 32 do
+    assert [free_sms(132, c, 8) for c in (1, 2, 8, 9, 16, 17, 24, 32)] == [130, 128, 116, 116, 116, 114, 100, 100]
+    assert np.array_equal(free_sms(132, np.array([0.0, 8.0, 24.0]), 8), [132, 116, 100])
+
+
+def test_an_old_model_file_places_one_block_per_sm(fit):
+    d = fit.model.to_dict()
+    assert d["params"]["gpcs"] == fit.model.contention.gpcs
+    del d["params"]["gpcs"]
+    assert model_from_dict({"schema_version": 1, **d}).contention.gpcs == 0
 
 
 def test_ranking_figures_from_known_predictions():

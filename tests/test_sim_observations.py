@@ -165,3 +165,7 @@ def test_the_model_is_not_the_simulator_and_earns_its_accuracy(tmp_path, hardwar
     assert all(c.warm_gain == 0 for c in fit.model.comm.values())  # the simulator times collectives alone cold
     assert all(v > 0.001 for v in mape.values()), mape
     assert max(v for k, v in mape.items() if k != "gemm") <= 0.05 and mape["gemm"] <= 0.07, mape
+    # the placement of channel blocks is the simulated hardware's: Hopper's 2-CTA GEMMs lose whole
+    # TPCs over its 8 GPCs, Ampere's lose one SM per block
+    cluster = CLUSTERS[hardware]
+    assert fit.model.contention.gpcs == (cluster.gpcs if cluster.cta_cluster == 2 else 0), fit.model.contention

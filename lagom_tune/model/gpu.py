@@ -11,7 +11,7 @@ Computation ``i`` beside collective ``j`` with ``NC`` channels and buffer ``C``,
 
 ``lagom-waves-v2``, what one H200 showed (``tests/data/h200-2026-11-29``)::
 
-    g_ij = waves(mu_i, lambda - NC, w)
+    g_ij = waves(mu_i, free(lambda, NC, G), w)
     y_ij = g_ij * theta_i * (1 + rho_i [NC > 0]) + mu_i * D_i / (Bbar - V_j),    V_j = v_base + v_per_byte * bw_j(NC, NT, C)
 
 * ``mu_i``, the CTAs the GEMM's kernel runs, is chosen per shape by the fit: a tile count
@@ -24,6 +24,10 @@ Computation ``i`` beside collective ``j`` with ``NC`` channels and buffer ``C``,
 * ``waves`` counts a partial wave of ``r`` CTAs as ``min(1, r / w)`` of a wave: ``w = 1`` is Eq. 4's
   ceil; the H200 measured ``w = 2`` (one CTA pushed out by a channel adds half a wave, two or more
   a whole one: 1.5x at 2 channels, 1.8-2.0x from 4 up to 48 for 40-50 µs GEMMs).
+* ``free`` (:func:`free_sms`): the SMs the channel blocks leave, one per block (``G = 0``,
+  Eq. 4's ``lambda - NC``) or whole TPCs over ``G`` GPCs (Hopper runs GEMMs in 2-CTA clusters: a
+  GPC's odd block spoils a TPC, so on the H200 8 blocks cost what 16 do). The fit picks ``G``
+  with ``w``, from the data.
 * ``rho_i``, the shape's co-run cost: its math runs this much longer whenever any collective runs
   beside it (L2 evictions, HBM latency), fitted per shape against its time alone (0-40%; the
   H200's large GEMMs lost ~20% to a single copy block, one-wave ones ~5%). Never-measured shapes
@@ -90,6 +94,8 @@ CTA_TILES = ((128, 128), (128, 256), (256, 128))  # tile shapes cuBLAS picks for
 SPLITS = (1, 2)  # split-K factors: a short, deep GEMM runs twice the CTAs
 GRID_SPARE = range(0, 9)  # a persistent kernel's grid leaves 0..8 SMs idle
 WAVE_WIDTHS = (1.0, 2.0, 4.0)  # candidates for w; 1 is Eq. 4's ceil
+PLACEMENTS = (0, 8)  # candidates for G: 0, a channel block takes one SM; 8, the GPCs of an H100/H200 (Hopper: 2-CTA clusters)
+TPC = 2  # SMs per TPC: a 2-CTA thread-block cluster needs both of a TPC's SMs
 CORUN_GRID = tuple(i / 40 for i in range(17))  # candidates for a shape's co-run slowdown: 0 to 40%
 MIN_FREE_HBM = 0.05  # the bandwidth left to a GEMM never falls below 5% of Bbar
 MAX_V_PER_BYTE = 6.0  # HBM bytes per communicated byte, at most (a copy reads and writes 2, an all-reduce about 3)
@@ -145,6 +151,32 @@ def waves(ctas, free, width: float):
     full = np.floor(np.asarray(ctas, dtype=float) / free)
     rest = ctas - full * free
     out = full + np.where(rest > 1e-9, np.minimum(1.0, rest / max(width, 1.0)), 0.0)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def free_sms(sms: int, channels, gpcs: int = 0):
+    """SMs a GEMM's CTAs can use while ``channels`` channel blocks run (placement ``G = gpcs``).
+
+    ``G = 0``: each block takes one SM (Eq. 4's ``lambda - NC``). ``G > 0``: the block scheduler
+    spreads the blocks over ``G`` GPCs and packs them within one, and a GEMM launched in 2-CTA
+    clusters (Hopper) loses every TPC a block sits on: two blocks share a TPC, an odd one spoils
+    a whole one (the H200 measured 8 blocks costing what 16 do, 24 what 32 do).
+
+    Args:
+        sms: the device's SMs.
+        channels: channel blocks running (a number or an array).
+        gpcs: ``G``, 0 for one SM per block.
+
+    Returns:
+        The free SMs, at least 1 (a float or an array).
+    """
+    ch = np.asarray(channels, dtype=float)
+    if gpcs:
+        per_gpc, extra = np.floor(ch / gpcs), np.mod(ch, gpcs)  # ``extra`` GPCs hold one block more
+        lost = TPC * (extra * np.ceil((per_gpc + 1) / TPC) + (gpcs - extra) * np.ceil(per_gpc / TPC))
+    else:
+        lost = ch
+    out = np.maximum(1.0, sms - lost)
     return float(out) if np.ndim(out) == 0 else out
 
 
@@ -249,12 +281,13 @@ class Contention:
     """How a running collective slows a GEMM and a GEMM slows the collective.
 
     ``lagom-eq4-6`` uses ``v_table`` ((channels, buffsize) -> HBM bytes/s, interpolated in channels)
-    and ``kappa``; ``lagom-waves-v2`` uses ``wave_width``, ``v_base``, ``v_per_byte``, ``kappa`` and
+    and ``kappa``; ``lagom-waves-v2`` uses ``wave_width``, ``gpcs``, ``v_base``, ``v_per_byte``, ``kappa`` and
     ``kappa_channel``.
     """
 
     form: str = FORM_WAVES
     wave_width: float = 1.0
+    gpcs: int = 0  # waves-v2: the placement of channel blocks, see free_sms (0: one SM per block)
     v_base: float = 0.0  # bytes/s any running collective takes from HBM
     v_per_byte: float = 0.0  # HBM bytes per bus byte it moves
     v_table: Mapping[tuple[int, int], float] = field(default_factory=dict)
@@ -326,10 +359,11 @@ class LagomGpuModel:
         """Seconds for ``g`` with ``channels`` SMs held by communication taking ``hbm_taken`` bytes/s."""
         fit = self.gemm_fit(g)
         launch = 0.0 if g.shape_key in self.gemms else self.new_shapes.launch_s
-        free = max(1, self.sms - channels)
         bandwidth = max(MIN_FREE_HBM * self.hbm, self.hbm - hbm_taken)
         if self.form == FORM_EQ46:
+            free = max(1, self.sms - channels)
             return launch + math.ceil(fit.ctas / free) * (fit.theta + free * fit.dbytes / bandwidth)
+        free = free_sms(self.sms, channels, self.contention.gpcs)
         corun = 1 + fit.corun if channels else 1.0
         seconds = launch + waves(fit.ctas, free, self.contention.wave_width) * fit.theta * corun + fit.ctas * fit.dbytes / bandwidth
         if fit.alone:  # measured alone: that time, and never faster beside a collective
@@ -430,7 +464,7 @@ class LagomGpuModel:
         if c.form == FORM_EQ46:
             params["v_table"] = [{"channels": ch, "buffsize": b, "bytes_per_s": val} for (ch, b), val in sorted(c.v_table.items())]
         else:
-            params.update(wave_width=c.wave_width, v_base=c.v_base, v_per_byte=c.v_per_byte, kappa_channel=c.kappa_channel,
+            params.update(wave_width=c.wave_width, gpcs=c.gpcs, v_base=c.v_base, v_per_byte=c.v_per_byte, kappa_channel=c.kappa_channel,
                           kappa_traffic=c.kappa_traffic)
         return {
             "family": self.family,
@@ -439,6 +473,7 @@ class LagomGpuModel:
             "units": {"theta": "seconds of math per wave", "dbytes": "HBM bytes per CTA", "ctas": "CTAs the GEMM's kernel runs (mu_i)",
                       "v_table": "HBM bytes/s taken by communication", "v_base": "HBM bytes/s taken by any running collective",
                       "v_per_byte": "HBM bytes per bus byte communicated", "wave_width": "CTAs at which a partial wave costs a full one",
+                      "gpcs": "GPCs channel blocks spread over, each odd one spoiling a TPC (0: a block takes one SM)",
                       "latency_us": "µs", "link_GBps": "GB/s bus bandwidth ceiling", "per_channel_GBps": "GB/s",
                       "pipeline_bytes": "bytes", "warm_gain": "bandwidth gain of a repeated launch served from L2",
                       "l2_bytes": "bytes of L2 a repeated launch can reuse",
@@ -466,6 +501,7 @@ class LagomGpuModel:
                 contention = Contention(FORM_EQ46, v_table=table, kappa=v.field(p, "kappa", pp, float))
             else:
                 contention = Contention(FORM_WAVES, wave_width=v.field(p, "wave_width", pp, float, minimum=1.0),
+                                        gpcs=v.field(p, "gpcs", pp, int, 0, minimum=0),
                                         v_base=v.field(p, "v_base", pp, float), v_per_byte=v.field(p, "v_per_byte", pp, float),
                                         kappa=v.field(p, "kappa", pp, float), kappa_channel=v.field(p, "kappa_channel", pp, float),
                                         kappa_traffic=v.field(p, "kappa_traffic", pp, float, 0.0))

@@ -23,8 +23,8 @@ from lagom_tune.backends.base import bus_factor
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.gpu import (
-    CORUN_GRID, CURVE_STEPS, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_V_PER_BYTE, MIN_FREE_HBM, TIE, TILE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
-    LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, step_bandwidth, cta_candidates, l2_hit_share,
+    CORUN_GRID, CURVE_STEPS, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_V_PER_BYTE, MIN_FREE_HBM, PLACEMENTS, TIE, TILE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
+    LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, cta_candidates, free_sms, l2_hit_share, step_bandwidth,
     tile_bytes, waves,
 )
 from lagom_tune.model.rows import consistent_baselines, contention_points, gemm_of_row, two_rate_slowdowns
@@ -305,24 +305,28 @@ def _fit_waves(obs: _Observations, alone: dict[str, float], shapes: dict[str, Ge
                sms: int, hbm: float, iterations: int) -> tuple[dict[str, GemmFit], Contention]:
     """waves-v2: per shape ``mu_i`` (among :func:`cta_candidates`), ``theta_i`` and ``D_i`` by linear
     least squares given ``V``; ``V``'s two terms by a grid over all shapes given theirs; the wave
-    width that fits best."""
+    width and the channel blocks' placement (:func:`free_sms`) that fit best."""
     def shapes_step(contention: Contention) -> tuple[dict[str, GemmFit], float]:
         taken = np.minimum(contention.v_base + contention.v_per_byte * obs.comm_bw, (1 - MIN_FREE_HBM) * hbm)
+        free = free_sms(sms, obs.channels, contention.gpcs)
         gemms, loss = {}, 0.0
         for key, g in shapes.items():
             sel = obs.shape == key
             if key in alone or sel.any():
-                gemms[key], err = _fit_shape_waves(g, alone.get(key), obs.channels[sel], taken[sel], obs.seconds[sel],
+                gemms[key], err = _fit_shape_waves(g, alone.get(key), free[sel], taken[sel], obs.seconds[sel],
                                                    obs.weight[sel], sms, hbm, contention.wave_width, regression)
                 loss += err
         return gemms, loss
 
     best: tuple[float, dict[str, GemmFit], Contention] | None = None
-    for width in WAVE_WIDTHS:
-        contention = Contention(FORM_WAVES, wave_width=width)
+    # one SM per block first: a placement must fit better, not as well, to be chosen
+    for gpcs, width in itertools.product(PLACEMENTS, WAVE_WIDTHS):
+        contention = Contention(FORM_WAVES, wave_width=width, gpcs=gpcs)
         gemms, loss = shapes_step(contention)
         for _ in range(iterations):
-            contention = _fit_v(obs, gemms, contention, sms, hbm)
+            previous, contention = contention, _fit_v(obs, gemms, contention, sms, hbm)
+            if contention == previous:  # converged: the shapes' terms would come out the same
+                break
             gemms, loss = shapes_step(contention)
         if best is None or loss < best[0]:
             best = (loss, gemms, contention)
@@ -330,12 +334,13 @@ def _fit_waves(obs: _Observations, alone: dict[str, float], shapes: dict[str, Ge
     return gemms, contention
 
 
-def _fit_shape_waves(g: Gemm, alone: float | None, channels: np.ndarray, taken: np.ndarray, seconds: np.ndarray,
+def _fit_shape_waves(g: Gemm, alone: float | None, free_beside: np.ndarray, taken: np.ndarray, seconds: np.ndarray,
                      weights: np.ndarray, sms: int, hbm: float, width: float, regression: ShapeRegression) -> tuple[GemmFit, float]:
     """One shape's ``(mu, theta, D)``: the CTA count whose least-squares fit has the smallest
     relative error. Without overlapped points ``mu`` is unidentifiable: Eq. 4's tiles, and the alone
     time split between math and memory as the regression over all shapes splits it. Without a
-    consistent time alone (``None``) the overlapped points alone decide."""
+    consistent time alone (``None``) the overlapped points alone decide. ``free_beside``: the SMs
+    left to it at each overlapped point."""
     if not len(seconds):
         est = regression.estimate(g)
         math_s, mem_s = waves(est.ctas, sms, width) * est.theta, est.ctas * est.dbytes / hbm
@@ -346,7 +351,7 @@ def _fit_shape_waves(g: Gemm, alone: float | None, channels: np.ndarray, taken: 
     # the time alone counts as one more point (weighting it more fitted the H200 worse: its GEMM
     # points were timed minutes before the overlaps)
     anchor = [] if alone is None else [alone]
-    free = np.concatenate([[sms] * len(anchor), sms - channels])
+    free = np.concatenate([[sms] * len(anchor), free_beside])
     bandwidth = np.concatenate([[hbm] * len(anchor), hbm - taken])
     beside = np.concatenate([[0.0] * len(anchor), np.ones(len(seconds))])
     y = np.concatenate([anchor, seconds])
@@ -373,7 +378,8 @@ def _fit_v(obs: _Observations, gemms: dict[str, GemmFit], contention: Contention
     fits = [gemms[k] for k in obs.shape[known]]
     theta = np.array([f.theta * (1 + f.corun) for f in fits])  # every observation here ran beside a collective
     traffic = np.array([f.ctas * f.dbytes for f in fits])
-    n_waves = waves(np.array([f.ctas for f in fits], dtype=float), sms - obs.channels[known], contention.wave_width)
+    n_waves = waves(np.array([f.ctas for f in fits], dtype=float), free_sms(sms, obs.channels[known], contention.gpcs),
+                    contention.wave_width)
     bw, y, weight = obs.comm_bw[known], obs.seconds[known], obs.weight[known]
 
     def sse(base: np.ndarray, per_byte: np.ndarray) -> np.ndarray:
