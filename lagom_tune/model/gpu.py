@@ -148,10 +148,13 @@ def waves(ctas, free, width: float):
     Returns:
         The number of waves (fractional when ``width > 1``), a float or an array.
     """
+    if np.ndim(ctas) == 0 and np.ndim(free) == 0:  # the model's per-call path: plain floats are ~10x faster
+        full = math.floor(ctas / free)
+        rest = ctas - full * free
+        return float(full + (min(1.0, rest / max(width, 1.0)) if rest > 1e-9 else 0.0))
     full = np.floor(np.asarray(ctas, dtype=float) / free)
     rest = ctas - full * free
-    out = full + np.where(rest > 1e-9, np.minimum(1.0, rest / max(width, 1.0)), 0.0)
-    return float(out) if np.ndim(out) == 0 else out
+    return full + np.where(rest > 1e-9, np.minimum(1.0, rest / max(width, 1.0)), 0.0)
 
 
 def free_sms(sms: int, channels, gpcs: int = 0):
@@ -170,14 +173,14 @@ def free_sms(sms: int, channels, gpcs: int = 0):
     Returns:
         The free SMs, at least 1 (a float or an array).
     """
-    ch = np.asarray(channels, dtype=float)
+    scalar = np.ndim(channels) == 0
+    ch = float(channels) if scalar else np.asarray(channels, dtype=float)
     if gpcs:
-        per_gpc, extra = np.floor(ch / gpcs), np.mod(ch, gpcs)  # ``extra`` GPCs hold one block more
-        lost = TPC * (extra * np.ceil((per_gpc + 1) / TPC) + (gpcs - extra) * np.ceil(per_gpc / TPC))
+        per_gpc, extra = ch // gpcs, ch % gpcs  # ``extra`` GPCs hold one block more
+        lost = TPC * (extra * -(-(per_gpc + 1) // TPC) + (gpcs - extra) * -(-per_gpc // TPC))  # -(-x // n): ceil(x / n)
     else:
         lost = ch
-    out = np.maximum(1.0, sms - lost)
-    return float(out) if np.ndim(out) == 0 else out
+    return max(1.0, sms - lost) if scalar else np.maximum(1.0, sms - lost)
 
 
 def comm_group(op: str, algo: str, proto: str, nodes: int) -> str:

@@ -262,7 +262,8 @@ def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarr
 def _huber(r: np.ndarray) -> np.ndarray:
     """Huber's loss of relative errors ``r``: squared up to :data:`HUBER_DELTA`, linear beyond."""
     a = np.abs(r)
-    return np.where(a <= HUBER_DELTA, 0.5 * a ** 2, HUBER_DELTA * (a - 0.5 * HUBER_DELTA))
+    inner = np.minimum(a, HUBER_DELTA)
+    return inner * (0.5 * inner) + HUBER_DELTA * (a - inner)
 
 
 def _two_term_fits(math: np.ndarray, memory: np.ndarray, y: np.ndarray, weight: np.ndarray,
@@ -283,8 +284,9 @@ def _two_term_fits(math: np.ndarray, memory: np.ndarray, y: np.ndarray, weight: 
     """
     w2 = np.broadcast_to((weight / y) ** 2, math.shape)
     for _ in range(rounds):
-        s00, s01, s11 = (w2 * math * math).sum(1), (w2 * math * memory).sum(1), (w2 * memory * memory).sum(1)
-        t0, t1 = (w2 * math * y).sum(1), (w2 * memory * y).sum(1)
+        w_math, w_memory = w2 * math, w2 * memory
+        s00, s01, s11 = (w_math * math).sum(1), (w_math * memory).sum(1), (w_memory * memory).sum(1)
+        t0, t1, u = w_math @ y, w_memory @ y, w2 @ (y * y)
         det = s00 * s11 - s01 ** 2
         with np.errstate(divide="ignore", invalid="ignore"):
             both = np.stack([(s11 * t0 - s01 * t1) / det, (s00 * t1 - s01 * t0) / det], axis=1)
@@ -293,8 +295,8 @@ def _two_term_fits(math: np.ndarray, memory: np.ndarray, y: np.ndarray, weight: 
         options = np.stack([both, only_math, only_memory])  # 3 x K x 2
         feasible = (options >= 0).all(axis=2) & np.isfinite(options).all(axis=2)
         options = np.where(np.isfinite(options), options, 0.0)  # a singular system: that option is infeasible
-        pred = options[..., 0:1] * math + options[..., 1:2] * memory
-        sse = np.where(feasible, (w2 * (pred - y) ** 2).sum(axis=2), np.inf)
+        a, b = options[..., 0], options[..., 1]  # the weighted SSE from the sums, not from 3 x K x n residuals
+        sse = np.where(feasible, a * a * s00 + 2 * a * b * s01 + b * b * s11 - 2 * (a * t0 + b * t1) + u, np.inf)
         coef = options[sse.argmin(axis=0), np.arange(math.shape[0])]
         r = (coef[:, 0:1] * math + coef[:, 1:2] * memory - y) / y
         w2 = (weight / y) ** 2 * np.minimum(1.0, HUBER_DELTA / np.maximum(np.abs(r), 1e-12))
