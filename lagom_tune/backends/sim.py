@@ -30,7 +30,7 @@ from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSin
 from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
 from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Cluster
 from lagom_tune.backends.sim_comm import IB, comm_seconds, copy_slowdown, hbm_draw, link_of
-from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_seconds, hbm_demand
+from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_run
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import settings_from_items
 from lagom_tune.measurements import ALONE_COLUMNS, OVERLAPPED_COLUMNS, PAIRED, overlap_columns, timed_columns
@@ -60,21 +60,21 @@ class SimCluster:
         return Contention(int(s["channels"]), hbm_draw(op, nbytes * bus_factor(op, ranks), t), True)
 
     def gemm_time(self, g: Gemm, load: Contention = IDLE) -> float:
-        return gemm_seconds(self.c, g, load)
+        """A GEMM's seconds, alone or beside what a collective takes."""
+        return gemm_run(self.c, g, load)[0]
 
     def probe_slowdowns(self, g: Gemm, blocks: int, copy_hbm: float) -> tuple[float, float]:
         """A GEMM beside a copy kernel of ``blocks`` blocks that draws ``copy_hbm`` bytes/s of HBM
         alone, the probe of the H200 tables the computation is calibrated on: the GEMM's slowdown
         and the copy's."""
-        load = Contention(blocks, copy_hbm, True)
-        return self.gemm_time(g, load) / self.gemm_time(g), copy_slowdown(self.c, copy_hbm, hbm_demand(self.c, g, load))
+        contended, drawn = gemm_run(self.c, g, Contention(blocks, copy_hbm, True))
+        return contended / self.gemm_time(g), copy_slowdown(self.c, copy_hbm, drawn)
 
     def slowdowns(self, g: Gemm, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> tuple[float, float]:
         """The GEMM's and the collective's slowdowns while both run."""
         alone = self.comm_time(op, nbytes, ranks, nodes, s)
-        load = self.contention(op, nbytes, ranks, nodes, s, alone)
-        compute = self.gemm_time(g, load) / self.gemm_time(g)
-        return compute, self.comm_time(op, nbytes, ranks, nodes, s, hbm_demand(self.c, g, load)) / alone
+        contended, drawn = gemm_run(self.c, g, self.contention(op, nbytes, ranks, nodes, s, alone))
+        return contended / self.gemm_time(g), self.comm_time(op, nbytes, ranks, nodes, s, drawn) / alone
 
     def overlap(self, g: Gemm, n: int, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> dict[str, float]:
         """n GEMMs and one collective started together: when each stream ends."""

@@ -173,20 +173,15 @@ def _placement(c: Cluster, kernel: Kernel, load: Contention) -> tuple[int, int, 
     return places, groups, min(min(groups, places) * c.cta_cluster, kernel.tiles)
 
 
-def kernel_seconds(c: Cluster, g: Gemm, kernel: Kernel, load: Contention = IDLE) -> float:
-    """A kernel's time, alone (``load`` idle) or beside a collective."""
+def kernel_run(c: Cluster, g: Gemm, kernel: Kernel, load: Contention = IDLE) -> tuple[float, float]:
+    """A kernel alone (``load`` idle) or beside a collective: its seconds, and the HBM bytes/s it
+    draws while it runs (what the collective beside it competes with)."""
     places, groups, running = _placement(c, kernel, load)
-    tile_s, _ = tile_seconds(c, g, kernel, running, load)
+    tile_s, drawn = tile_seconds(c, g, kernel, running, load)
     launch = LAUNCH_S + (CORUN_LAUNCH_S if load.blocks else 0.0)
     if kernel.persistent:
-        return launch + _makespan(kernel.shares(c.cta_cluster), places, tile_s)
-    return launch + math.ceil(groups / places) * tile_s  # one CTA per tile: full waves of free places
-
-
-def hbm_demand(c: Cluster, g: Gemm, load: Contention = IDLE) -> float:
-    """Bytes/s of HBM bandwidth the GEMM draws while it runs (what a collective beside it competes with)."""
-    kernel = choose_kernel(c, g)
-    return tile_seconds(c, g, kernel, _placement(c, kernel, load)[2], load)[1]
+        return launch + _makespan(kernel.shares(c.cta_cluster), places, tile_s), drawn
+    return launch + math.ceil(groups / places) * tile_s, drawn  # one CTA per tile: full waves of free places
 
 
 @lru_cache(maxsize=4096)
@@ -202,15 +197,15 @@ def choose_kernel(c: Cluster, g: Gemm) -> Kernel:
             tiles = out_tiles * split
             persistent = tiles <= PERSISTENT_WAVES * persistent_grid
             kernel = Kernel(tile, split, tiles, min(tiles, persistent_grid) if persistent else tiles, persistent)
-            t = kernel_seconds(c, g, kernel)
+            t, _ = kernel_run(c, g, kernel)
             if best is None or t < best[0] * (1 - 1e-9):
                 best = (t, kernel)
     assert best is not None
     return best[1]
 
 
-def gemm_seconds(c: Cluster, g: Gemm, load: Contention = IDLE) -> float:
-    """A GEMM's time on the simulated device, alone or beside a collective.
+def gemm_run(c: Cluster, g: Gemm, load: Contention = IDLE) -> tuple[float, float]:
+    """A GEMM on the simulated device, alone or beside a collective.
 
     Args:
         c: the simulated device.
@@ -218,6 +213,6 @@ def gemm_seconds(c: Cluster, g: Gemm, load: Contention = IDLE) -> float:
         load: SMs, HBM bandwidth and L2 a collective running beside it takes.
 
     Returns:
-        Seconds.
+        (seconds, HBM bytes/s it draws while it runs).
     """
-    return kernel_seconds(c, g, choose_kernel(c, g), load)
+    return kernel_run(c, g, choose_kernel(c, g), load)
