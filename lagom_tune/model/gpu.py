@@ -25,9 +25,9 @@ Computation ``i`` beside collective ``j`` with ``NC`` channels and buffer ``C``,
   ceil; the H200 measured ``w = 2`` (one CTA pushed out by a channel adds half a wave, two or more
   a whole one: 1.5x at 2 channels, 1.8-2.0x from 4 up to 48 for 40-50 µs GEMMs).
 * ``free`` (:func:`free_sms`): the SMs the channel blocks leave, one per block (``G = 0``,
-  Eq. 4's ``lambda - NC``) or whole TPCs over ``G`` GPCs (Hopper runs GEMMs in 2-CTA clusters: a
-  GPC's odd block spoils a TPC, so on the H200 8 blocks cost what 16 do). The fit picks ``G``
-  with ``w``, from the data.
+  Eq. 4's ``lambda - NC``) or whole TPCs over ``G`` GPCs (Hopper runs GEMMs in 2-CTA clusters,
+  which need both SMs of a TPC: a GPC's odd block spoils one). The fit picks ``G`` with ``w``,
+  by the same loss (both H200 mpt-7b runs fit TPCs better, the llama3-8b run one SM per block).
 * ``rho_i``, the shape's co-run cost: its math runs this much longer whenever any collective runs
   beside it (L2 evictions, HBM latency), fitted per shape against its time alone (0-40%; the
   H200's large GEMMs lost ~20% to a single copy block, one-wave ones ~5%). Never-measured shapes
@@ -163,7 +163,7 @@ def free_sms(sms: int, channels, gpcs: int = 0):
     ``G = 0``: each block takes one SM (Eq. 4's ``lambda - NC``). ``G > 0``: the block scheduler
     spreads the blocks over ``G`` GPCs and packs them within one, and a GEMM launched in 2-CTA
     clusters (Hopper) loses every TPC a block sits on: two blocks share a TPC, an odd one spoils
-    a whole one (the H200 measured 8 blocks costing what 16 do, 24 what 32 do).
+    a whole one (so 8 blocks over 8 GPCs cost what 16 do).
 
     Args:
         sms: the device's SMs.
