@@ -6,6 +6,7 @@ ground truth. Also: how many evaluations each optimizer needs to get within 1% o
 known (the best of all optimizers, Optuna run long). Every number here is SIMULATED.
 
     python bench/paper_sim.py [--clusters a40-nvlink a40-pcie h100-nvlink h200-nvlink] [--optuna-trials 1500]
+    python bench/paper_sim.py --report-only   # paper_sim.md again from paper_sim.csv (seconds)
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import datetime
 import platform
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 
 from lagom_tune.backends.base import BackendOptions, get_backend
+from lagom_tune.backends.nccl_knobs import nccl_knob_space
+from lagom_tune.backends.sim import CLUSTERS, SimCluster
+from lagom_tune.knobs import Settings
 from lagom_tune.model.fit import fit_run
 from lagom_tune.plan.schema import knob_space_for
 from lagom_tune.search.replay import validate
@@ -35,6 +40,18 @@ WORKLOADS = ["phi-2-fsdp16", "llama3-8b-fsdp16", "mpt-7b-fsdp16", "phi-2-tp8-dp2
              "deepseek-moe-16b-ep8", "olmoe-1b-7b-ep8"]
 MIN_GAIN = 0.02  # `lagom-tune search --min-gain` default
 PAPER = "Lagom paper: 1.07-1.33x over NCCL, 1.03-1.27x over AutoCCL (measured on 16 A40s)"
+LEE = "Lee et al. 2025 (GPT and LLaMA training on 4 A100s, H100s, MI250s, MI210s)"
+
+
+def overlap_costs(cluster: str, workloads: list[str]) -> pd.DataFrame:
+    """Lee et al.'s two figures on the simulator's ground truth at NCCL's defaults, per workload:
+    the iteration's GEMM time beside its collectives over alone, and the two streams run one after
+    the other over overlapped."""
+    c = CLUSTERS[cluster]
+    defaults = Settings(process={k.name: k.default for k in nccl_knob_space(c.max_channels, c.default_channels).knobs})
+    sim = SimCluster(c)
+    return pd.DataFrame([{"cluster": cluster, "workload": name, **asdict(sim.overlap_cost(build_preset(name), defaults))}
+                         for name in workloads])
 
 
 def within_1pct(history: list[float], best: float) -> int | None:
@@ -110,19 +127,30 @@ def main() -> None:
     p.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=sorted(TABLE2))
     p.add_argument("--optuna-trials", type=int, default=1500)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--report-only", action="store_true", help="rewrite paper_sim.md from the csv in --out")
     args = p.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for cluster in args.clusters:
-            for name in args.workloads:
-                row = run_one(cluster, name, args.optuna_trials, Path(tmp))
-                rows.append(row)
-                print(f"{cluster:12s} {name:22s} default {row['default_ms']:9.2f} ms | autoccl {row['autoccl_x']:.3f}x "
-                      f"lagom {row['lagom_x']:.3f}x ({row['lagom_evals']} ev) optuna {row['optuna_x']:.3f}x "
-                      f"({row['optuna_evals']} ev) | replay lagom {row['replay_lagom_x']:.3f}x", flush=True)
-    df = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "paper_sim.csv", index=False)
+    if args.report_only:
+        df = pd.read_csv(args.out / "paper_sim.csv")
+    else:
+        rows = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for cluster in args.clusters:
+                for name in args.workloads:
+                    row = run_one(cluster, name, args.optuna_trials, Path(tmp))
+                    rows.append(row)
+                    print(f"{cluster:12s} {name:22s} default {row['default_ms']:9.2f} ms | autoccl {row['autoccl_x']:.3f}x "
+                          f"lagom {row['lagom_x']:.3f}x ({row['lagom_evals']} ev) optuna {row['optuna_x']:.3f}x "
+                          f"({row['optuna_evals']} ev) | replay lagom {row['replay_lagom_x']:.3f}x", flush=True)
+        df = pd.DataFrame(rows)
+        args.out.mkdir(parents=True, exist_ok=True)
+        df.to_csv(args.out / "paper_sim.csv", index=False)
+    (args.out / "paper_sim.md").write_text(report(df, args.optuna_trials))
+    print(f"-> {args.out / 'paper_sim.md'}")
+
+
+def report(df: pd.DataFrame, trials: int) -> str:
+    """paper_sim.md: the side-by-side tables, the model's error, and where the simulation agrees
+    with the papers and where not."""
     speed = df[["cluster", "workload", "mape_window", "default_ms", "autoccl_x", "lagom_x", "lagom_vs_autoccl_x", "optuna_x",
                 "bound_x", "replay_autoccl_x", "replay_lagom_x", "plan_x", "replay_plan_x"]]
     eff = df[["cluster", "workload", "lagom_evals", "lagom_evals_to_1pct", "lagom_s", "autoccl_evals", "autoccl_evals_to_1pct",
@@ -131,7 +159,12 @@ def main() -> None:
     accuracy = df.groupby("cluster")[mape_cols].max().rename(columns=lambda c: c.removeprefix("mape_")).reset_index()
     lo, hi = df["lagom_x"].min(), df["lagom_x"].max()
     lo_a, hi_a = df["lagom_vs_autoccl_x"].min(), df["lagom_vs_autoccl_x"].max()
-    text = "\n".join([
+    costs = pd.concat([overlap_costs(c, list(df.loc[df["cluster"] == c, "workload"])) for c in df["cluster"].unique()])
+    lee = costs.groupby("cluster", sort=False).agg(
+        compute_slowdown_mean=("compute_slowdown", "mean"), compute_slowdown_max=("compute_slowdown", "max"),
+        serial_over_overlapped_mean=("serial_over_overlapped", "mean"),
+        serial_over_overlapped_max=("serial_over_overlapped", "max")).reset_index()
+    return "\n".join([
         "# Lagom evaluation on SIMULATED clusters",
         "",
         f"{datetime.date.today()} · {platform.node()} · every number below is **simulated** (lagom-tune's sim backend, "
@@ -182,12 +215,22 @@ def main() -> None:
         f"{(df['replay_lagom_x'] - df['lagom_x']).abs().max():.3f}× (held-out window MAPE ≤ {df['mape_window'].max():.1%}); "
         f"in {int((df['replay_lagom_x'] < 1).sum())} of {len(df)} cases Lagom's raw settings replay slower than the defaults,",
         "  which is why `search` deploys them only above `--min-gain`.",
+        f"- {LEE} measured overlap slowing the computation by 18.9% on average (40.0% at worst) and serial execution",
+        "  10.2% (26.6%) slower than overlapped. The same quantities on the simulator's ground truth at NCCL's defaults",
+        "  (the workloads above; the iteration's GEMM time beside its collectives over alone, and both streams one after",
+        "  the other over overlapped):",
         "",
-        f"Reproduce: `python bench/paper_sim.py --optuna-trials {args.optuna_trials}`",
+        lee.to_markdown(index=False, floatfmt=".3f"),
+        "",
+        "  The Ampere clusters come close to Lee's computation slowdown (Lee's A100 is Ampere); the Hopper ones slow it",
+        "  about twice as much: they follow the H200's measured tables, where GEMMs of one wave (a persistent grid of one CTA",
+        "  pair per TPC) double once the channel blocks push a few CTAs into a second round (1.9-2.0x beside 4-32 copy",
+        "  blocks). Serial execution loses more here than Lee measured on every cluster: these workloads hold only",
+        "  GEMMs and collectives, so there is no unoverlapped work to dilute what overlap saves.",
+        "",
+        f"Reproduce: `python bench/paper_sim.py --optuna-trials {trials}`",
         "",
     ])
-    (args.out / "paper_sim.md").write_text(text)
-    print(f"-> {args.out / 'paper_sim.md'}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from conftest import ROOT
 SIMPLE = dict(algo="ring", proto="simple", threads=512, buffsize=4 << 20)
 sys.path.insert(0, str(ROOT / "bench"))
 from calibrate_sim import AIM, ALONE_AIM, COPY_AIM, WORKLOADS, errors, measured  # noqa: E402  (the table bench/results/sim_calibration.md shows)
+from paper_sim import WORKLOADS as PAPER_WORKLOADS, overlap_costs  # noqa: E402  (the Lee et al. table of paper_sim.md)
 
 
 def busbw(sim, op, nbytes, ranks, **s):
@@ -125,12 +126,23 @@ def test_overlap_slows_compute_yet_beats_serial():
     assert all(o["window_us"] < o["compute_alone_us"] + o["comm_alone_us"] for _, o in pairs)
 
 
-@pytest.mark.xfail(strict=True, reason="known disagreement: H200-calibrated one-wave GEMMs double beside 16 channels "
-                   "(a pushed-out CTA group), so the mean slowdown is ~1.7, not Lee et al.'s 1.19 (issue 16)")
-def test_overlap_slowdown_matches_lee_et_al_in_size():
-    """Lee et al. 2025: 18.9% on average, 40% at worst."""
-    slow = [sd for sd, _ in _default_overlaps()]
-    assert 1.05 <= sum(slow) / len(slow) <= 1.35 and max(slow) < 1.6
+@pytest.mark.parametrize("cluster", [
+    "a40-nvlink",
+    pytest.param("h100-nvlink", marks=pytest.mark.xfail(
+        strict=True, reason="known disagreement (issue 16): on Hopper the simulator follows the H200's measured "
+        "doubling of one-wave GEMMs beside 16 channel blocks, so its training computation slows ~40% on average, not 19%")),
+])
+def test_overlap_slows_training_computation_as_lee_et_al_measured(cluster):
+    """Lee et al. 2025 (GPT and LLaMA training on 4 A100s, H100s, MI250s and MI210s): overlapping
+    slows the computation by 18.9% on average and 40.0% at worst, against the same computation with
+    no communication beside it. The same quantity here (``bench/results/paper_sim.md`` shows it for
+    every cluster): each paper workload's GEMM time over an iteration at NCCL's defaults, played
+    beside its collectives, over its time alone. The A40 is the simulated Ampere GPU (like the A100,
+    no thread-block clusters); the H100 is Lee's Hopper."""
+    costs = overlap_costs(cluster, PAPER_WORKLOADS)
+    slow = costs["compute_slowdown"]
+    assert (costs["serial_over_overlapped"] > 1).all()  # and overlapping still beats running serially
+    assert 1.09 <= slow.mean() <= 1.29 and slow.max() <= 1.5, costs
 
 
 def test_protocols_trade_latency_for_bandwidth():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 import platform
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,12 +33,21 @@ from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Clus
 from lagom_tune.backends.sim_comm import IB, comm_seconds, copy_slowdown, hbm_draw, link_of
 from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_run
 from lagom_tune.errors import UserError
-from lagom_tune.knobs import settings_from_items
+from lagom_tune.knobs import Settings, settings_from_items
 from lagom_tune.measurements import ALONE_COLUMNS, OVERLAPPED_COLUMNS, PAIRED, overlap_columns, timed_columns
-from lagom_tune.timeline import simulate
-from lagom_tune.workload.spec import Gemm, Workload
+from lagom_tune.timeline import Timeline, simulate
+from lagom_tune.workload.spec import Gemm, OverlapGroup, Workload
 
 GPUS_PER_NODE = 8  # every simulated cluster's node
+
+
+@dataclass(frozen=True)
+class OverlapCost:
+    """One iteration's computation slowdown while overlapped (its GEMMs' time beside collectives
+    over their time alone) and how much longer the two streams take one after the other."""
+
+    compute_slowdown: float
+    serial_over_overlapped: float
 
 
 class SimCluster:
@@ -76,6 +86,35 @@ class SimCluster:
         contended, drawn = gemm_run(self.c, g, self.contention(op, nbytes, ranks, nodes, s, alone))
         return contended / self.gemm_time(g), self.comm_time(op, nbytes, ranks, nodes, s, drawn) / alone
 
+    def play(self, workload: Workload, settings: Settings) -> list[tuple[OverlapGroup, Timeline]]:
+        """The simulator's own answer for each overlap group of ``workload``: played on two streams
+        with the ground-truth times and slowdowns (the schedule is the timeline's; the physics is ours)."""
+        played = []
+        for grp in workload.groups:
+            cfg = {c.name: settings.for_collective(c) for c in grp.comm}
+            y = [self.gemm_time(g) for g in grp.compute]
+            x = [self.comm_time(c.op, c.nbytes, c.ranks, c.nodes, cfg[c.name]) for c in grp.comm]
+
+            def slowdowns(g, c, cfg=cfg):
+                return self.slowdowns(g, c.op, c.nbytes, c.ranks, c.nodes, cfg[c.name])
+
+            played.append((grp, simulate(grp.compute, y, grp.comm, x, slowdowns)))
+        return played
+
+    def iteration(self, workload: Workload, settings: Settings) -> float:
+        """Seconds for one iteration of ``workload``: its groups played, plus its exposed time."""
+        return workload.exposed_ms / 1e3 + sum(grp.repeat * t.makespan for grp, t in self.play(workload, settings))
+
+    def overlap_cost(self, workload: Workload, settings: Settings) -> "OverlapCost":
+        """What overlapping costs the computation of one iteration, and what it saves over running
+        the two streams one after the other (Lee et al.'s two figures)."""
+        played = self.play(workload, settings)
+        exposed = workload.exposed_ms / 1e3
+        weighted = lambda f: sum(grp.repeat * f(t) for grp, t in played)  # noqa: E731
+        compute_alone = weighted(lambda t: t.y_alone)
+        return OverlapCost(weighted(lambda t: t.compute_time) / compute_alone if compute_alone else 1.0,
+                           (exposed + weighted(lambda t: t.y_alone + t.x_alone)) / (exposed + weighted(lambda t: t.makespan)))
+
     def overlap(self, g: Gemm, n: int, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> dict[str, float]:
         """n GEMMs and one collective started together: when each stream ends."""
         y0 = self.gemm_time(g) * n
@@ -92,23 +131,6 @@ class SimCluster:
         row = overlap_columns(t_comp * 1e6, t_comm * 1e6, n, y0 * 1e6, x0 * 1e6)
         row["n_compute"] = row.pop("n_compute")  # after the alone times, where the simulator's CSV has always had it
         return row
-
-
-def _ground_truth_iteration(sim: "SimCluster", workload: Workload, items) -> float:
-    """The simulator's own answer for a whole iteration: each group played on two streams with
-    the ground-truth times and slowdowns (the schedule is the timeline's; the physics is ours)."""
-    settings = settings_from_items(items)
-    total = workload.exposed_ms / 1e3
-    for grp in workload.groups:
-        cfg = {c.name: settings.for_collective(c) for c in grp.comm}
-        y = [sim.gemm_time(g) for g in grp.compute]
-        x = [sim.comm_time(c.op, c.nbytes, c.ranks, c.nodes, cfg[c.name]) for c in grp.comm]
-
-        def slowdowns(g, c, cfg=cfg):
-            return sim.slowdowns(g, c.op, c.nbytes, c.ranks, c.nodes, cfg[c.name])
-
-        total += grp.repeat * simulate(grp.compute, y, grp.comm, x, slowdowns).makespan
-    return total
 
 
 def _noise(key: str, repeat: int, seed: int, sigma: float) -> float:
@@ -185,7 +207,7 @@ class SimBackend(LocalBackend):
                             f"--nodes {self.options.nodes} is too few (leave --nodes out to size the cluster to it)")
 
     def iteration(self, workload: Workload, items) -> float:
-        return _ground_truth_iteration(self.sim, workload, items)
+        return self.sim.iteration(workload, settings_from_items(items))
 
     def measure(self, points: list[Point], repeats: int, sink: RowSink) -> None:
         for p in points:
