@@ -18,7 +18,8 @@ devices scaled by their SMs, HBM bandwidth and peak TFLOP/s):
   lower efficiency) and its HBM traffic at the SM's share of the bandwidth left, plus a fixed
   prologue/epilogue. Tiles running together share operand panels through L2 (in-wave reuse);
   a later wave finds panels an earlier one loaded (cross-wave reuse) unless a collective
-  streaming through L2 has evicted them.
+  streaming through L2 has evicted them; no reuse reads less than A and B once (a batch of GEMMs
+  one tile wide shares nothing).
 * **Beside communication** the GEMM loses the SMs of the channel blocks, the HBM bandwidth the
   collective draws (shared in proportion to demand once the two ask more than HBM gives), L2
   panels the collective evicts as its share of bandwidth grows, and time to HBM latency, which
@@ -125,7 +126,10 @@ def tile_seconds(c: Cluster, g: Gemm, kernel: Kernel, running: int, load: Conten
             misses = max(misses, cal.evicted_misses)
     math_s = 2 * tm * tn * k / (c.tflops / c.sms * TILE_EFFICIENCY[kernel.tile])
     out = tm * tn * (SPLIT_REDUCE_BYTES * 2 if kernel.split > 1 else dt)
-    wave_bytes = ((tm + tn) * k * dt * misses / cal.in_wave_reuse + out) * running
+    # L2 saves re-reads, never the first: no tile reads less than its share of A and B read once
+    # (a batch of GEMMs one tile wide has nothing to share).
+    operands = max((tm + tn) * k * dt * misses / cal.in_wave_reuse, (g.m + g.n) * g.k * g.batch * dt / kernel.tiles)
+    wave_bytes = (operands + out) * running
     # A miss stalls for HBM's latency, which grows as the collective's traffic joins the GEMM's own
     # in the queue in front of HBM.
     latency = latency_beside(c, wave_bytes / (math_s + TILE_FIXED_S), load.hbm)

@@ -66,9 +66,11 @@ A shape's time alone comes from its own point and from the alone times recorded 
 overlapped pairs; waves-v2 returns it as measured (``alone_s``: the terms model the shape beside
 collectives, where a kernel's waves may quantise unlike its time alone, e.g. a persistent grid
 with uneven tiles per CTA; it never runs faster beside one). A shape never measured is predicted
-from the others: per wave, math in proportion to the block's ``k``; memory in proportion to the
-bytes its CTAs read (A and B panels) and write (C tiles), fitted jointly with non-negative
-coefficients.
+from the others, fitted jointly with non-negative coefficients: per wave, math in proportion to
+the block's ``k``; memory (waves-v2) in proportion to what it must move, A and B read and C
+written once, plus the panel re-reads of 128x128 blocks that shared nothing (a GEMM one tile wide
+has none to share, a square one many); memory (eq4-6) in proportion to each block's A and B
+panels and its C tile, as Eq. 5 charges them.
 """
 
 from __future__ import annotations
@@ -128,6 +130,12 @@ def tile_bytes(g: Gemm) -> float:
 def min_traffic(g: Gemm) -> float:
     """Bytes a GEMM moves at least: A and B read once, C written once."""
     return (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch * DTYPES[g.dtype]
+
+
+def panel_rereads(g: Gemm) -> float:
+    """Bytes 128x128 blocks would read beyond A and B once if no two shared a panel: each A row
+    panel once per block column, each B column panel once per block row."""
+    return (g.m * g.k * (math.ceil(g.n / TILE) - 1) + g.k * g.n * (math.ceil(g.m / TILE) - 1)) * g.batch * DTYPES[g.dtype]
 
 
 def cta_candidates(g: Gemm, sms: int) -> list[int]:
@@ -214,18 +222,24 @@ class GemmFit:
 @dataclass(frozen=True)
 class ShapeRegression:
     """Shapes never measured: ``theta`` from the 128x128 tile's math (per kFLOP), ``D`` from the
-    bytes a tile reads (A and B panels) and writes (its C tile), plus a launch cost."""
+    bytes the GEMM moves at least (:func:`min_traffic`) and its blocks' panel re-reads
+    (:func:`panel_rereads`), or (eq4-6, and files written before 2026-11-30's third session) from
+    the bytes a block reads (A and B panels) and writes (its C tile); plus a launch cost."""
 
     theta_per_kflop: float = 0.0
-    d_per_block_byte: float = 0.0
-    d_per_tile_byte: float = 0.0
+    d_per_block_byte: float = 0.0  # eq4-6: per byte of a block's A and B panels
+    d_per_tile_byte: float = 0.0  # ... and of its C tile
     launch_s: float = 0.0
     corun: float = 0.0  # the measured shapes' median
+    d_per_min_byte: float = 0.0  # waves-v2: per byte of A and B read and C written once
+    d_per_reread_byte: float = 0.0  # ... and per byte of panel re-reads
 
     def estimate(self, g: Gemm) -> GemmFit:
         """The terms of a shape never measured, with Eq. 4's 128x128 tiles as its CTAs."""
-        return GemmFit(self.theta_per_kflop * 2 * TILE * TILE * g.k / 1e3,
-                       self.d_per_block_byte * block_bytes(g) + self.d_per_tile_byte * tile_bytes(g), blocks(g), self.corun)
+        ctas = blocks(g)
+        per_block = self.d_per_block_byte * block_bytes(g) + self.d_per_tile_byte * tile_bytes(g)
+        moved = self.d_per_min_byte * min_traffic(g) + self.d_per_reread_byte * panel_rereads(g)
+        return GemmFit(self.theta_per_kflop * 2 * TILE * TILE * g.k / 1e3, per_block + moved / ctas, ctas, self.corun)
 
 
 @dataclass(frozen=True)
@@ -459,6 +473,8 @@ class LagomGpuModel:
             "theta_per_kflop": r.theta_per_kflop,
             "d_per_block_byte": r.d_per_block_byte,
             "d_per_tile_byte": r.d_per_tile_byte,
+            "d_per_min_byte": r.d_per_min_byte,
+            "d_per_reread_byte": r.d_per_reread_byte,
             "launch_s": r.launch_s,
             "corun": r.corun,
             "comm": {k: f.to_dict() for k, f in sorted(self.comm.items())},
@@ -514,9 +530,10 @@ class LagomGpuModel:
                                   float(x.get("corun", 0.0)), float(x.get("drag", 0.0)), bool(x.get("own_drag", False)),
                                   float(x.get("alone_s", 0.0)))
                        for k, x in gemms.items()},
-                new_shapes=ShapeRegression(v.field(p, "theta_per_kflop", pp, float), v.field(p, "d_per_block_byte", pp, float),
+                new_shapes=ShapeRegression(v.field(p, "theta_per_kflop", pp, float), v.field(p, "d_per_block_byte", pp, float, 0.0),
                                            v.field(p, "d_per_tile_byte", pp, float, 0.0), v.field(p, "launch_s", pp, float, 0.0),
-                                           v.field(p, "corun", pp, float, 0.0)),
+                                           v.field(p, "corun", pp, float, 0.0), v.field(p, "d_per_min_byte", pp, float, 0.0),
+                                           v.field(p, "d_per_reread_byte", pp, float, 0.0)),
                 comm={k: CommFit.from_dict(val) for k, val in v.field(p, "comm", pp, dict).items()},
                 contention=contention, simulated=bool(d.get("simulated", False)),
             )

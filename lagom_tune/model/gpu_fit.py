@@ -24,8 +24,8 @@ from lagom_tune.errors import UserError
 from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.gpu import (
     CORUN_GRID, CURVE_STEPS, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_V_PER_BYTE, MIN_FREE_HBM, PLACEMENTS, TIE, TILE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
-    LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, cta_candidates, free_sms, l2_hit_share, step_bandwidth,
-    tile_bytes, waves,
+    LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, cta_candidates, free_sms, l2_hit_share, min_traffic,
+    panel_rereads, step_bandwidth, tile_bytes, waves,
 )
 from lagom_tune.model.rows import consistent_baselines, contention_points, gemm_of_row, two_rate_slowdowns
 from lagom_tune.profile.store import row_settings
@@ -223,8 +223,9 @@ def _observations(over: pd.DataFrame, comm: dict[str, CommFit], sms: int) -> _Ob
 
 def _fit_new_shapes(alone: dict[str, float], shapes: dict[str, Gemm], sms: int, hbm: float, form: str) -> ShapeRegression:
     """Shapes never measured: per wave, math in proportion to the block's k, and memory in proportion
-    to the bytes its blocks read and write; fitted jointly over the measured shapes on relative
-    error, with non-negative coefficients."""
+    to the bytes the GEMM must move and its blocks' panel re-reads (eq4-6: the bytes its blocks
+    read and write, full waves of them); fitted jointly over the measured shapes on relative error,
+    with non-negative coefficients."""
 
     measured = [k for k in alone if k in shapes]
     if not measured:
@@ -232,12 +233,16 @@ def _fit_new_shapes(alone: dict[str, float], shapes: dict[str, Gemm], sms: int, 
 
     def features(g: Gemm) -> list[float]:
         n_waves = math.ceil(blocks(g) / sms)
-        in_flight = n_waves * sms if form == FORM_EQ46 else blocks(g)  # Eq. 5 charges full waves
-        return [n_waves * 2 * TILE * TILE * g.k / 1e3, in_flight * block_bytes(g) / hbm, in_flight * tile_bytes(g) / hbm]
+        if form == FORM_EQ46:  # Eq. 5 charges full waves of blocks
+            return [n_waves * 2 * TILE * TILE * g.k / 1e3, n_waves * sms * block_bytes(g) / hbm, n_waves * sms * tile_bytes(g) / hbm]
+        return [n_waves * 2 * TILE * TILE * g.k / 1e3, min_traffic(g) / hbm, panel_rereads(g) / hbm]
 
-    lin = fit_linear(np.array([features(shapes[k]) for k in measured]), ("math", "read", "write"), np.array([alone[k] for k in measured]))
-    slopes = dict(lin.coefs)
-    return ShapeRegression(slopes["math"], slopes["read"], slopes["write"], max(lin.intercept_us, 0.0))
+    lin = fit_linear(np.array([features(shapes[k]) for k in measured]), ("math", "memory", "more"), np.array([alone[k] for k in measured]))
+    math_s, memory, more = (c for _, c in lin.coefs)
+    launch = max(lin.intercept_us, 0.0)
+    if form == FORM_EQ46:
+        return ShapeRegression(math_s, memory, more, launch)
+    return ShapeRegression(math_s, launch_s=launch, d_per_min_byte=memory, d_per_reread_byte=more)
 
 
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
