@@ -105,15 +105,18 @@ class SimCluster:
         """Seconds for one iteration of ``workload``: its groups played, plus its exposed time."""
         return workload.exposed_ms / 1e3 + sum(grp.repeat * t.makespan for grp, t in self.play(workload, settings))
 
-    def overlap_cost(self, workload: Workload, settings: Settings) -> "OverlapCost":
+    def overlap_cost(self, workload: Workload, settings: Settings) -> OverlapCost:
         """What overlapping costs the computation of one iteration, and what it saves over running
         the two streams one after the other (Lee et al.'s two figures)."""
         played = self.play(workload, settings)
-        exposed = workload.exposed_ms / 1e3
-        weighted = lambda f: sum(grp.repeat * f(t) for grp, t in played)  # noqa: E731
-        compute_alone = weighted(lambda t: t.y_alone)
-        return OverlapCost(weighted(lambda t: t.compute_time) / compute_alone if compute_alone else 1.0,
-                           (exposed + weighted(lambda t: t.y_alone + t.x_alone)) / (exposed + weighted(lambda t: t.makespan)))
+
+        def per_iteration(seconds) -> float:
+            return sum(grp.repeat * seconds(t) for grp, t in played)
+
+        exposed, compute_alone = workload.exposed_ms / 1e3, per_iteration(lambda t: t.y_alone)
+        serial = exposed + per_iteration(lambda t: t.y_alone + t.x_alone)
+        return OverlapCost(per_iteration(lambda t: t.compute_time) / compute_alone if compute_alone else 1.0,
+                           serial / (exposed + per_iteration(lambda t: t.makespan)))
 
     def overlap(self, g: Gemm, n: int, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> dict[str, float]:
         """n GEMMs and one collective started together: when each stream ends."""
