@@ -7,8 +7,13 @@ import pytest
 import yaml
 
 from lagom_tune.backends.base import BackendOptions, get_backend
+from lagom_tune.backends.sim import CLUSTERS, SimCluster
+from lagom_tune.knobs import Settings
 from lagom_tune.model.fit import fit_run
+from lagom_tune.plan.schema import knob_space_for
 from lagom_tune.profile.campaign import run_profile
+from lagom_tune.search.replay import validate
+from lagom_tune.search.space import default_assignment, variables
 from lagom_tune.workload.presets import build_preset
 
 from conftest import cli
@@ -20,6 +25,22 @@ def test_simulated_noise_is_deterministic_for_a_seed(tmp_path):
         b = get_backend("sim", BackendOptions(hardware="h100-nvlink", noise=0.02, seed=seed))
         runs.append(run_profile(w, b, tmp_path / f"r{i}", repeats=2).measurements()["time_us"].tolist())
     assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_a_plan_replayed_round_after_round_draws_fresh_noise(tmp_path):
+    """Replaying the same settings in interleaved rounds (`search --validate`) measures them anew
+    each round, as on hardware; without noise every round is the ground truth."""
+    w = build_preset("phi-2-tp8-dp2")
+    fp = run_profile(w, get_backend("sim", BackendOptions(hardware="h100-nvlink", noise=0.02)), tmp_path / "r",
+                     repeats=1).read_meta()["fingerprint"]
+    vars_ = variables(w, knob_space_for("sim", fp))
+    defaults = Settings.from_assignment(default_assignment(vars_), vars_)
+    noisy = validate(w, fp, {"default": defaults}, 3)
+    low, high = noisy["spread_ms"]["default"]
+    assert low < high
+    exact = validate(w, {**fp, "noise": 0.0}, {"default": defaults}, 3)
+    truth = SimCluster(CLUSTERS["h100-nvlink"], nodes=fp["nodes"]).iteration(w, defaults) * 1e3
+    assert exact["spread_ms"]["default"] == [round(truth, 3)] * 2
 
 
 @pytest.fixture(scope="module")

@@ -162,6 +162,9 @@ class SimBackend(LocalBackend):
         self.nodes = options.nodes or 1  # sized to the workload by plan_points when --nodes was not given
         self.sim = SimCluster(self.cluster, self.nodes, ib)
         self.knob_space = nccl_knob_space(self.cluster.max_channels, self.cluster.default_channels)
+        # rounds each point has been measured: measured again (a plan replayed round after round),
+        # it draws the next rounds' noise, as a real device would not time it the same twice
+        self._rounds: dict[str, int] = {}
 
     def fingerprint(self) -> dict[str, Any]:
         c = self.cluster
@@ -217,8 +220,10 @@ class SimBackend(LocalBackend):
             s = p.settings
             nodes = s.get("nodes", 1)
             rows = []
+            first = self._rounds.get(p.key, 0)
+            self._rounds[p.key] = first + repeats
             for r in range(repeats):
-                z = _noise(p.key, r, self.options.seed, self.options.noise)
+                z = _noise(p.key, first + r, self.options.seed, self.options.noise)
                 if p.kind == "iteration":
                     row = timed_columns(self.iteration(p.workload, p.config) * 1e6 * z)
                 elif p.kind == "gemm":
@@ -235,7 +240,7 @@ class SimBackend(LocalBackend):
                     # The alone times are measurements too, taken just before the pair the same way
                     # (paired, as on a GPU): own noise.
                     for col in ALONE_COLUMNS:
-                        row[col] *= _noise(f"{p.key}|{col}", r, self.options.seed, self.options.noise)
+                        row[col] *= _noise(f"{p.key}|{col}", first + r, self.options.seed, self.options.noise)
                     row["baseline"] = PAIRED
                 rows.append({**row, "repeat": r})  # the identity columns (simulated: True) come with the point
             sink(p, rows)
