@@ -31,7 +31,7 @@ from lagom_tune.backends.base import trimmed_mean  # noqa: E402
 from lagom_tune.backends.nccl_sweep import PROBE_THREADS  # noqa: E402
 from lagom_tune.model.contention import load_model  # noqa: E402
 from lagom_tune.model.fit import predict_point  # noqa: E402
-from lagom_tune.model.rows import consistent_baselines, point_medians, two_rate_slowdowns  # noqa: E402
+from lagom_tune.model.rows import consistent_baselines, overlap_slowdowns, point_medians  # noqa: E402
 
 
 def tables(run: Path) -> dict[str, pd.DataFrame]:
@@ -52,8 +52,7 @@ def tables(run: Path) -> dict[str, pd.DataFrame]:
     largest = largest.assign(per_block_GBps=largest["GBps"] / largest["channels"])
     probe = largest.pivot_table(index="channels", columns="buffsize", values="GBps").rename(columns=_mib)
     per_block = largest.pivot_table(index="channels", columns="buffsize", values="per_block_GBps").rename(columns=_mib)
-    over = pts[pts["kind"] == "overlap"].copy()
-    over["gemm_slowdown"] = [s for s, _ in over.apply(two_rate_slowdowns, axis=1)]
+    over = overlap_slowdowns(pts)
     slow = over.pivot_table(index="channels", columns="buffsize", values="gemm_slowdown", aggfunc="median").rename(columns=_mib)
     model, _ = load_model(run / "model.yaml")
     over["predicted_window_us"] = [predict_point(model, r)["window_us"] for _, r in over.iterrows()]

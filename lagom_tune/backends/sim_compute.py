@@ -208,8 +208,10 @@ def choose_kernel(c: Cluster, g: Gemm) -> Kernel:
     return best[1]
 
 
+@lru_cache(maxsize=65536)
 def gemm_run(c: Cluster, g: Gemm, load: Contention = IDLE) -> tuple[float, float]:
-    """A GEMM on the simulated device, alone or beside a collective.
+    """A GEMM on the simulated device, alone or beside a collective (a pure function of frozen
+    inputs: a timeline asks for the same GEMM alone and beside the same load many times).
 
     Args:
         c: the simulated device.

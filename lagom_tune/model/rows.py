@@ -168,6 +168,22 @@ def two_rate_slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
     return ty / w, (ty / x1 if x1 > 0 else None)
 
 
+def overlap_slowdowns(pts: pd.DataFrame) -> pd.DataFrame:
+    """The overlapped rows of ``pts`` with their two-rate slowdowns as columns ``gemm_slowdown`` and
+    ``comm_slowdown`` (None where the overlap does not determine one).
+
+    Args:
+        pts: point medians whose overlapped rows carry consistent baselines.
+    Returns:
+        A copy of the overlapped rows with the two columns added.
+    """
+    over = pts[pts["kind"] == "overlap"].copy()
+    both = over.apply(two_rate_slowdowns, axis=1)
+    over["gemm_slowdown"] = [a for a, _ in both]
+    over["comm_slowdown"] = [b for _, b in both]
+    return over
+
+
 @dataclass(frozen=True)
 class SlowdownTable:
     """A probe profile's contention, per GEMM shape (rows) and channel count (columns): the median
@@ -189,11 +205,7 @@ def slowdown_table(pts: pd.DataFrame) -> SlowdownTable:
         The SlowdownTable.
     """
     pts = consistent_baselines(pts)
-    over = pts[pts["kind"] == "overlap"].copy()
-    both = over.apply(two_rate_slowdowns, axis=1)
-    over["gemm_slowdown"] = [a for a, _ in both]
-    over["comm_slowdown"] = [b for _, b in both]
-    by = over.groupby(["gemm", "channels"])
+    by = overlap_slowdowns(pts).groupby(["gemm", "channels"])
     alone = pts[pts["kind"] == "collective"]
     alone = alone[alone["nbytes"] == alone.groupby("channels")["nbytes"].transform("max")]
     rate = (alone["nbytes"] / (alone["time_us"] * 1e-6)).groupby(alone["channels"]).median()
