@@ -66,11 +66,17 @@ A shape's time alone comes from its own point and from the alone times recorded 
 overlapped pairs; waves-v2 returns it as measured (``alone_s``: the terms model the shape beside
 collectives, where a kernel's waves may quantise unlike its time alone, e.g. a persistent grid
 with uneven tiles per CTA; it never runs faster beside one). A shape never measured is predicted
-from the others, fitted jointly with non-negative coefficients: per wave, math in proportion to
-the block's ``k``; memory (waves-v2) in proportion to what it must move, A and B read and C
-written once, plus the panel re-reads of 128x128 blocks that shared nothing (a GEMM one tile wide
-has none to share, a square one many); memory (eq4-6) in proportion to each block's A and B
-panels and its C tile, as Eq. 5 charges them.
+from the others, fitted jointly with non-negative coefficients (a launch cost too): per wave, math
+in proportion to the block's ``k``; memory (waves-v2) in proportion to what it must move, A and B
+read and C written once, plus what its blocks move beyond that when they share nothing (panel
+re-reads: a GEMM one tile wide has none, a square one many; split-K's fp32 partials); memory
+(eq4-6) in proportion to each block's A and B panels and its C tile, as Eq. 5 charges them.
+waves-v2 runs every shape as 128x128 tiles, or each as the cheapest of the candidate kernels
+(:func:`kernels`, as a library picks its fastest; the kernels re-assigned and the terms refitted
+until no shape changes kernel): the fit keeps the one that predicts each measured shape from the
+others better (leave-one-shape-out, simulated A40 MoE shapes: 14-15% -> 7-8%; the three real
+H200 runs: 12.2, 6.7, 3.9% -> 5.5, 6.2, 4.3%, the first also for the launch cost, now fitted
+non-negative, not clipped at zero after the fit).
 """
 
 from __future__ import annotations
@@ -93,7 +99,9 @@ FORM_WAVES = "lagom-waves-v2"
 FORMS = (FORM_EQ46, FORM_WAVES)
 
 CTA_TILES = ((128, 128), (128, 256), (256, 128))  # tile shapes cuBLAS picks for bf16/fp16 GEMMs
-SPLITS = (1, 2)  # split-K factors: a short, deep GEMM runs twice the CTAs
+SPLITS = (1, 2, 4)  # split-K factors: a short, deep GEMM runs more CTAs, each over a part of k
+MIN_SPLIT_K = 2 * TILE  # a split keeps at least two 128-deep steps of k per CTA
+SPLIT_PARTIAL_BYTES = 4  # a split-K partial tile is written and read back in fp32
 GRID_SPARE = range(0, 9)  # a persistent kernel's grid leaves 0..8 SMs idle
 WAVE_WIDTHS = (1.0, 2.0, 4.0)  # candidates for w; 1 is Eq. 4's ceil
 PLACEMENTS = (0, 8)  # candidates for G: 0, a channel block takes one SM; 8, the GPCs of an H100/H200 (Hopper: 2-CTA clusters)
@@ -132,16 +140,30 @@ def min_traffic(g: Gemm) -> float:
     return (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch * DTYPES[g.dtype]
 
 
-def panel_rereads(g: Gemm) -> float:
-    """Bytes 128x128 blocks would read beyond A and B once if no two shared a panel: each A row
-    panel once per block column, each B column panel once per block row."""
-    return (g.m * g.k * (math.ceil(g.n / TILE) - 1) + g.k * g.n * (math.ceil(g.m / TILE) - 1)) * g.batch * DTYPES[g.dtype]
+def kernels(g: Gemm) -> list[tuple[tuple[int, int], int]]:
+    """The kernels a library may run for ``g``: each tile shape (:data:`CTA_TILES`) with each
+    split-K factor (:data:`SPLITS`) that leaves every CTA at least :data:`MIN_SPLIT_K` of k;
+    Eq. 4's 128x128 tile unsplit first."""
+    return [(tile, s) for tile in CTA_TILES for s in SPLITS if s == 1 or g.k // s >= MIN_SPLIT_K]
+
+
+def kernel_ctas(g: Gemm, tile: tuple[int, int] = (TILE, TILE), split: int = 1) -> int:
+    """CTAs of a one-tile-per-CTA kernel: output tiles times the split."""
+    return math.ceil(g.m / tile[0]) * math.ceil(g.n / tile[1]) * g.batch * split
+
+
+def extra_traffic(g: Gemm, tile: tuple[int, int] = (TILE, TILE), split: int = 1) -> float:
+    """Bytes a kernel of ``tile`` blocks split ``split`` ways would move beyond A and B read once
+    and C written once, if no two blocks shared a panel: each A row panel once per block column,
+    each B column panel once per block row, and a split's fp32 partial tiles written and read back."""
+    rereads = (g.m * g.k * (math.ceil(g.n / tile[1]) - 1) + g.k * g.n * (math.ceil(g.m / tile[0]) - 1)) * DTYPES[g.dtype]
+    partials = 2 * split * g.m * g.n * SPLIT_PARTIAL_BYTES if split > 1 else 0
+    return (rereads + partials) * g.batch
 
 
 def cta_candidates(g: Gemm, sms: int) -> list[int]:
     """The CTA counts ``mu_i`` the fit chooses among for ``g`` (see the module docstring)."""
-    tiles = {math.ceil(g.m / tm) * math.ceil(g.n / tn) * g.batch * s for tm, tn in CTA_TILES for s in SPLITS}
-    return sorted(tiles | {sms - s for s in GRID_SPARE})
+    return sorted({kernel_ctas(g, tile, s) for tile, s in kernels(g)} | {sms - s for s in GRID_SPARE})
 
 
 def waves(ctas, free, width: float):
@@ -218,10 +240,12 @@ class GemmFit:
 
 @dataclass(frozen=True)
 class ShapeRegression:
-    """Shapes never measured: ``theta`` from the 128x128 tile's math (per kFLOP), ``D`` from the
-    bytes the GEMM moves at least (:func:`min_traffic`) and its blocks' panel re-reads
-    (:func:`panel_rereads`), or (eq4-6, and files written before 2026-11-30's third session) from
-    the bytes a block reads (A and B panels) and writes (its C tile); plus a launch cost."""
+    """Shapes never measured: ``theta`` from the tile's math (per kFLOP), ``D`` from the bytes the
+    GEMM moves at least (:func:`min_traffic`) and those its kernel moves beyond (:func:`extra_traffic`),
+    or (eq4-6, and files written before 2026-11-30's third session) from the bytes a block reads (A
+    and B panels) and writes (its C tile); plus a launch cost. ``kernel_choice``: the kernel is the
+    cheapest of :func:`kernels` by these terms (as a library picks the fastest it has), else Eq. 4's
+    128x128 tile."""
 
     theta_per_kflop: float = 0.0
     d_per_block_byte: float = 0.0  # eq4-6: per byte of a block's A and B panels
@@ -229,14 +253,22 @@ class ShapeRegression:
     launch_s: float = 0.0
     corun: float = 0.0  # the measured shapes' median
     d_per_min_byte: float = 0.0  # waves-v2: per byte of A and B read and C written once
-    d_per_reread_byte: float = 0.0  # ... and per byte of panel re-reads
+    d_per_reread_byte: float = 0.0  # ... and per byte the kernel moves beyond that
+    kernel_choice: bool = False
 
-    def estimate(self, g: Gemm) -> GemmFit:
-        """The terms of a shape never measured, with Eq. 4's 128x128 tiles as its CTAs."""
-        ctas = blocks(g)
+    def terms(self, g: Gemm, tile: tuple[int, int] = (TILE, TILE), split: int = 1) -> GemmFit:
+        """The terms of ``g`` run as a kernel of ``tile`` blocks split ``split`` ways."""
+        ctas = kernel_ctas(g, tile, split)
         per_block = self.d_per_block_byte * block_bytes(g) + self.d_per_tile_byte * tile_bytes(g)
-        moved = self.d_per_min_byte * min_traffic(g) + self.d_per_reread_byte * panel_rereads(g)
-        return GemmFit(self.theta_per_kflop * 2 * TILE * TILE * g.k / 1e3, per_block + moved / ctas, ctas, self.corun)
+        moved = self.d_per_min_byte * min_traffic(g) + self.d_per_reread_byte * extra_traffic(g, tile, split)
+        return GemmFit(self.theta_per_kflop * 2 * tile[0] * tile[1] * g.k / split / 1e3, per_block + moved / ctas, ctas, self.corun)
+
+    def estimate(self, g: Gemm, sms: int, hbm: float) -> GemmFit:
+        """The terms of a shape never measured on a device of ``sms`` SMs and ``hbm`` bytes/s."""
+        if not self.kernel_choice:
+            return self.terms(g)
+        return min((self.terms(g, tile, s) for tile, s in kernels(g)),
+                   key=lambda f: math.ceil(f.ctas / sms) * f.theta + f.ctas * f.dbytes / hbm)
 
 
 @dataclass(frozen=True)
@@ -346,7 +378,7 @@ class LagomGpuModel:
 
     def gemm_fit(self, g: Gemm) -> GemmFit:
         """The shape's fitted terms, or the estimate for a shape never measured."""
-        return self.gemms.get(g.shape_key) or self.new_shapes.estimate(g)
+        return self.gemms.get(g.shape_key) or self.new_shapes.estimate(g, self.sms, self.hbm)
 
     def hbm_taken(self, coll: Collective | None, settings: Mapping[str, Any]) -> float:
         """``V``: HBM bytes/s the collective takes at ``settings`` (0 with no channels)."""
@@ -472,6 +504,7 @@ class LagomGpuModel:
             "d_per_tile_byte": r.d_per_tile_byte,
             "d_per_min_byte": r.d_per_min_byte,
             "d_per_reread_byte": r.d_per_reread_byte,
+            "kernel_choice": r.kernel_choice,
             "launch_s": r.launch_s,
             "corun": r.corun,
             "comm": {k: f.to_dict() for k, f in sorted(self.comm.items())},
@@ -498,6 +531,7 @@ class LagomGpuModel:
                       "kappa_traffic": "collective slowdown per unit of the GEMM's fitted HBM traffic share beside it",
                       "corun": "fraction a shape's math slows whenever a collective runs beside it (waves-v2)",
                       "drag": "collective slowdown a shape adds beyond the shared terms (or all of it: own_drag), at its rate alone (waves-v2)",
+                      "kernel_choice": "a shape never measured runs the cheapest candidate kernel (false: 128x128 tiles)",
                       "alone_s": "a measured shape's time alone in seconds, which the model returns as measured (waves-v2; 0: from the terms)"},
             "device": {"sms": self.sms, "hbm_GBps": self.hbm / 1e9},
             "params": params,
@@ -530,7 +564,8 @@ class LagomGpuModel:
                 new_shapes=ShapeRegression(v.field(p, "theta_per_kflop", pp, float), v.field(p, "d_per_block_byte", pp, float, 0.0),
                                            v.field(p, "d_per_tile_byte", pp, float, 0.0), v.field(p, "launch_s", pp, float, 0.0),
                                            v.field(p, "corun", pp, float, 0.0), v.field(p, "d_per_min_byte", pp, float, 0.0),
-                                           v.field(p, "d_per_reread_byte", pp, float, 0.0)),
+                                           v.field(p, "d_per_reread_byte", pp, float, 0.0),
+                                           v.field(p, "kernel_choice", pp, bool, False)),
                 comm={k: CommFit.from_dict(val) for k, val in v.field(p, "comm", pp, dict).items()},
                 contention=contention, simulated=bool(d.get("simulated", False)),
             )

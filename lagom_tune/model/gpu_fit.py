@@ -24,8 +24,8 @@ from lagom_tune.errors import UserError
 from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.gpu import (
     CORUN_GRID, CURVE_STEPS, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_V_PER_BYTE, MIN_FREE_HBM, PLACEMENTS, TIE, TILE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
-    LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, cta_candidates, free_sms, l2_hit_share, min_traffic,
-    panel_rereads, step_bandwidth, tile_bytes, waves,
+    LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, cta_candidates, extra_traffic, free_sms, kernel_ctas,
+    kernels, l2_hit_share, min_traffic, step_bandwidth, tile_bytes, waves,
 )
 from lagom_tune.model.rows import consistent_baselines, contention_points, gemm_of_row, two_rate_slowdowns
 from lagom_tune.profile.store import row_settings
@@ -221,28 +221,78 @@ def _observations(over: pd.DataFrame, comm: dict[str, CommFit], sms: int) -> _Ob
         seconds=(s_y * rows["compute_alone_us"] / rows["n_compute"] / 1e6).to_numpy(float), weight=share.to_numpy(float))
 
 
+KERNEL_ROUNDS = 20  # kernel choices re-assigned at most this often before the regression settles
+
+
 def _fit_new_shapes(alone: dict[str, float], shapes: dict[str, Gemm], sms: int, hbm: float, form: str) -> ShapeRegression:
     """Shapes never measured: per wave, math in proportion to the block's k, and memory in proportion
-    to the bytes the GEMM must move and its blocks' panel re-reads (eq4-6: the bytes its blocks
+    to the bytes the GEMM must move and those its kernel moves beyond (eq4-6: the bytes its blocks
     read and write, full waves of them); fitted jointly over the measured shapes on relative error,
-    with non-negative coefficients."""
+    with non-negative coefficients. waves-v2 fits two and keeps the one with the smaller
+    leave-one-shape-out error: every shape as Eq. 4's 128x128 tiles, or each as the cheapest of the
+    candidate kernels (:func:`~lagom_tune.model.gpu.kernels`; a library picks its fastest)."""
 
     measured = [k for k in alone if k in shapes]
     if not measured:
         return ShapeRegression()
+    gemms, y = [shapes[k] for k in measured], np.array([alone[k] for k in measured])
+    if form == FORM_EQ46:  # Eq. 5 charges full waves of blocks
 
-    def features(g: Gemm) -> list[float]:
-        n_waves = math.ceil(blocks(g) / sms)
-        if form == FORM_EQ46:  # Eq. 5 charges full waves of blocks
+        def features(g: Gemm) -> list[float]:
+            n_waves = math.ceil(blocks(g) / sms)
             return [n_waves * 2 * TILE * TILE * g.k / 1e3, n_waves * sms * block_bytes(g) / hbm, n_waves * sms * tile_bytes(g) / hbm]
-        return [n_waves * 2 * TILE * TILE * g.k / 1e3, min_traffic(g) / hbm, panel_rereads(g) / hbm]
 
-    lin = fit_linear(np.array([features(shapes[k]) for k in measured]), ("math", "memory", "more"), np.array([alone[k] for k in measured]))
-    math_s, memory, more = (c for _, c in lin.coefs)
-    launch = max(lin.intercept_us, 0.0)
-    if form == FORM_EQ46:
-        return ShapeRegression(math_s, memory, more, launch)
-    return ShapeRegression(math_s, launch_s=launch, d_per_min_byte=memory, d_per_reread_byte=more)
+        lin = fit_linear(np.array([features(g) for g in gemms]), ("math", "memory", "more"), y)
+        math_s, memory, more = (c for _, c in lin.coefs)
+        return ShapeRegression(math_s, memory, more, max(lin.intercept_us, 0.0))
+    fits = [_kernel_regression(gemms, y, sms, hbm, choice) for choice in (False, True)]
+    if len(gemms) < 3:  # nothing to hold out
+        return fits[0]
+
+    def held_out(choice: bool) -> float:
+        errors = []
+        for i, g in enumerate(gemms):
+            rest = [j for j in range(len(gemms)) if j != i]
+            r = _kernel_regression([gemms[j] for j in rest], y[rest], sms, hbm, choice)
+            errors.append(abs(_alone_estimate(r, g, sms, hbm) / y[i] - 1))
+        return float(np.mean(errors))
+
+    return min(fits, key=lambda r: held_out(r.kernel_choice))  # the tiles first: kept on a tie
+
+
+def _alone_estimate(r: ShapeRegression, g: Gemm, sms: int, hbm: float) -> float:
+    """Seconds alone of a shape never measured, as the regression ``r`` was fitted to predict them."""
+    f = r.estimate(g, sms, hbm)
+    return r.launch_s + math.ceil(f.ctas / sms) * f.theta + f.ctas * f.dbytes / hbm
+
+
+def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float, choice: bool) -> ShapeRegression:
+    """waves-v2's regression over ``gemms`` timed ``y`` seconds alone. ``choice``: each shape runs the
+    cheapest of its candidate kernels, found by alternating (each shape's kernel under the current
+    terms, then the terms given those kernels) from Eq. 4's tiles until no shape changes kernel;
+    the round with the smallest error is kept. Else every shape runs 128x128 tiles."""
+
+    def features(g: Gemm, tile: tuple[int, int], split: int) -> list[float]:
+        math_kflop = math.ceil(kernel_ctas(g, tile, split) / sms) * 2 * tile[0] * tile[1] * g.k / split / 1e3
+        return [math_kflop, min_traffic(g) / hbm, extra_traffic(g, tile, split) / hbm]
+
+    options = [np.array([features(g, t, s) for t, s in (kernels(g) if choice else [((TILE, TILE), 1)])]) for g in gemms]
+    pick = [0] * len(gemms)  # kernels() lists the 128x128 tile unsplit first
+    best: tuple[float, np.ndarray] | None = None
+    for _ in range(KERNEL_ROUNDS):
+        # launch, math, memory, more: all non-negative, on relative error
+        coef, _ = _nonneg_lstsq(np.array([[1.0, *f[i]] for f, i in zip(options, pick)]), y, 1 / y)
+        costs = [f @ coef[1:] for f in options]
+        loss = float(np.mean(np.abs((coef[0] + np.array([c.min() for c in costs])) / y - 1)))
+        if best is None or loss < best[0]:
+            best = (loss, coef)
+        new = [int(np.argmin(c)) for c in costs]
+        if new == pick:
+            break
+        pick = new
+    assert best is not None
+    launch, math_s, memory, more = (float(c) for c in best[1])
+    return ShapeRegression(math_s, launch_s=launch, d_per_min_byte=memory, d_per_reread_byte=more, kernel_choice=choice)
 
 
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
@@ -349,7 +399,7 @@ def _fit_shape_waves(g: Gemm, alone: float | None, free_beside: np.ndarray, take
     consistent time alone (``None``) the overlapped points alone decide. ``free_beside``: the SMs
     left to it at each overlapped point."""
     if not len(seconds):
-        est = regression.estimate(g)
+        est = regression.estimate(g, sms, hbm)
         math_s, mem_s = waves(est.ctas, sms, width) * est.theta, est.ctas * est.dbytes / hbm
         if math_s + mem_s <= 0:
             return GemmFit(alone / waves(est.ctas, sms, width), 0.0, est.ctas), 0.0
