@@ -25,7 +25,7 @@ from conftest import ROOT
 SIMPLE = dict(algo="ring", proto="simple", threads=512, buffsize=4 << 20)
 sys.path.insert(0, str(ROOT / "bench"))
 from calibrate_sim import AIM, ALONE_AIM, COPY_AIM, WORKLOADS, errors, measured  # noqa: E402  (the table bench/results/sim_calibration.md shows)
-from paper_sim import WORKLOADS as PAPER_WORKLOADS, overlap_costs  # noqa: E402  (the Lee et al. table of paper_sim.md)
+from paper_sim import LEE_CLUSTERS, lee_workloads, overlap_costs  # noqa: E402  (the Lee et al. table of paper_sim.md)
 
 
 def busbw(sim, op, nbytes, ranks, **s):
@@ -126,24 +126,24 @@ def test_overlap_slows_compute_yet_beats_serial():
     assert all(o["window_us"] < o["compute_alone_us"] + o["comm_alone_us"] for _, o in pairs)
 
 
-@pytest.mark.parametrize("cluster", [
-    "a100-nvlink",
-    pytest.param("h100-nvlink", marks=pytest.mark.xfail(
-        strict=True, reason="known disagreement (issue 16): on Hopper the simulator follows the H200's measured "
-        "doubling of one-wave GEMMs beside 16 channel blocks, so its training computation slows ~40% on average, not 19%")),
-])
+@pytest.mark.parametrize("cluster", LEE_CLUSTERS)
 def test_overlap_slows_training_computation_as_lee_et_al_measured(cluster):
     """Lee et al. 2025 (GPT and LLaMA training on 4 A100s, H100s, MI250s and MI210s): overlapping
     slows the computation by 18.9% on average and 40.0% at worst, against the same computation with
-    no communication beside it. The same quantity here (``bench/results/paper_sim.md`` shows it for
-    every cluster): each paper workload's GEMM time over an iteration at NCCL's defaults, played
-    beside its collectives, over its time alone, on the two NVIDIA GPUs Lee measured. Bounds as
-    before this comparison was made per iteration (it compared fully overlapped pairs): a mean
-    within 1.05-1.35, every workload below 1.6."""
-    costs = overlap_costs(cluster, PAPER_WORKLOADS)
-    slow = costs["compute_slowdown"]
-    assert (costs["serial_over_overlapped"] > 1).all()  # and overlapping still beats running serially
+    no communication beside it, and running serially is 10.2% (26.6%) slower than overlapped. The
+    same quantities under their conditions (``paper_sim.LEE_WORKLOADS``: 4 GPUs of one node, phi-2,
+    llama3-8b and mpt-7b, FSDP or tensor-parallel; ``bench/results/paper_sim.md``): each workload's
+    GEMM time over an iteration at NCCL's defaults, played beside its collectives, over its time
+    alone. Bounds as before this comparison was made per iteration: a mean within 1.05-1.35, every
+    workload below 1.6; serial over overlapped above 1 everywhere, its mean below 1.3 and its worst
+    below 1.47 (Lee's worst, 26.6%, with the computation bound's 20-point margin). (2026-11-30:
+    1.064/1.099 and 1.096/1.145 on the A100, 1.197/1.316 and 1.169/1.269 on the H100; the 16-GPU
+    paper workloads give the H100 1.41/1.63, a strict expected failure before the comparison
+    followed Lee's conditions.)"""
+    costs = overlap_costs(cluster, lee_workloads())
+    slow, serial = costs["compute_slowdown"], costs["serial_over_overlapped"]
     assert 1.05 <= slow.mean() <= 1.35 and slow.max() < 1.6, costs
+    assert (serial > 1).all() and serial.mean() < 1.3 and serial.max() < 1.47, costs
 
 
 def test_protocols_trade_latency_for_bandwidth():
