@@ -48,19 +48,20 @@ def test_a_real_h200_shape_from_the_others(run):
 @pytest.mark.parametrize("name", ["olmoe-1b-7b-ep8", "deepseek-moe-16b-ep8"])
 def test_moe_shapes_on_simulated_a40s_need_the_kernel_choice(name):
     """The MoE presets' small and split-K shapes (m or k of 64, deep k): one 128x128 tile for every
-    shape missed them by 14-15% on average; each shape as the cheapest candidate kernel, 6.7-8.3%
+    shape missed them by 14-15% on average; each shape as the cheapest candidate kernel, 5.8-6.3%
     (SIMULATED, noiseless)."""
     sim, c = SimCluster(CLUSTERS["a40-nvlink"]), CLUSTERS["a40-nvlink"]
     alone = {g.shape_key: sim.gemm_time(g) for grp in build_preset(name).groups for g in grp.compute}
     error, choices = leave_one_shape_out(alone, c.sms, c.hbm)
-    assert error <= 0.09 and all(choices), (error, choices)
+    assert error <= 0.075 and all(choices), (error, choices)
 
 
-def test_split_k_keeps_two_tiles_of_k_per_cta():
-    deep, shallow = Gemm("d", 64, 2048, 4096, "bf16"), Gemm("s", 4096, 2048, 384, "bf16")
-    assert {s for _, s in kernels(deep)} == {1, 2, 4} and 4096 // 4 >= MIN_SPLIT_K
-    assert {s for _, s in kernels(shallow)} == {1}
-    assert kernels(deep)[0] == ((128, 128), 1)  # Eq. 4's tile first: where the data cannot tell, the paper's
+def test_split_k_only_where_the_tiles_leave_sms_idle_and_k_is_deep():
+    deep, shallow, wide = Gemm("d", 64, 2048, 4096, "bf16"), Gemm("s", 64, 2048, 384, "bf16"), Gemm("w", 4096, 4096, 4096, "bf16")
+    assert {s for _, s in kernels(deep, 132)} == {1, 2, 4} and 4096 // 4 >= MIN_SPLIT_K
+    assert {s for _, s in kernels(shallow, 132)} == {1}  # 384 / 2 < MIN_SPLIT_K
+    assert {s for _, s in kernels(wide, 132)} == {1}  # 512-2048 output tiles fill the SMs already
+    assert kernels(deep, 132)[0] == ((128, 128), 1)  # Eq. 4's tile first: where the data cannot tell, the paper's
 
 
 def test_the_choice_is_recorded_and_old_files_keep_the_tiles():

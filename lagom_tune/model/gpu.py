@@ -74,7 +74,7 @@ re-reads: a GEMM one tile wide has none, a square one many; split-K's fp32 parti
 waves-v2 runs every shape as 128x128 tiles, or each as the cheapest of the candidate kernels
 (:func:`kernels`, as a library picks its fastest; the kernels re-assigned and the terms refitted
 until no shape changes kernel): the fit keeps the one that predicts each measured shape from the
-others better (leave-one-shape-out, simulated A40 MoE shapes: 14-15% -> 7-8%; the three real
+others better (leave-one-shape-out, simulated A40 MoE shapes: 14-15% -> 6%; the three real
 H200 runs: 12.2, 6.7, 3.9% -> 5.5, 6.2, 4.3%, the first also for the launch cost, now fitted
 non-negative, not clipped at zero after the fit).
 """
@@ -140,11 +140,13 @@ def min_traffic(g: Gemm) -> float:
     return (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch * DTYPES[g.dtype]
 
 
-def kernels(g: Gemm) -> list[tuple[tuple[int, int], int]]:
-    """The kernels a library may run for ``g``: each tile shape (:data:`CTA_TILES`) with each
-    split-K factor (:data:`SPLITS`) that leaves every CTA at least :data:`MIN_SPLIT_K` of k;
-    Eq. 4's 128x128 tile unsplit first."""
-    return [(tile, s) for tile in CTA_TILES for s in SPLITS if s == 1 or g.k // s >= MIN_SPLIT_K]
+def kernels(g: Gemm, sms: int) -> list[tuple[tuple[int, int], int]]:
+    """The kernels a library may run for ``g`` on ``sms`` SMs: each tile shape (:data:`CTA_TILES`),
+    unsplit or, where its output tiles leave SMs idle, split-K (:data:`SPLITS`) with at least
+    :data:`MIN_SPLIT_K` of k per CTA (splitting adds CTAs only where there are too few to fill the
+    device, at the cost of the partials' traffic); Eq. 4's 128x128 tile unsplit first."""
+    return [(tile, s) for tile in CTA_TILES for s in SPLITS
+            if s == 1 or (kernel_ctas(g, tile) < sms and g.k // s >= MIN_SPLIT_K)]
 
 
 def kernel_ctas(g: Gemm, tile: tuple[int, int] = (TILE, TILE), split: int = 1) -> int:
@@ -163,7 +165,7 @@ def extra_traffic(g: Gemm, tile: tuple[int, int] = (TILE, TILE), split: int = 1)
 
 def cta_candidates(g: Gemm, sms: int) -> list[int]:
     """The CTA counts ``mu_i`` the fit chooses among for ``g`` (see the module docstring)."""
-    return sorted({kernel_ctas(g, tile, s) for tile, s in kernels(g)} | {sms - s for s in GRID_SPARE})
+    return sorted({kernel_ctas(g, tile, s) for tile, s in kernels(g, sms)} | {sms - s for s in GRID_SPARE})
 
 
 def waves(ctas, free, width: float):
@@ -267,7 +269,7 @@ class ShapeRegression:
         """The terms of a shape never measured on a device of ``sms`` SMs and ``hbm`` bytes/s."""
         if not self.kernel_choice:
             return self.terms(g)
-        return min((self.terms(g, tile, s) for tile, s in kernels(g)),
+        return min((self.terms(g, tile, s) for tile, s in kernels(g, sms)),
                    key=lambda f: math.ceil(f.ctas / sms) * f.theta + f.ctas * f.dbytes / hbm)
 
 

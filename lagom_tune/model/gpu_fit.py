@@ -276,7 +276,7 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float, c
         math_kflop = math.ceil(kernel_ctas(g, tile, split) / sms) * 2 * tile[0] * tile[1] * g.k / split / 1e3
         return [math_kflop, min_traffic(g) / hbm, extra_traffic(g, tile, split) / hbm]
 
-    options = [np.array([features(g, t, s) for t, s in (kernels(g) if choice else [((TILE, TILE), 1)])]) for g in gemms]
+    options = [np.array([features(g, t, s) for t, s in (kernels(g, sms) if choice else [((TILE, TILE), 1)])]) for g in gemms]
     pick = [0] * len(gemms)  # kernels() lists the 128x128 tile unsplit first
     best: tuple[float, np.ndarray] | None = None
     for _ in range(KERNEL_ROUNDS):
