@@ -14,7 +14,7 @@ import yaml
 from lagom_tune.backends.sim import CLUSTERS, SimCluster
 from lagom_tune.model.contention import model_from_dict
 from lagom_tune.model.gpu import FORM_WAVES, MIN_SPLIT_K, ShapeRegression, kernels
-from lagom_tune.model.gpu_fit import _alone_estimate, _fit_new_shapes, fit_gpu
+from lagom_tune.model.gpu_fit import _fit_new_shapes, fit_gpu
 from lagom_tune.model.rows import point_medians
 from lagom_tune.workload.presets import build_preset
 from lagom_tune.workload.spec import Gemm, gemm_of_key
@@ -29,7 +29,7 @@ def leave_one_shape_out(alone: dict[str, float], sms: int, hbm: float) -> tuple[
     errors, choices = [], []
     for k in alone:
         r = _fit_new_shapes({x: t for x, t in alone.items() if x != k}, shapes, sms, hbm, FORM_WAVES)
-        errors.append(abs(_alone_estimate(r, shapes[k], sms, hbm) / alone[k] - 1))
+        errors.append(abs(r.seconds(shapes[k], sms, hbm) / alone[k] - 1))
         choices.append(r.kernel_choice)
     return float(np.mean(errors)), choices
 

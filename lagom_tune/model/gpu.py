@@ -269,8 +269,16 @@ class ShapeRegression:
         """The terms of a shape never measured on a device of ``sms`` SMs and ``hbm`` bytes/s."""
         if not self.kernel_choice:
             return self.terms(g)
-        return min((self.terms(g, tile, s) for tile, s in kernels(g, sms)),
-                   key=lambda f: math.ceil(f.ctas / sms) * f.theta + f.ctas * f.dbytes / hbm)
+        return min((self.terms(g, tile, s) for tile, s in kernels(g, sms)), key=lambda f: _kernel_seconds(f, sms, hbm))
+
+    def seconds(self, g: Gemm, sms: int, hbm: float) -> float:
+        """Seconds alone of a shape never measured, as the regression is fitted to predict them."""
+        return self.launch_s + _kernel_seconds(self.estimate(g, sms, hbm), sms, hbm)
+
+
+def _kernel_seconds(f: GemmFit, sms: int, hbm: float) -> float:
+    """A kernel's seconds alone by its terms on an idle device, a partial wave counted as a full one."""
+    return math.ceil(f.ctas / sms) * f.theta + f.ctas * f.dbytes / hbm
 
 
 @dataclass(frozen=True)

@@ -254,16 +254,10 @@ def _fit_new_shapes(alone: dict[str, float], shapes: dict[str, Gemm], sms: int, 
         for i, g in enumerate(gemms):
             rest = [j for j in range(len(gemms)) if j != i]
             r = _kernel_regression([gemms[j] for j in rest], y[rest], sms, hbm, choice)
-            errors.append(abs(_alone_estimate(r, g, sms, hbm) / y[i] - 1))
+            errors.append(abs(r.seconds(g, sms, hbm) / y[i] - 1))
         return float(np.mean(errors))
 
     return min(fits, key=lambda r: held_out(r.kernel_choice))  # the tiles first: kept on a tie
-
-
-def _alone_estimate(r: ShapeRegression, g: Gemm, sms: int, hbm: float) -> float:
-    """Seconds alone of a shape never measured, as the regression ``r`` was fitted to predict them."""
-    f = r.estimate(g, sms, hbm)
-    return r.launch_s + math.ceil(f.ctas / sms) * f.theta + f.ctas * f.dbytes / hbm
 
 
 def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float, choice: bool) -> ShapeRegression:
