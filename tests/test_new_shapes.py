@@ -23,37 +23,36 @@ DATA = Path(__file__).parent / "data"
 H200_RUNS = ("h200-2026-11-29/mpt-7b-tp8-dp1", "h200-2026-11-30/mpt-7b-tp8-dp1", "h200-2026-11-30/llama3-8b-fsdp8")
 
 
-def leave_one_shape_out(alone: dict[str, float], sms: int, hbm: float) -> tuple[float, list[bool]]:
-    """Mean relative error predicting each shape from the others, and which fits chose kernels."""
+def leave_one_shape_out(alone: dict[str, float], sms: int, hbm: float) -> float:
+    """Mean relative error predicting each shape from the others."""
     shapes = {k: gemm_of_key(k) for k in alone}
-    errors, choices = [], []
+    errors = []
     for k in alone:
         r = _fit_new_shapes({x: t for x, t in alone.items() if x != k}, shapes, sms, hbm, FORM_WAVES)
         errors.append(abs(r.seconds(shapes[k], sms, hbm) / alone[k] - 1))
-        choices.append(r.kernel_choice)
-    return float(np.mean(errors)), choices
+    return float(np.mean(errors))
 
 
 @pytest.mark.parametrize("run", H200_RUNS)
 def test_a_real_h200_shape_from_the_others(run):
-    """2026-11-30: 5.5%, 6.2% and 4.3% (12.2%, 6.7% and 3.9% with a launch cost clipped at zero
+    """2026-11-30: 5.3%, 5.9% and 4.4% (12.2%, 6.7% and 3.9% with a launch cost clipped at zero
     after an unconstrained fit, and one tile shape for every GEMM)."""
     pts = point_medians(pd.read_csv(DATA / run / "measurements.csv"))
     fp = yaml.safe_load((DATA / run / "meta.yaml").read_text())["fingerprint"]
     alone = (pts[pts["kind"] == "gemm"].set_index("gemm")["time_us"] / 1e6).to_dict()
-    error, _ = leave_one_shape_out(alone, fp["sms"], fp["hbm_GBps"] * 1e9)
+    error = leave_one_shape_out(alone, fp["sms"], fp["hbm_GBps"] * 1e9)
     assert error <= 0.07, error
 
 
 @pytest.mark.parametrize("name", ["olmoe-1b-7b-ep8", "deepseek-moe-16b-ep8"])
-def test_moe_shapes_on_simulated_a40s_need_the_kernel_choice(name):
+def test_moe_shapes_on_simulated_a40s_from_the_others(name):
     """The MoE presets' small and split-K shapes (m or k of 64, deep k): one 128x128 tile for every
     shape missed them by 14-15% on average; each shape as the cheapest candidate kernel, 5.8-6.3%
     (SIMULATED, noiseless)."""
     sim, c = SimCluster(CLUSTERS["a40-nvlink"]), CLUSTERS["a40-nvlink"]
     alone = {g.shape_key: sim.gemm_time(g) for grp in build_preset(name).groups for g in grp.compute}
-    error, choices = leave_one_shape_out(alone, c.sms, c.hbm)
-    assert error <= 0.075 and all(choices), (error, choices)
+    error = leave_one_shape_out(alone, c.sms, c.hbm)
+    assert error <= 0.075, error
 
 
 def test_split_k_only_where_the_tiles_leave_sms_idle_and_k_is_deep():

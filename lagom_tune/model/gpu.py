@@ -71,12 +71,11 @@ in proportion to the block's ``k``; memory (waves-v2) in proportion to what it m
 read and C written once, plus what its blocks move beyond that when they share nothing (panel
 re-reads: a GEMM one tile wide has none, a square one many; split-K's fp32 partials); memory
 (eq4-6) in proportion to each block's A and B panels and its C tile, as Eq. 5 charges them.
-waves-v2 runs every shape as 128x128 tiles, or each as the cheapest of the candidate kernels
-(:func:`kernels`, as a library picks its fastest; the kernels re-assigned and the terms refitted
-until no shape changes kernel): the fit keeps the one that predicts each measured shape from the
-others better (leave-one-shape-out, simulated A40 MoE shapes: 14-15% -> 6%; the three real
-H200 runs: 12.2, 6.7, 3.9% -> 5.5, 6.2, 4.3%, the first also for the launch cost, now fitted
-non-negative, not clipped at zero after the fit).
+waves-v2 runs each shape as the cheapest of its candidate kernels (:func:`kernels`, as a library
+picks its fastest; the kernels re-assigned and the terms refitted until no shape changes kernel;
+model files written before 2026-11-30's fifth session run 128x128 tiles). Leave-one-shape-out,
+against 128x128 tiles for every shape and a launch cost clipped at zero after an unconstrained fit:
+simulated A40 MoE shapes 14-15% -> 6%, the three real H200 runs 12.2, 6.7, 3.9% -> 5.3, 5.9, 4.4%.
 """
 
 from __future__ import annotations

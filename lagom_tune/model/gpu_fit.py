@@ -228,9 +228,8 @@ def _fit_new_shapes(alone: dict[str, float], shapes: dict[str, Gemm], sms: int, 
     """Shapes never measured: per wave, math in proportion to the block's k, and memory in proportion
     to the bytes the GEMM must move and those its kernel moves beyond (eq4-6: the bytes its blocks
     read and write, full waves of them); fitted jointly over the measured shapes on relative error,
-    with non-negative coefficients. waves-v2 fits two and keeps the one with the smaller
-    leave-one-shape-out error: every shape as Eq. 4's 128x128 tiles, or each as the cheapest of the
-    candidate kernels (:func:`~lagom_tune.model.gpu.kernels`; a library picks its fastest)."""
+    with non-negative coefficients; waves-v2 runs each shape as the cheapest of its candidate
+    kernels (:func:`~lagom_tune.model.gpu.kernels`; a library picks its fastest)."""
 
     measured = [k for k in alone if k in shapes]
     if not measured:
@@ -245,32 +244,20 @@ def _fit_new_shapes(alone: dict[str, float], shapes: dict[str, Gemm], sms: int, 
         lin = fit_linear(np.array([features(g) for g in gemms]), ("math", "memory", "more"), y)
         math_s, memory, more = (c for _, c in lin.coefs)
         return ShapeRegression(math_s, memory, more, max(lin.intercept_us, 0.0))
-    fits = [_kernel_regression(gemms, y, sms, hbm, choice) for choice in (False, True)]
-    if len(gemms) < 3:  # nothing to hold out
-        return fits[0]
-
-    def held_out(choice: bool) -> float:
-        errors = []
-        for i, g in enumerate(gemms):
-            rest = [j for j in range(len(gemms)) if j != i]
-            r = _kernel_regression([gemms[j] for j in rest], y[rest], sms, hbm, choice)
-            errors.append(abs(r.seconds(g, sms, hbm) / y[i] - 1))
-        return float(np.mean(errors))
-
-    return min(fits, key=lambda r: held_out(r.kernel_choice))  # the tiles first: kept on a tie
+    return _kernel_regression(gemms, y, sms, hbm)
 
 
-def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float, choice: bool) -> ShapeRegression:
-    """waves-v2's regression over ``gemms`` timed ``y`` seconds alone. ``choice``: each shape runs the
-    cheapest of its candidate kernels, found by alternating (each shape's kernel under the current
-    terms, then the terms given those kernels) from Eq. 4's tiles until no shape changes kernel;
-    the round with the smallest error is kept. Else every shape runs 128x128 tiles."""
+def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -> ShapeRegression:
+    """waves-v2's regression over ``gemms`` timed ``y`` seconds alone, each shape run as the cheapest
+    of its candidate kernels: found by alternating (each shape's kernel under the current terms,
+    then the terms given those kernels) from Eq. 4's tiles until no shape changes kernel; the round
+    with the smallest error is kept."""
 
     def features(g: Gemm, tile: tuple[int, int], split: int) -> list[float]:
         math_kflop = math.ceil(kernel_ctas(g, tile, split) / sms) * 2 * tile[0] * tile[1] * g.k / split / 1e3
         return [math_kflop, min_traffic(g) / hbm, extra_traffic(g, tile, split) / hbm]
 
-    options = [np.array([features(g, t, s) for t, s in (kernels(g, sms) if choice else [((TILE, TILE), 1)])]) for g in gemms]
+    options = [np.array([features(g, t, s) for t, s in kernels(g, sms)]) for g in gemms]
     pick = [0] * len(gemms)  # kernels() lists the 128x128 tile unsplit first
     best: tuple[float, np.ndarray] | None = None
     for _ in range(KERNEL_ROUNDS):
@@ -286,7 +273,7 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float, c
         pick = new
     assert best is not None
     launch, math_s, memory, more = (float(c) for c in best[1])
-    return ShapeRegression(math_s, launch_s=launch, d_per_min_byte=memory, d_per_reread_byte=more, kernel_choice=choice)
+    return ShapeRegression(math_s, launch_s=launch, d_per_min_byte=memory, d_per_reread_byte=more, kernel_choice=True)
 
 
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
