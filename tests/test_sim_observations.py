@@ -167,10 +167,10 @@ def test_infiniband_bounds_multi_node_collectives():
 def test_the_model_is_not_the_simulator_and_earns_its_accuracy(tmp_path, hardware, name, noise):
     """Held-out (5-fold) error of the fitted model on the simulator: non-zero for every quantity even
     without noise (its equations are not the simulator's); every quantity within the 5% aim but
-    isolated GEMM points, within 9% (2026-11-30: 8.1% on h200 olmoe, whose attention shapes are
-    profiled only alone, so a held-out point is a shape the model never saw; 6.9% before the
-    simulator's tiles had to read A and B at least once, which made its batched, one-tile-wide
-    attention GEMMs memory-bound as the H200's are; bench/results/paper_sim.md has every cluster)."""
+    isolated GEMM points, within 7.5% (2026-11-30: 6.6% on h200 olmoe, whose attention and router
+    shapes are profiled only alone, so a held-out point is a shape the model never saw; 8.1% before
+    a never-measured shape ran as the cheapest candidate kernel; bench/results/paper_sim.md has
+    every cluster)."""
     b = get_backend("sim", BackendOptions(hardware=hardware, noise=noise))
     run = run_profile(build_preset(name), b, tmp_path / "run", repeats=1 if noise == 0 else 3)
     fp = run.read_meta()["fingerprint"]
@@ -178,7 +178,7 @@ def test_the_model_is_not_the_simulator_and_earns_its_accuracy(tmp_path, hardwar
     mape = fit.mape
     assert all(c.warm_gain == 0 for c in fit.model.comm.values())  # the simulator times collectives alone cold
     assert all(v > 0.001 for v in mape.values()), mape
-    assert max(v for k, v in mape.items() if k != "gemm") <= 0.05 and mape["gemm"] <= 0.09, mape
+    assert max(v for k, v in mape.items() if k != "gemm") <= 0.05 and mape["gemm"] <= 0.075, mape
     # the placement of channel blocks is the simulated hardware's: Hopper's 2-CTA GEMMs lose whole
     # TPCs over its 8 GPCs, Ampere's lose one SM per block
     cluster = CLUSTERS[hardware]
