@@ -66,7 +66,8 @@ A shape's time alone comes from its own point and from the alone times recorded 
 overlapped pairs; waves-v2 returns it as measured (``alone_s``: the terms model the shape beside
 collectives, where a kernel's waves may quantise unlike its time alone, e.g. a persistent grid
 with uneven tiles per CTA; it never runs faster beside one). A shape never measured is predicted
-from the others, fitted jointly with non-negative coefficients (a launch cost too): per wave, math
+from the others, fitted jointly with non-negative coefficients (a launch cost too; waves-v2 under
+Huber's loss, as the shapes' own terms): per wave, math
 in proportion to the block's ``k``; memory (waves-v2) in proportion to what it must move, A and B
 read and C written once, plus what its blocks move beyond that when they share nothing (panel
 re-reads: a GEMM one tile wide has none, a square one many; split-K's fp32 partials); memory
@@ -75,7 +76,7 @@ waves-v2 runs each shape as the cheapest of its candidate kernels (:func:`kernel
 picks its fastest; the kernels re-assigned and the terms refitted until no shape changes kernel;
 model files written before 2026-11-30's fifth session run 128x128 tiles). Leave-one-shape-out,
 against 128x128 tiles for every shape and a launch cost clipped at zero after an unconstrained fit:
-simulated A40 MoE shapes 14-15% -> 6%, the three real H200 runs 12.2, 6.7, 3.9% -> 5.3, 5.9, 4.4%.
+simulated A40 MoE shapes 14-15% -> 6%, the three real H200 runs 12.2, 6.7, 3.9% -> 5.1, 5.0, 4.4%.
 """
 
 from __future__ import annotations

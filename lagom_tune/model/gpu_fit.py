@@ -261,8 +261,8 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
     pick = [0] * len(gemms)  # kernels() lists the 128x128 tile unsplit first
     best: tuple[float, np.ndarray] | None = None
     for _ in range(KERNEL_ROUNDS):
-        # launch, math, memory, more: all non-negative, on relative error
-        coef, _ = _nonneg_lstsq(np.array([[1.0, *f[i]] for f, i in zip(options, pick)]), y, 1 / y)
+        # launch, math, memory, more: all non-negative, on relative error under Huber's loss
+        coef = _huber_nonneg_lstsq(np.array([[1.0, *f[i]] for f, i in zip(options, pick)]), y)
         costs = [f @ coef[1:] for f in options]
         loss = float(np.mean(np.abs((coef[0] + np.array([c.min() for c in costs])) / y - 1)))
         if best is None or loss < best[0]:
@@ -274,6 +274,18 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
     assert best is not None
     launch, math_s, memory, more = (float(c) for c in best[1])
     return ShapeRegression(math_s, launch_s=launch, d_per_min_byte=memory, d_per_reread_byte=more, kernel_choice=True)
+
+
+def _huber_nonneg_lstsq(a: np.ndarray, y: np.ndarray, rounds: int = 4) -> np.ndarray:
+    """:func:`_nonneg_lstsq` on relative error under Huber's loss, iteratively reweighted as
+    :func:`_two_term_fits` is (a shape that no regression over the others explains must not bend
+    the terms every never-measured shape takes)."""
+    w = 1 / y
+    coef, _ = _nonneg_lstsq(a, y, w)
+    for _ in range(rounds):
+        r = (a @ coef - y) / y
+        coef, _ = _nonneg_lstsq(a, y, w * np.sqrt(np.minimum(1.0, HUBER_DELTA / np.maximum(np.abs(r), 1e-12))))
+    return coef
 
 
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
