@@ -54,7 +54,7 @@ def overlap_costs(cluster: str, workloads: dict[str, Workload]) -> pd.DataFrame:
     (by name): the iteration's GEMM time beside its collectives over alone, and the two streams run
     one after the other over overlapped."""
     c = CLUSTERS[cluster]
-    defaults = Settings(process={k.name: k.default for k in nccl_knob_space(c.max_channels, c.default_channels).knobs})
+    defaults = Settings(process=nccl_knob_space(c.max_channels, c.default_channels).defaults())
     sim = SimCluster(c)
     return pd.DataFrame([{"cluster": cluster, "workload": name, **asdict(sim.overlap_cost(w, defaults))} for name, w in workloads.items()])
 

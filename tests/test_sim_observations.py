@@ -85,7 +85,7 @@ def test_autoccl_isolated_collective_gain_over_nccl_defaults():
     c = CLUSTERS["a40-nvlink"]
     sim = SimCluster(c)
     space = nccl_knob_space(c.max_channels, c.default_channels)
-    default = {k.name: k.default for k in space.knobs}
+    default = space.defaults()
     gains = []
     for op, nbytes in itertools.product(("all_reduce", "all_gather", "reduce_scatter"), (64 << 20, 256 << 20)):
         base = sim.comm_time(op, nbytes, 8, 1, default)
@@ -126,7 +126,7 @@ def test_h100_one_wave_gemm_nearly_doubles_beside_an_all_gather():
 def _default_overlaps():
     """Every GEMM beside every collective of three paper workloads, NCCL's defaults, H100 cluster."""
     sim = SimCluster(CLUSTERS["h100-nvlink"])
-    s = {k.name: k.default for k in nccl_knob_space(64, 16).knobs}
+    s = nccl_knob_space(64, 16).defaults()
     for name in ("llama3-8b-tp8-dp2", "mpt-7b-fsdp16", "phi-2-tp8-dp2"):
         for grp in build_preset(name).groups:
             for g, c in itertools.product(grp.compute, grp.comm):

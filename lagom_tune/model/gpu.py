@@ -154,6 +154,12 @@ def kernel_ctas(g: Gemm, tile: tuple[int, int] = (TILE, TILE), split: int = 1) -
     return math.ceil(g.m / tile[0]) * math.ceil(g.n / tile[1]) * g.batch * split
 
 
+def cta_kflop(g: Gemm, tile: tuple[int, int] = (TILE, TILE), split: int = 1) -> float:
+    """kFLOP one CTA of a ``tile`` kernel split ``split`` ways computes (Eq. 4's ``theta`` per kFLOP
+    times this is its math per wave)."""
+    return 2 * tile[0] * tile[1] * g.k / split / 1e3
+
+
 def extra_traffic(g: Gemm, tile: tuple[int, int] = (TILE, TILE), split: int = 1) -> float:
     """Bytes a kernel of ``tile`` blocks split ``split`` ways would move beyond A and B read once
     and C written once, if no two blocks shared a panel: each A row panel once per block column,
@@ -263,7 +269,7 @@ class ShapeRegression:
         ctas = kernel_ctas(g, tile, split)
         per_block = self.d_per_block_byte * block_bytes(g) + self.d_per_tile_byte * tile_bytes(g)
         moved = self.d_per_min_byte * min_traffic(g) + self.d_per_reread_byte * extra_traffic(g, tile, split)
-        return GemmFit(self.theta_per_kflop * 2 * tile[0] * tile[1] * g.k / split / 1e3, per_block + moved / ctas, ctas, self.corun)
+        return GemmFit(self.theta_per_kflop * cta_kflop(g, tile, split), per_block + moved / ctas, ctas, self.corun)
 
     def estimate(self, g: Gemm, sms: int, hbm: float) -> GemmFit:
         """The terms of a shape never measured on a device of ``sms`` SMs and ``hbm`` bytes/s."""

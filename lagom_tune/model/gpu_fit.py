@@ -23,8 +23,8 @@ from lagom_tune.backends.base import bus_factor
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.gpu import (
-    CORUN_GRID, CURVE_STEPS, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_V_PER_BYTE, MIN_FREE_HBM, PLACEMENTS, TIE, TILE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
-    LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, cta_candidates, extra_traffic, free_sms, kernel_ctas,
+    CORUN_GRID, CURVE_STEPS, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_V_PER_BYTE, MIN_FREE_HBM, PLACEMENTS, TIE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
+    LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, cta_candidates, cta_kflop, extra_traffic, free_sms, kernel_ctas,
     kernels, l2_hit_share, min_traffic, step_bandwidth, tile_bytes, waves,
 )
 from lagom_tune.model.rows import consistent_baselines, contention_points, gemm_of_row, two_rate_slowdowns
@@ -239,7 +239,7 @@ def _fit_new_shapes(alone: dict[str, float], shapes: dict[str, Gemm], sms: int, 
 
         def features(g: Gemm) -> list[float]:
             n_waves = math.ceil(blocks(g) / sms)
-            return [n_waves * 2 * TILE * TILE * g.k / 1e3, n_waves * sms * block_bytes(g) / hbm, n_waves * sms * tile_bytes(g) / hbm]
+            return [n_waves * cta_kflop(g), n_waves * sms * block_bytes(g) / hbm, n_waves * sms * tile_bytes(g) / hbm]
 
         lin = fit_linear(np.array([features(g) for g in gemms]), ("math", "memory", "more"), y)
         math_s, memory, more = (c for _, c in lin.coefs)
@@ -254,8 +254,8 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
     with the smallest error is kept."""
 
     def features(g: Gemm, tile: tuple[int, int], split: int) -> list[float]:
-        math_kflop = math.ceil(kernel_ctas(g, tile, split) / sms) * 2 * tile[0] * tile[1] * g.k / split / 1e3
-        return [math_kflop, min_traffic(g) / hbm, extra_traffic(g, tile, split) / hbm]
+        return [math.ceil(kernel_ctas(g, tile, split) / sms) * cta_kflop(g, tile, split), min_traffic(g) / hbm,
+                extra_traffic(g, tile, split) / hbm]
 
     options = [np.array([features(g, t, s) for t, s in kernels(g, sms)]) for g in gemms]
     pick = [0] * len(gemms)  # kernels() lists the 128x128 tile unsplit first
@@ -283,8 +283,7 @@ def _huber_nonneg_lstsq(a: np.ndarray, y: np.ndarray, rounds: int = 4) -> np.nda
     w = 1 / y
     coef, _ = _nonneg_lstsq(a, y, w)
     for _ in range(rounds):
-        r = (a @ coef - y) / y
-        coef, _ = _nonneg_lstsq(a, y, w * np.sqrt(np.minimum(1.0, HUBER_DELTA / np.maximum(np.abs(r), 1e-12))))
+        coef, _ = _nonneg_lstsq(a, y, w * np.sqrt(_huber_weights((a @ coef - y) / y)))
     return coef
 
 
@@ -312,6 +311,12 @@ def _huber(r: np.ndarray) -> np.ndarray:
     a = np.abs(r)
     inner = np.minimum(a, HUBER_DELTA)
     return inner * (0.5 * inner) + HUBER_DELTA * (a - inner)
+
+
+def _huber_weights(r: np.ndarray) -> np.ndarray:
+    """The weights that turn least squares into Huber's loss of relative errors ``r`` in a round of
+    iterative reweighting: 1 up to :data:`HUBER_DELTA`, falling as ``1 / |r|`` beyond."""
+    return np.minimum(1.0, HUBER_DELTA / np.maximum(np.abs(r), 1e-12))
 
 
 def _two_term_fits(math: np.ndarray, memory: np.ndarray, y: np.ndarray, weight: np.ndarray,
@@ -347,7 +352,7 @@ def _two_term_fits(math: np.ndarray, memory: np.ndarray, y: np.ndarray, weight: 
         sse = np.where(feasible, a * a * s00 + 2 * a * b * s01 + b * b * s11 - 2 * (a * t0 + b * t1) + u, np.inf)
         coef = options[sse.argmin(axis=0), np.arange(math.shape[0])]
         r = (coef[:, 0:1] * math + coef[:, 1:2] * memory - y) / y
-        w2 = (weight / y) ** 2 * np.minimum(1.0, HUBER_DELTA / np.maximum(np.abs(r), 1e-12))
+        w2 = (weight / y) ** 2 * _huber_weights(r)
     return coef[:, 0], coef[:, 1], (weight * _huber(r)).sum(axis=1)
 
 
