@@ -164,10 +164,10 @@ class CudaMeter:
         return min(time_run(self.torch, Launches(fn, count)) for _ in range(2)) / count
 
     def matmul(self, point: Point):
-        from lagom_tune.backends.tensors import operands  # local: this module imports torch only in a worker
+        """One launch of the point's GEMM, on operands rotated past the L2 (``tensors.rotating_matmul``)."""
+        from lagom_tune.backends.tensors import rotating_matmul  # local: this module imports torch only in a worker
 
-        a, b = operands(point.gemm, self.device)
-        return lambda: self.torch.matmul(a, b)
+        return rotating_matmul(point.gemm, self.device, self.torch.cuda.get_device_properties(self.device).L2_cache_size)
 
     def comm(self, point: Point, nbytes: int | None = None, settings: dict | None = None):
         """One launch of the point's collective (or probe of ``nbytes``), and the probe if it is one."""
