@@ -195,6 +195,7 @@ def test_torchrun_profile_rank0_writes_all_ranks_agree_and_resume(tmp_path):
     fp = meta["fingerprint"]
     assert meta["complete"] and meta["points_done"] == meta["points_total"]
     assert fp["backend"] == "nccl" and fp["ranks"] == 2 and fp["mode"] == "multi-gpu" and "standin" in fp
+    assert fp["gemm_operands"] == "one pair (stand-in)"  # a GPU run says how its GEMMs were timed (gpu_timing.OPERANDS)
     import pandas as pd
 
     df = pd.read_csv(run / "measurements.csv")
@@ -408,7 +409,8 @@ def test_gemm_launches_cycle_operand_copies_past_the_l2():
     """The H200 ran MPT-7B's 4x128x2048x2048 at 4.7 TB/s of A, B and C moved once, more than the
     4.26 TB/s it copies: back to back on one pair of operands, a GEMM reads them from the L2 the
     launch before filled, which a training step (other kernels in between) does not find."""
-    from lagom_tune.backends.tensors import CACHE_SPAN, MAX_OPERAND_SETS, operand_sets, rotating_matmul
+    from lagom_tune.backends.gpu_timing import CACHE_SPAN, MAX_OPERAND_SETS, operand_sets
+    from lagom_tune.backends.tensors import rotating_matmul
 
     l2 = 50 << 20
     assert operand_sets(Gemm("mpt", 128, 2048, 2048, "bf16", batch=4), l2) == 5  # 35.7 MB of A and B: 5 copies span 3 L2s

@@ -7,6 +7,11 @@ CPU's launch gaps (10-20 µs per ``torch.matmul``) never enter a figure; longer 
 directly. Every timed run starts behind a short GPU sleep, so the CPU has queued the whole run
 before the GPU reaches the start event.
 
+A GEMM's back-to-back launches multiply different copies of A and B (:func:`operand_sets`), enough
+to span three times the L2, so each reads its operands from HBM as in a training step, where other
+kernels run between two uses of a weight (on one pair, the H200 ran MPT-7B's ``4x128x2048x2048`` at
+4.7 TB/s of the bytes it must move, above the 4.26 TB/s it copies: partly from L2).
+
 NCCL collectives are never captured: capturing one ties every rank's replay together and needs
 the communicator set up for capture. They are launched directly (one collective is long enough
 to hide its launch behind the spacer), alone and overlapped alike.
@@ -14,13 +19,35 @@ to hide its launch behind the spacer), alone and overlapped alike.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from lagom_tune.workload.spec import DTYPES, Gemm
 
 GRAPH_BELOW_US = 50.0  # launches shorter than this are replayed from a captured CUDA graph
 SPACER_CYCLES = 100_000  # ~50 µs of GPU sleep at 2 GHz: time for the CPU to queue a run
 
+CACHE_SPAN = 3  # a GEMM's rotated operands span at least this many times the L2 (a launch finds none of its own there)
+MAX_OPERAND_SETS = 64  # ... in at most this many copies (a GEMM of a few MB spans 3x a 50 MB L2 with ~64)
+OPERANDS = f"rotated past {CACHE_SPAN}x the L2"  # how GEMM points are timed, as the run's fingerprint says
+
 GRAPHED, STREAMED = "graph", "stream"
+
+
+def operand_sets(g: Gemm, cache_bytes: int) -> int:
+    """Copies of A and B that back-to-back launches of ``g`` cycle through, so that none finds its
+    operands in the cache the launch before filled: enough to span :data:`CACHE_SPAN` times the
+    cache, one when A and B alone exceed that, at most :data:`MAX_OPERAND_SETS`.
+
+    Args:
+        g: the GEMM.
+        cache_bytes: the device's last-level cache (a GPU's L2) in bytes.
+    Returns:
+        The number of operand sets, at least 1.
+    """
+    ab = (g.m * g.k + g.k * g.n) * g.batch * DTYPES[g.dtype]
+    return max(1, min(MAX_OPERAND_SETS, math.ceil(CACHE_SPAN * cache_bytes / ab)))
 
 
 @dataclass

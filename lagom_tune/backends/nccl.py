@@ -31,6 +31,7 @@ import uuid
 from typing import Any, Iterator
 
 from lagom_tune.backends.base import BackendOptions, Point, RegisteredBackend, RowSink, reduce_ranks
+from lagom_tune.backends.gpu_timing import OPERANDS
 from lagom_tune.backends.nccl_knobs import nccl_knob_space
 from lagom_tune.backends.nccl_sweep import batches, plan_collective_points, plan_probe_points, worker_env
 from lagom_tune.backends.nccl_worker import WorkerSpec, worker_main
@@ -143,6 +144,7 @@ def local_facts(standin: bool, local_rank: int) -> dict[str, Any]:
 
     if standin:
         return {"gpu": "cpu stand-in (test only)", "sms": STANDIN_SMS, "hbm_GBps": 10.0, "hbm_method": "assumed (stand-in)",
+                "l2_MiB": None, "gemm_operands": "one pair (stand-in)",
                 "driver": None, "cuda": None, "nccl": None, "torch": str(torch.__version__), "host": platform.node()}
     device = torch.device("cuda", local_rank)
     props = torch.cuda.get_device_properties(device)
@@ -150,6 +152,7 @@ def local_facts(standin: bool, local_rank: int) -> dict[str, Any]:
     return {
         "gpu": props.name, "sms": props.multi_processor_count, "memory_GiB": round(props.total_memory / (1 << 30), 1),
         "hbm_GBps": round(_measured_copy_bandwidth(torch, device), 1), "hbm_method": "measured: 1 GiB device-to-device copy, best of 5",
+        "l2_MiB": round(props.L2_cache_size / (1 << 20), 1), "gemm_operands": OPERANDS,
         "driver": _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", str(local_rank)]) or None,
         "cuda": torch.version.cuda, "nccl": ".".join(map(str, nccl)) if nccl else None, "torch": str(torch.__version__),
         "host": platform.node(),
@@ -195,6 +198,7 @@ class NcclBackend(RegisteredBackend):
                 "backend": self.name, "simulated": self.simulated, "mode": MODES[self.mode],
                 "device": first["gpu"], "gpu": first["gpu"], "sms": first["sms"],
                 "hbm_GBps": min(f["hbm_GBps"] for f in facts), "hbm_method": first["hbm_method"],
+                "l2_MiB": first["l2_MiB"], "gemm_operands": first["gemm_operands"],
                 "memory_GiB": first.get("memory_GiB"), "driver": first["driver"], "cuda": first["cuda"], "nccl": first["nccl"],
                 "torch": first["torch"], "ranks": c.world, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
                 "hosts": sorted({f["host"] for f in facts}), "host": first["host"],

@@ -4,16 +4,14 @@ agreed across ranks. Shared by the gloo backend's ranks and the nccl backend's w
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Any, Callable
 
 import torch
 
-from lagom_tune.workload.spec import DTYPES, Gemm
+from lagom_tune.backends.gpu_timing import operand_sets
+from lagom_tune.workload.spec import Gemm
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-CACHE_SPAN = 3  # rotated operands span at least this many times the cache (a launch finds none of its own left there)
-MAX_OPERAND_SETS = 64  # ... in at most this many copies (a GEMM of a few MB spans 3x a 50 MB L2 with ~64)
 
 
 def operands(g: Gemm, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,25 +29,9 @@ def operands(g: Gemm, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(shape_a, dtype=dt, device=device), torch.randn(shape_b, dtype=dt, device=device)
 
 
-def operand_sets(g: Gemm, cache_bytes: int) -> int:
-    """Copies of A and B that back-to-back launches of ``g`` cycle through, so that each launch
-    reads its operands from memory as a training step does (other kernels ran between two uses of
-    one weight), not from what the launch before left in cache: enough to span :data:`CACHE_SPAN`
-    times the cache, one when A and B alone exceed that, at most :data:`MAX_OPERAND_SETS`.
-
-    Args:
-        g: the GEMM.
-        cache_bytes: the device's last-level cache (a GPU's L2) in bytes.
-    Returns:
-        The number of operand sets, at least 1.
-    """
-    ab = (g.m * g.k + g.k * g.n) * g.batch * DTYPES[g.dtype]
-    return max(1, min(MAX_OPERAND_SETS, math.ceil(CACHE_SPAN * cache_bytes / ab)))
-
-
 def rotating_matmul(g: Gemm, device: Any, cache_bytes: int) -> Callable[[], torch.Tensor]:
-    """A launcher of ``g`` that multiplies the next of :func:`operand_sets` copies of A and B at each
-    call (a CUDA graph captured over ``n`` calls replays them in that order).
+    """A launcher of ``g`` that multiplies the next of ``gpu_timing.operand_sets`` copies of A and B
+    at each call (a CUDA graph captured over ``n`` calls replays them in that order).
 
     Args:
         g: the GEMM.
