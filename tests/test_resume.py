@@ -15,10 +15,13 @@ pytestmark = pytest.mark.slow
 
 
 def start_profile(workload, run, *extra):
-    # A session of its own, so a test can send Ctrl-C to the whole group as a terminal does.
+    # A session of its own, so a test can send Ctrl-C to the whole group as a terminal does; Ctrl-C
+    # handled as in a terminal even when the tests run as a background job (which ignores SIGINT,
+    # and its children with it).
     return subprocess.Popen([str(BIN / "lagom-tune"), "profile", "--workload", str(workload), "--ranks", "2",
                              "--out", str(run), "--repeats", "3", *extra],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_points(run, n, proc, limit=120):
