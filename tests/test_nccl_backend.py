@@ -518,9 +518,10 @@ def rows_gemm(pts):
 
 def test_a_gemm_point_is_timed_as_the_baseline_of_its_overlapped_job(monkeypatch):
     """One count of back-to-back launches for a shape, alone and in its overlapped job: the H200's
-    200 µs GEMM points ran 8-37% slower than the same shapes' 1 ms baselines (nccl_worker.gemm_count)."""
+    200 µs GEMM points ran 8-37% slower than the same shapes' 1 ms baselines (gpu_timing.launch_count)."""
     from lagom_tune.backends import tensors
-    from lagom_tune.backends.nccl_worker import CudaMeter, WorkerSpec, gemm_count
+    from lagom_tune.backends.gpu_timing import MAX_LAUNCHES, launch_count
+    from lagom_tune.backends.nccl_worker import CudaMeter, WorkerSpec
 
     pts = plan_probe_points(ONE_PAIR, nccl_knob_space(64, 16), sms=132)
     meter = CudaMeter(WorkerSpec(0, 1, 0, 1, "127.0.0.1", 0, "p/", tuple(pts), 2, 60.0), fake_cuda_torch(), fake_nccl_dist([]))
@@ -529,8 +530,8 @@ def test_a_gemm_point_is_timed_as_the_baseline_of_its_overlapped_job(monkeypatch
     monkeypatch.setattr(tensors, "slowest_rank", lambda dist, values, device="cpu": values)
     alone = meter.measure(next(p for p in pts if p.kind == "gemm"), 2)
     n, _ = meter.job(next(p for p in pts if p.kind == "overlap"), 40e-6)
-    assert {r["inner"] for r in alone} == {n} == {gemm_count(40e-6)} == {25}  # 1 ms of 40 µs launches, both ways
-    assert gemm_count(3e-3) == 1 and gemm_count(8e-6) == 125
+    assert {r["inner"] for r in alone} == {n} == {launch_count(40e-6)} == {25}  # 1 ms of 40 µs launches, both ways
+    assert launch_count(3e-3) == 1 and launch_count(8e-6) == 125 and launch_count(1e-7) == MAX_LAUNCHES
 
 
 def test_gpu_meter_probe_points_with_the_kernel_faked(monkeypatch):

@@ -5,7 +5,9 @@ same stream, the baseline right before the quantity, so slow drift (clocks, temp
 Launches shorter than :data:`GRAPH_BELOW_US` are captured once in a CUDA graph and replayed, so the
 CPU's launch gaps (10-20 µs per ``torch.matmul``) never enter a figure; longer ones are launched
 directly. Every timed run starts behind a short GPU sleep, so the CPU has queued the whole run
-before the GPU reaches the start event.
+before the GPU reaches the start event, and lasts at least :data:`RUN_S` (:func:`launch_count`):
+a GEMM point, the probe alone, and a shape's overlapped job (its GEMMs are the GEMM point's
+launches), so a GEMM point and that job's baseline are one measurement.
 
 A GEMM's back-to-back launches multiply different copies of A and B (:func:`operand_sets`), enough
 to span three times the L2, so each reads its operands from HBM as in a training step, where other
@@ -26,6 +28,8 @@ from typing import Any, Callable
 from lagom_tune.workload.spec import DTYPES, Gemm
 
 GRAPH_BELOW_US = 50.0  # launches shorter than this are replayed from a captured CUDA graph
+RUN_S = 1e-3  # a timed run lasts at least this long (it pays a few to tens of µs once; see launch_count)
+MAX_LAUNCHES = 1000  # ... in at most this many launches (the nodes of one CUDA graph)
 SPACER_CYCLES = 100_000  # ~50 µs of GPU sleep at 2 GHz: time for the CPU to queue a run
 
 CACHE_SPAN = 3  # a GEMM's rotated operands span at least this many times the L2 (a launch finds none of its own there)
@@ -33,6 +37,22 @@ MAX_OPERAND_SETS = 64  # ... in at most this many copies (a GEMM of a few MB spa
 OPERANDS = f"rotated past {CACHE_SPAN}x the L2"  # how GEMM points are timed, as the run's fingerprint says
 
 GRAPHED, STREAMED = "graph", "stream"
+
+
+def launch_count(one_s: float) -> int:
+    """Back-to-back launches in a timed run of work that takes ``one_s`` seconds once: enough to last
+    :data:`RUN_S`, at most :data:`MAX_LAUNCHES`. A run pays a cost once (20-70 µs on the H200 for
+    1-3 directly launched GEMMs, less for a graph) that 1 ms amortises: on 2026-11-30 the H200's
+    runs of 200 µs made GEMM points of Llama-3-8B's 90-700 µs GEMMs 8-37% slower than the same
+    shapes' 1 ms baselines, and probe points of 2-10 launches 3-9% slower than the bandwidth curve
+    fitted to runs of one long launch.
+
+    Args:
+        one_s: one launch's seconds.
+    Returns:
+        The launch count, at least 1.
+    """
+    return max(1, min(MAX_LAUNCHES, round(RUN_S / one_s)))
 
 
 def operand_sets(g: Gemm, cache_bytes: int) -> int:

@@ -18,29 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from lagom_tune.backends.base import Point
-from lagom_tune.backends.gpu_timing import Launches, launches, time_overlapped, time_run
+from lagom_tune.backends.gpu_timing import Launches, launch_count, launches, time_overlapped, time_run
 from lagom_tune.backends.nccl_sweep import PROBE, PROBE_REFERENCE, channel_options, subgroups
 from lagom_tune.backends.probe import Probe, probe_geometry, steps_for
 from lagom_tune.measurements import PAIRED, overlap_columns, timed_columns
-
-TARGET_US = 200.0  # a timed probe sample spans at least this long (CUDA events resolve ~0.5 µs)
-GEMM_RUN_S = 1e-3  # a timed run of one GEMM shape lasts at least this long, alone or beside the probe
-
-
-def gemm_count(gemm_s: float) -> int:
-    """Back-to-back launches in a timed run of a GEMM of ``gemm_s`` seconds: enough to last
-    :data:`GEMM_RUN_S`. A GEMM point and the baseline of the shape's overlapped job are one
-    measurement: on 2026-11-30 the H200 timed GEMM points over 200 µs (1-3 launches of Llama-3-8B's
-    90-700 µs GEMMs) and they came out 8-37% slower than the same shapes' 1 ms baselines, a
-    cost per timed run (20-70 µs) that a single launch does not amortise.
-
-    Args:
-        gemm_s: one launch's seconds.
-    Returns:
-        The launch count, at least 1.
-    """
-    return max(1, round(GEMM_RUN_S / gemm_s))
-
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -218,15 +199,12 @@ class CudaMeter:
         return rows
 
     def timed_launches(self, fn, capturable: bool = True) -> Launches:
-        """Enough launches of ``fn`` (the probe alone) to span ``TARGET_US`` (one if it is that long already)."""
+        """Launches of ``fn`` lasting ``gpu_timing.RUN_S`` (one if it is that long already)."""
         once = self.per_launch_us(fn)
-        inner = max(1, min(100, round(TARGET_US / max(once, 1e-3))))
-        return launches(self.torch, fn, inner, once, capturable)
+        return launches(self.torch, fn, launch_count(once / 1e6), once, capturable)
 
     def gemm(self, point: Point, repeats: int) -> list[dict]:
-        fn = self.matmul(point)
-        once = self.per_launch_us(fn)
-        run = launches(self.torch, fn, gemm_count(once / 1e6), once)
+        run = self.timed_launches(self.matmul(point))
         return [timed_columns(t / run.n, run.n, run.how) for t in self.repeat(run, repeats)]
 
     def collective(self, point: Point, repeats: int) -> list[dict]:
@@ -247,8 +225,8 @@ class CudaMeter:
         key = (point.gemm.shape_key, point.op, point.nbytes, point.ranks, point.settings.get("nodes", 1))
         if key not in self.jobs:
             (y,) = slowest_rank(self.dist, (gemm_s,), self.device)  # every rank runs the same number of GEMMs
-            if point.op == PROBE:  # the GEMM point's run; the probe copies what it can meanwhile at NCCL's defaults
-                n = gemm_count(y)
+            if point.op == PROBE:  # the GEMM point's launches; the probe copies what it can meanwhile at NCCL's defaults
+                n = launch_count(y)
                 self.jobs[key] = (n, self.probe_bytes_lasting(point, n * y))
             else:  # as many GEMMs as last about as long as the collective
                 fn, _ = self.comm(point)
