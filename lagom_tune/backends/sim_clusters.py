@@ -14,17 +14,17 @@ HBM_EFFICIENCY = 4.26 / 4.8  # measured device-to-device copy over the data-shee
 class MemoryCalibration:
     """How a GEMM's tiles and a collective share L2 and HBM in the simulated mechanism
     (``sim_compute.tile_seconds``, ``sim_comm.copy_slowdown``): constants no data sheet gives, fitted
-    to one H200's slowdown table by ``bench/calibrate_sim.py`` (Optuna, 2026-11-30; how they were
+    to one H200's slowdown table by ``bench/calibrate_sim.py`` (Optuna, 2026-11-30, sixth session; how they were
     found in its docstring, the table and the constants in ``bench/results/sim_calibration.md``) and used for every simulated device."""
 
-    in_wave_reuse: float = 3.88  # CTAs running together share A and B panels through L2
-    cross_wave_hits: float = 0.545  # share of a later wave's panel loads that hit what the wave before left in L2
-    evicted_misses: float = 1.38  # panel-load misses per tile, relative to a first wave's, of a non-persistent kernel once a collective streams through L2
-    eviction_per_utilisation: float = 3.77  # more misses as the collective's share u of HBM bandwidth grows, as u ** eviction_power
-    eviction_power: float = 5.23  # (the H200's slowdown rises late, past half its bandwidth)
-    miss_stall: float = 0.394  # a tile's mainloop runs this much longer when all its panel loads miss L2 (latency not hidden)
-    queue_delay: float = 0.0639  # HBM latency grows with utilisation rho as 1 + queue_delay * rho / (1 - rho) (a queue) ...
-    max_utilisation: float = 0.772  # ... up to this rho (the memory controllers' queues are finite)
+    in_wave_reuse: float = 4.82  # CTAs running together share A and B panels through L2
+    cross_wave_hits: float = 0.593  # share of a later wave's panel loads that hit what the wave before left in L2
+    evicted_misses: float = 1.7  # panel-load misses per tile, relative to a first wave's, of a non-persistent kernel once a collective streams through L2
+    eviction_per_utilisation: float = 3.74  # more misses as the collective's share u of HBM bandwidth grows, as u ** eviction_power
+    eviction_power: float = 3.82  # (the H200's slowdown rises late, past half its bandwidth)
+    miss_stall: float = 0.223  # a tile's mainloop runs this much longer when all its panel loads miss L2 (latency not hidden)
+    queue_delay: float = 0.0584  # HBM latency grows with utilisation rho as 1 + queue_delay * rho / (1 - rho) (a queue) ...
+    max_utilisation: float = 0.745  # ... up to this rho (the memory controllers' queues are finite)
 
 
 @dataclass(frozen=True)

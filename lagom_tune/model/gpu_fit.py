@@ -27,7 +27,7 @@ from lagom_tune.model.gpu import (
     LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, cta_candidates, cta_kflop, extra_traffic, free_sms, kernel_ctas,
     kernels, l2_hit_share, min_traffic, step_bandwidth, tile_bytes, waves,
 )
-from lagom_tune.model.rows import consistent_baselines, contention_points, gemm_of_row, two_rate_slowdowns
+from lagom_tune.model.rows import consistent_baselines, contention_points, gemm_of_row, times_alone, two_rate_slowdowns
 from lagom_tune.profile.store import row_settings
 from lagom_tune.workload.spec import Collective, Gemm
 
@@ -147,23 +147,12 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: st
         raise UserError("the profile has no GEMM or no collective measurements to fit")
     comm = fit_comm(alone_comm_rows(pts), warm=warm)
     over = contention_points(pts)
-    alone = _times_alone(pts[pts["kind"] == "gemm"], over)
+    alone = times_alone(pts[pts["kind"] == "gemm"], over)
     shapes = {r["gemm"]: gemm_of_row(r) for _, r in pts[pts["gemm"].notna()].iterrows()}
     model, filled = _fit_computation(over, alone, shapes, _fit_new_shapes(alone, shapes, sms, hbm, form), comm,
                                      sms, hbm, form, iterations, simulated)
     contention, gemms, comm = _fit_comm_slowdown(model, filled)
     return replace(model, contention=contention, gemms=gemms, comm=comm)
-
-
-def _times_alone(gemm: pd.DataFrame, over: pd.DataFrame) -> dict[str, float]:
-    """Each shape's time alone (seconds): the median of its own point and of the alone times measured
-    beside each of its overlapped pairs (real measurements too, taken just before the pair)."""
-    seen: dict[str, list[float]] = {}
-    for _, r in gemm.iterrows():
-        seen.setdefault(r["gemm"], []).append(r["time_us"] / 1e6)
-    for _, r in over[over["compute_alone_us"].notna()].iterrows():
-        seen.setdefault(r["gemm"], []).append(r["compute_alone_us"] / r["n_compute"] / 1e6)
-    return {k: float(np.median(val)) for k, val in seen.items()}
 
 
 def _fit_computation(over: pd.DataFrame, alone: dict[str, float], shapes: dict[str, Gemm], regression: ShapeRegression,

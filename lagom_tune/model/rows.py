@@ -4,6 +4,7 @@ row was taken at, and the consistent baselines every slowdown is computed agains
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import pandas as pd
@@ -137,6 +138,24 @@ def contention_points(pts: pd.DataFrame, threshold: float = MIN_SLOWDOWN) -> pd.
     over = over[over["kind"] == "overlap"]
     slow = over["time_us"] / over["compute_alone_us"]
     return over[~(slow < threshold)]
+
+
+def times_alone(gemm: pd.DataFrame, over: pd.DataFrame) -> dict[str, float]:
+    """Each shape's time alone in seconds: the median of its own point and of the alone times
+    measured beside each of its overlapped pairs (real measurements too, taken just before the pair).
+
+    Args:
+        gemm: GEMM point medians.
+        over: overlapped point medians (rows without ``compute_alone_us`` are skipped).
+    Returns:
+        Seconds per GEMM, by shape.
+    """
+    seen: dict[str, list[float]] = {}
+    for _, r in gemm.iterrows():
+        seen.setdefault(r["gemm"], []).append(r["time_us"] / 1e6)
+    for _, r in over[over["compute_alone_us"].notna()].iterrows():
+        seen.setdefault(r["gemm"], []).append(r["compute_alone_us"] / r["n_compute"] / 1e6)
+    return {k: float(statistics.median(val)) for k, val in seen.items()}
 
 
 def gemm_of_row(row: pd.Series) -> Gemm:
