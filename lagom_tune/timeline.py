@@ -108,6 +108,8 @@ def simulate(compute: Sequence[Op], y: Sequence[float], comm: Sequence[CommOp], 
         dt_y = left_y * sy if comp_on else float("inf")
         dt_x = left_x * sx if comm_on else float("inf")
         dt = min(dt_y, dt_x)
+        if not dt >= 0:  # a NaN or negative time would stall the loop for ever
+            raise ValueError(f"op time {dt!r} in the timeline: times alone and slowdowns must be positive numbers")
         now += dt
         if comp_on:
             left_y -= dt / sy

@@ -106,3 +106,37 @@ def test_measured_shapes_are_predicted_by_their_measurement():
     assert model.compute_time(g, {"threads": 2}) == pytest.approx(measured)
     back = model_from_dict(fit_model(df).to_dict(rows=1, simulated=False))
     assert back.compute_time(g, {"threads": 2}) == pytest.approx(measured)
+
+
+def test_a_communication_fit_that_runs_off_keeps_finite_parameters():
+    """A CPU stand-in profile whose ring/Simple timings sent the L2-warm curve's Adam steps to NaN
+    (tests/data/standin-2026-11-30-diverging-comm): that group ends at its best finite parameters,
+    and the whole fit, folds included, completes (it failed with a ZeroDivisionError before)."""
+    import yaml
+
+    from conftest import ROOT
+    from lagom_tune.model.gpu_fit import alone_comm_rows, fit_comm
+    from lagom_tune.model.rows import consistent_baselines, point_medians
+
+    data = ROOT / "tests" / "data" / "standin-2026-11-30-diverging-comm"
+    df = pd.read_csv(data / "measurements.csv")
+    comm = fit_comm(alone_comm_rows(consistent_baselines(point_medians(df))), warm=True)
+    numbers = [[v for v in vars(c).values() if isinstance(v, float)] for c in comm.values()]
+    assert all(np.isfinite(n).all() for n in numbers), comm
+    fp = yaml.safe_load((data / "meta.yaml").read_text())["fingerprint"]
+    result = fit_model(df, device={"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]})
+    assert all(np.isfinite(v) for v in result.mape.values()), result.mape
+
+
+def test_a_timeline_refuses_a_non_finite_time_instead_of_spinning():
+    """A NaN slowdown (a degenerate fit) once stalled ``simulate`` for ever; now it is an error."""
+    import signal
+
+    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("simulate spun")))
+    signal.alarm(10)
+    try:
+        with pytest.raises(ValueError, match="positive numbers"):
+            simulate([Gemm("g", 64, 64, 64)], [1e-3], [Collective("c", "all_reduce", 1 << 20)], [1e-3],
+                     lambda g, c: (float("nan"), 1.0))
+    finally:
+        signal.alarm(0)

@@ -88,6 +88,10 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[s
     raw = torch.tensor(start, dtype=torch.float64).log().requires_grad_()
     share = 1.0 / torch.bincount(group, minlength=len(keys)).to(torch.float64)[group]  # each group's loss is its mean
     opt = torch.optim.Adam([raw], lr=0.05)
+    # a group whose steps run off to non-finite parameters (noisy CPU timings can do that) ends at
+    # the finite parameters where its loss was lowest; every other group at its last step
+    best_loss = torch.full((len(keys),), float("inf"), dtype=torch.float64)
+    best_raw = raw.detach().clone()
     with _one_torch_thread():
         for _ in range(steps):
             opt.zero_grad()
@@ -95,11 +99,18 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[s
             bw = step_bandwidth(torch, link, per_ch, knee, sharp + 0.5, sat + 0.5, hand, t["channels"], t["threads"], t["buffsize"])
             gain = gain * warm
             pred = lat * 1e-6 + t["bus_bytes"] / (bw * (1 + gain * l2_hit_share(torch, l2, t["nbytes"], t["channels"], t["buffsize"])))
-            loss = (((pred - t["seconds"]) / t["seconds"]).pow(2) * share).sum()
-            loss.backward()
+            per_row = ((pred - t["seconds"]) / t["seconds"]).pow(2) * share
+            with torch.no_grad():
+                group_loss = torch.zeros(len(keys), dtype=torch.float64).index_add(0, group, per_row)
+                better = torch.isfinite(group_loss) & torch.isfinite(raw).all(dim=1) & (group_loss < best_loss)
+                best_loss[better], best_raw[better] = group_loss[better], raw[better]
+            per_row.sum().backward()
             opt.step()
+    final = raw.detach()
+    diverged = ~torch.isfinite(final.exp()).all(dim=1)
+    final[diverged] = best_raw[diverged]
     out = {}
-    for k, p in zip(keys, raw.detach().exp()):
+    for k, p in zip(keys, final.exp()):
         lat, link, per_ch, knee, sharp, sat, hand, gain, l2 = (float(x) for x in p)
         out[k] = CommFit(lat, link, per_ch, sharp + 0.5, 0.0, gain if warm else 0.0, l2, CURVE_STEPS, knee, sat + 0.5, hand)
     return out
@@ -181,7 +192,8 @@ def _fit_computation(over: pd.DataFrame, alone: dict[str, float], shapes: dict[s
         if gemms:  # a shape never measured slows beside communication as the median measured one
             regression = replace(regression, corun=float(np.median([f.corun for f in gemms.values()])))
         model = LagomGpuModel(sms, hbm, gemms, regression, comm, contention, simulated)
-        unknown = {k: model.gemm_time(shapes[k]) for k in unknown if k in gemms}
+        # the next round starts from the fit's own time alone, unless the fit gave the shape none
+        unknown = {k: t if k in gemms and (t := model.gemm_time(shapes[k])) > 0 else unknown[k] for k in unknown}
     return model, filled
 
 

@@ -177,9 +177,11 @@ def two_rate_slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
         row: an overlapped point's row (its alone and overlapped times).
     Returns:
         (compute slowdown, communication slowdown); None where the measurement leaves no time
-        to solve for.
+        to solve for, or a baseline is not a positive time.
     """
     w, x, ty, tc = row["compute_alone_us"], row["comm_alone_us"], row["time_us"], row["comm_us"]
+    if not (w > 0 and x > 0):
+        return None, None
     if tc <= ty:
         w1 = w - (ty - tc)
         return (tc / w1 if w1 > 0 else None), tc / x
