@@ -8,6 +8,10 @@ from lagom_tune.model.fit import fit_model
 from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Collective, Gemm
 
+from conftest import ROOT
+
+STANDIN = ROOT / "tests" / "data"
+
 TRUE = CpuPairwiseModel(
     compute={1: Linear(20.0, (("per_gflop", 11000.0), ("per_mb", 50.0), ("per_m_outputs", 2000.0))),
              2: Linear(60.0, (("per_gflop", 7000.0), ("per_mb", 80.0), ("per_m_outputs", 1500.0)))},
@@ -110,20 +114,25 @@ def test_measured_shapes_are_predicted_by_their_measurement():
 
 def test_a_communication_fit_that_runs_off_keeps_finite_parameters():
     """A CPU stand-in profile whose ring/Simple timings sent the L2-warm curve's Adam steps to NaN
-    (tests/data/standin-2026-11-30-diverging-comm): that group ends at its best finite parameters,
-    and the whole fit, folds included, completes (it failed with a ZeroDivisionError before)."""
-    import yaml
-
-    from conftest import ROOT
+    (tests/data/standin-2026-11-30-diverging-comm): that group ends at its best finite parameters."""
     from lagom_tune.model.gpu_fit import alone_comm_rows, fit_comm
     from lagom_tune.model.rows import consistent_baselines, point_medians
 
-    data = ROOT / "tests" / "data" / "standin-2026-11-30-diverging-comm"
-    df = pd.read_csv(data / "measurements.csv")
+    df = pd.read_csv(STANDIN / "standin-2026-11-30-diverging-comm" / "measurements.csv")
     comm = fit_comm(alone_comm_rows(consistent_baselines(point_medians(df))), warm=True)
     numbers = [[v for v in vars(c).values() if isinstance(v, float)] for c in comm.values()]
     assert all(np.isfinite(n).all() for n in numbers), comm
-    fp = yaml.safe_load((data / "meta.yaml").read_text())["fingerprint"]
+
+
+@pytest.mark.parametrize("name", ["standin-2026-11-30-diverging-comm", "standin-2026-11-30-negative-drag"])
+def test_the_gpu_fit_of_a_noisy_standin_profile_completes(name):
+    """Two CPU stand-in profiles (tests/data/<name>/README.md) whose fits failed: a NaN
+    communication curve (ZeroDivisionError), and a fold predicting a collective -10x slower beside
+    a GEMM (the timeline refused the negative time). Every fold now predicts, every error is finite."""
+    import yaml
+
+    df = pd.read_csv(STANDIN / name / "measurements.csv")
+    fp = yaml.safe_load((STANDIN / name / "meta.yaml").read_text())["fingerprint"]
     result = fit_model(df, device={"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]})
     assert all(np.isfinite(v) for v in result.mape.values()), result.mape
 

@@ -479,7 +479,11 @@ class LagomGpuModel:
         c = self.contention
         if c.form == FORM_EQ46:
             return 1 + c.kappa * self.memory_share(gemm)
-        return 1 + self.comm_params(coll.op, settings["algo"], settings["proto"], coll.nodes).sensitivity * self.comm_drag(gemm, coll, settings)
+        # never faster beside a GEMM than alone: a shape's drag may be negative (it slowed the
+        # collective less than the shared terms say), and at settings it was not measured at the
+        # sum could fall below 1 (a CPU stand-in fold once predicted -10)
+        drag = self.comm_params(coll.op, settings["algo"], settings["proto"], coll.nodes).sensitivity * self.comm_drag(gemm, coll, settings)
+        return max(1.0, 1 + drag)
 
     def comm_drag(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
         """waves-v2: the extra slowdown of a collective beside ``gemm``, before its group's sensitivity."""
