@@ -180,13 +180,11 @@ def two_rate_slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
         to solve for, or a baseline is not a positive time.
     """
     w, x, ty, tc = row["compute_alone_us"], row["comm_alone_us"], row["time_us"], row["comm_us"]
-    if not (w > 0 and x > 0):
-        return None, None
     if tc <= ty:
         w1 = w - (ty - tc)
-        return (tc / w1 if w1 > 0 else None), tc / x
+        return (tc / w1 if w1 > 0 else None), (tc / x if x > 0 else None)
     x1 = x - (tc - ty)
-    return ty / w, (ty / x1 if x1 > 0 else None)
+    return (ty / w if w > 0 else None), (ty / x1 if x1 > 0 else None)
 
 
 def overlap_slowdowns(pts: pd.DataFrame) -> pd.DataFrame:
