@@ -5,19 +5,22 @@ measured slowdown tables, and show the simulated tables beside the measured ones
     python bench/calibrate_sim.py --trials 1500  # an Optuna study; prints the constants it found
 
 The data: two probe profiles measured on one H200 (``tests/data/h200-2026-11-30``): GEMMs of
-MPT-7B and Llama-3-8B beside a copy kernel of 1-64 blocks. They were timed on one pair of operands
-(the profiler rotates them past the L2 since 2026-11-30, ``gpu_timing.operand_sets``), so the
-shapes whose A and B fit in L2 ran partly from it alone (MPT-7B's ``4x128x2048x2048``: 4.7 TB/s of
-its least traffic, above the 4.26 TB/s the H200 copies) and lost it beside the copy (up to 4x at 64
-blocks); the simulated probe reads from HBM, as a training step does. Tried on 2026-11-30 (sixth
-session): the launch before's operands kept in L2 as far as they fit and survive the copy's traffic
-(random eviction) in the simulated probe, re-studied (three seeds): the 48-block column within 0.1
-(+0.03 to +0.07) but 64 blocks -0.27 to -0.42, 14-15 of 18 cells; not kept. The aim (issue 16): the median over
+MPT-7B and Llama-3-8B beside a copy kernel of 1-64 blocks. The aim (issue 16): the median over
 shapes of the GEMM's slowdown within 0.1 of the measured one at every block count, the copy's
 slowdown within 0.12, and GEMM times alone within 15% (median). Only constants no data sheet gives
 are searched (L2 reuse and eviction, HBM latency under load); the mechanism (tiles in waves on the
 SMs the blocks leave, HBM shared in proportion to demand) is fixed. The study's objective counts
 the cells that miss their aim, then the largest error relative to its aim.
+
+The profiles were timed on one pair of operands (the profiler rotates them past the L2 since
+2026-11-30, ``gpu_timing.operand_sets``), so the shapes whose A and B fit in L2 ran partly from it
+alone (MPT-7B's ``4x128x2048x2048``: 4.7 TB/s of its least traffic, above the 4.26 TB/s the H200
+copies) and lost it beside the copy (up to 4x at 64 blocks); the simulated probe reads from HBM,
+as a training step does. Tried on 2026-11-30 (sixth session): the launch before's operands kept in
+L2 as far as they fit and survive the copy's traffic (random eviction) in the simulated probe,
+re-studied (three seeds): the 48-block column within 0.1 (+0.03 to +0.07) but 64 blocks -0.27 to
+-0.42, 14-15 of 18 cells; not kept.
+
 Found constants are pasted into ``MemoryCalibration`` by hand (to 3 significant digits), so that
 the simulator never changes behind a test's back; the table written here is what the tests check.
 The study tries the constants in code first, so a new study continues from the last. The committed

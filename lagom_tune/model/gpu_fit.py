@@ -62,6 +62,9 @@ def _one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+CHECK_EVERY = 10  # fit_comm steps between looks for each group's best finite parameters
+
+
 def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[str, CommFit]:
     """Fit each group's curve on relative error with torch, every row timed alone and repeated.
 
@@ -89,21 +92,23 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[s
     share = 1.0 / torch.bincount(group, minlength=len(keys)).to(torch.float64)[group]  # each group's loss is its mean
     opt = torch.optim.Adam([raw], lr=0.05)
     # a group whose steps run off to non-finite parameters (noisy CPU timings can do that) ends at
-    # the finite parameters where its loss was lowest; every other group at its last step
+    # the finite parameters where its loss was lowest (looked at every CHECK_EVERY steps, which keeps
+    # the check off most steps); every other group at its last step
     best_loss = torch.full((len(keys),), float("inf"), dtype=torch.float64)
     best_raw = raw.detach().clone()
     with _one_torch_thread():
-        for _ in range(steps):
+        for step in range(steps):
             opt.zero_grad()
             lat, link, per_ch, knee, sharp, sat, hand, gain, l2 = raw.exp()[group].T
             bw = step_bandwidth(torch, link, per_ch, knee, sharp + 0.5, sat + 0.5, hand, t["channels"], t["threads"], t["buffsize"])
             gain = gain * warm
             pred = lat * 1e-6 + t["bus_bytes"] / (bw * (1 + gain * l2_hit_share(torch, l2, t["nbytes"], t["channels"], t["buffsize"])))
             per_row = ((pred - t["seconds"]) / t["seconds"]).pow(2) * share
-            with torch.no_grad():
-                group_loss = torch.zeros(len(keys), dtype=torch.float64).index_add(0, group, per_row)
-                better = torch.isfinite(group_loss) & torch.isfinite(raw).all(dim=1) & (group_loss < best_loss)
-                best_loss[better], best_raw[better] = group_loss[better], raw[better]
+            if step % CHECK_EVERY == 0:
+                with torch.no_grad():
+                    group_loss = torch.zeros(len(keys), dtype=torch.float64).index_add(0, group, per_row)
+                    better = torch.isfinite(group_loss) & torch.isfinite(raw).all(dim=1) & (group_loss < best_loss)
+                    best_loss[better], best_raw[better] = group_loss[better], raw[better]
             per_row.sum().backward()
             opt.step()
     final = raw.detach()
@@ -192,8 +197,7 @@ def _fit_computation(over: pd.DataFrame, alone: dict[str, float], shapes: dict[s
         if gemms:  # a shape never measured slows beside communication as the median measured one
             regression = replace(regression, corun=float(np.median([f.corun for f in gemms.values()])))
         model = LagomGpuModel(sms, hbm, gemms, regression, comm, contention, simulated)
-        # the next round starts from the fit's own time alone, unless the fit gave the shape none
-        unknown = {k: t if k in gemms and (t := model.gemm_time(shapes[k])) > 0 else unknown[k] for k in unknown}
+        unknown = {k: model.gemm_time(shapes[k]) for k in unknown if k in gemms}
     return model, filled
 
 
