@@ -6,7 +6,9 @@ import pytest
 
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
-from lagom_tune.runtime.launch import SITE_DIR, check_fit, launcher_world_size, plan_environment
+from lagom_tune.runtime.launch import (
+    SITE_DIR, LaunchLayout, check_fit, check_threads, launcher_layout, launcher_world_size, plan_environment,
+)
 
 from conftest import BIN, ROOT, cli
 from test_plan import BASE
@@ -26,6 +28,19 @@ def test_world_size_from_the_launcher(cmd, world):
 
 def test_world_size_from_the_environment():
     assert launcher_world_size(["python", "t.py"], {"WORLD_SIZE": "4"}) == 4
+    assert launcher_layout(["python", "t.py"], {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}) == LaunchLayout(4, 2)
+
+
+def test_threads_that_oversubscribe_the_node_are_refused():
+    check_threads(2, 2, cores=4)
+    with pytest.raises(UserError, match="2 threads per rank x 2 ranks on this node but this machine has 2 cores"):
+        check_threads(2, 2, cores=2)
+    import dataclasses, os
+    cores = os.cpu_count() or 1
+    fits = dataclasses.replace(BASE, settings=Settings({"threads": cores}, {}))
+    check_fit(fits, ["python", "t.py"], {})  # one rank: all cores
+    with pytest.raises(UserError, match="ranks on this node"):
+        check_fit(fits, ["torchrun", "--nproc-per-node", "2", "t.py"], {})
 
 
 def test_mismatches_are_refused_with_the_reason():

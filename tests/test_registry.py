@@ -44,6 +44,9 @@ def test_the_cli_help_comes_from_the_records():
 
 def test_knob_spaces_follow_the_fingerprint():
     assert knob_space_for("gloo", {"cores": 2})["threads"].domain == (1, 2)
+    # the profile's ranks share the cores: no thread count that oversubscribes them
+    assert knob_space_for("gloo", {"cores": 2, "ranks": 2})["threads"].domain == (1,)
+    assert knob_space_for("gloo", {"cores": 16, "ranks": 2})["threads"].domain == (1, 2, 4, 8)
     assert knob_space_for("sim", {"cluster": "a40-pcie"})["channels"].domain[-1] == 32
     assert knob_space_for("nccl", {"max_channels": 32, "default_channels": 8})["channels"].default == 8
 

@@ -17,17 +17,20 @@ CHUNKS = (0, 1 << 18, 1 << 20, 1 << 22)  # 0: the whole tensor in one call
 WIDEST_CORES = 1 << 10  # a fingerprint without ``cores``: every thread count a plan may hold
 
 
-def gloo_knob_space(cores: int | None = None, ranks: int = 2) -> KnobSpace:
+def gloo_knob_space(cores: int | None = None, ranks: int = 1) -> KnobSpace:
     """The gloo knobs for a machine.
 
     Args:
-        cores: CPU cores per machine (default: this one's); thread counts above it are left out.
-        ranks: ranks per machine (not used by any knob today; kept for callers that pass it).
+        cores: CPU cores per machine (default: this one's).
+        ranks: ranks on the machine: thread counts that would give them more threads than cores
+            are left out (oversubscribed OpenMP threads spin for cores other ranks hold; on 2
+            cores, 2 ranks of 2 threads timed one GEMM anywhere from 1.3 to 13 ms).
     Returns:
         threads (process), bucket_cap_mb and chunk_bytes (communicator).
     """
     cores = cores or os.cpu_count() or 1
-    threads = tuple(t for t in (1, 2, 4, 8, 16) if t <= max(1, cores)) or (1,)
+    per_rank = max(1, cores // max(1, ranks))
+    threads = tuple(t for t in (1, 2, 4, 8, 16) if t <= per_rank)
     return KnobSpace(
         (
             Knob(
@@ -55,6 +58,6 @@ def knob_space_from_fingerprint(fingerprint: dict[str, Any]) -> KnobSpace:
     Args:
         fingerprint: a run folder's fingerprint, or {} for the widest space any plan may hold.
     Returns:
-        The knobs for the profiled machine's cores.
+        The knobs for the profiled machine's cores and ranks (all of a gloo profile's ranks run on it).
     """
-    return gloo_knob_space(cores=fingerprint.get("cores", WIDEST_CORES))
+    return gloo_knob_space(cores=fingerprint.get("cores", WIDEST_CORES), ranks=fingerprint.get("ranks", 1))

@@ -29,14 +29,27 @@ TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 TORCHRUN_FLAGS = {"standalone", "no-python", "module", "run-path", "m"}  # options that take no value
 
 
-def launcher_world_size(cmd: list[str], env: dict[str, str]) -> int | None:
-    """World size a torchrun-style command line asks for, or None when it cannot be known.
+@dataclass(frozen=True)
+class LaunchLayout:
+    """How many ranks a command starts: per node and over how many nodes."""
+
+    ranks_per_node: int
+    nodes: int
+
+    @property
+    def world_size(self) -> int:
+        return self.ranks_per_node * self.nodes
+
+
+def launcher_layout(cmd: list[str], env: dict[str, str]) -> LaunchLayout | None:
+    """The ranks a torchrun-style command line starts, or None when they cannot be known.
 
     Args:
         cmd: the command after ``--``.
-        env: the environment (``WORLD_SIZE`` when the command is no launcher).
+        env: the environment (``WORLD_SIZE``, and ``LOCAL_WORLD_SIZE`` if set, when the command
+            is no launcher).
     Returns:
-        The number of ranks, or None.
+        The layout, or None.
     """
     start = None
     if cmd and Path(cmd[0]).name == "torchrun":
@@ -47,7 +60,11 @@ def launcher_world_size(cmd: list[str], env: dict[str, str]) -> int | None:
                 start = i + 2
                 break
     if start is None:
-        return int(env["WORLD_SIZE"]) if env.get("WORLD_SIZE", "").isdigit() else None
+        world, local = env.get("WORLD_SIZE", ""), env.get("LOCAL_WORLD_SIZE", "")
+        if not world.isdigit():
+            return None
+        per_node = int(local) if local.isdigit() and int(local) > 0 and int(world) % int(local) == 0 else int(world)
+        return LaunchLayout(per_node, int(world) // per_node)
     opts: dict[str, str] = {}
     i = start
     while i < len(cmd) and cmd[i].startswith("-"):  # the first positional is the training script
@@ -62,7 +79,13 @@ def launcher_world_size(cmd: list[str], env: dict[str, str]) -> int | None:
     nnodes = opts.get("nnodes", "1").split(":")[-1]
     if not (nproc.isdigit() and nnodes.isdigit()):
         return None
-    return int(nproc) * int(nnodes)
+    return LaunchLayout(int(nproc), int(nnodes))
+
+
+def launcher_world_size(cmd: list[str], env: dict[str, str]) -> int | None:
+    """World size a torchrun-style command line asks for (:func:`launcher_layout`), or None."""
+    layout = launcher_layout(cmd, env)
+    return layout.world_size if layout is not None else None
 
 
 def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
@@ -90,18 +113,26 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
         want, have = plan.hardware.get("gpu"), torch.cuda.get_device_name()
         if want and want != have:
             raise UserError(f"the plan was made on {want}, this machine has {have}")
-    threads = plan.settings.process.get("threads") if info.deploys_capability(THREAD_COUNT) else None
-    cores = os.cpu_count() or 1
-    if threads is not None and int(threads) > cores:
-        raise UserError(f"the plan asks for {threads} threads per rank but this machine has {cores} cores")
-    world = launcher_world_size(cmd, env)
-    if world is None:
+    layout = launcher_layout(cmd, env)
+    if layout is None:
         notes.append(f"world size not known from the command; the plan expects {plan.world_size}")
-    elif world != plan.world_size:
-        raise UserError(f"the plan was made for world size {plan.world_size}, the command starts {world} ranks")
+    elif layout.world_size != plan.world_size:
+        raise UserError(f"the plan was made for world size {plan.world_size}, the command starts {layout.world_size} ranks")
     else:
-        notes.append(f"world size {world} matches")
+        notes.append(f"world size {layout.world_size} matches")
+    threads = plan.settings.process.get("threads") if info.deploys_capability(THREAD_COUNT) else None
+    if threads is not None:
+        check_threads(int(threads), layout.ranks_per_node if layout is not None else 1, os.cpu_count() or 1)
     return notes
+
+
+def check_threads(threads: int, ranks_per_node: int, cores: int) -> None:
+    """Refuse intra-op threads that oversubscribe the node (UserError): ``ranks_per_node`` ranks
+    of ``threads`` threads each on ``cores`` cores. Oversubscribed OpenMP threads spin for a core
+    another rank holds: on 2 cores, 2 ranks of 2 threads timed one GEMM anywhere from 1.3 to 13 ms."""
+    if threads > 1 and threads * ranks_per_node > cores:  # one thread a rank is the least a rank can have
+        per = f"{threads} threads per rank" + (f" x {ranks_per_node} ranks on this node" if ranks_per_node > 1 else "")
+        raise UserError(f"the plan asks for {per} but this machine has {cores} cores")
 
 
 def check_roles(plan: Plan) -> None:
