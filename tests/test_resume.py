@@ -13,6 +13,11 @@ from conftest import BIN, ROOT, cli
 
 pytestmark = pytest.mark.slow
 
+# The interruptions land in the demo workload's profile (76 points, about 7 s of measuring on 2
+# cores): progress reaches meta.yaml once a second, so the tiny workload's (25 points, 2 s) could
+# finish before the signal does.
+WORKLOAD = "cpu-demo"
+
 
 def start_profile(workload, run, *extra):
     # A session of its own, so a test can send Ctrl-C to the whole group as a terminal does; Ctrl-C
@@ -48,9 +53,9 @@ def assert_complete_without_duplicates(run):
     assert not list(run.glob(".*.tmp"))
 
 
-def test_ctrl_c_then_resume(tiny_workload, tmp_path):
+def test_ctrl_c_then_resume(tmp_path):
     run = tmp_path / "run"
-    proc = start_profile(tiny_workload, run)
+    proc = start_profile(WORKLOAD, run)
     wait_for_points(run, 8, proc)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the parent and both spawned ranks get it
     _, err = proc.communicate(timeout=60)
@@ -60,27 +65,27 @@ def test_ctrl_c_then_resume(tiny_workload, tmp_path):
     assert not meta["complete"]
     done_before = meta["points_done"]
     assert pd.read_csv(run / "measurements.csv").point.nunique() == done_before
-    r = cli("profile", "--workload", tiny_workload, "--ranks", 2, "--out", run, "--repeats", 3, check=True)
+    r = cli("profile", "--workload", WORKLOAD, "--ranks", 2, "--out", run, "--repeats", 3, check=True)
     assert "profiled" in r.stdout
     assert_complete_without_duplicates(run)
 
 
-def test_a_killed_rank_ends_the_run_and_a_rerun_resumes(tiny_workload, tmp_path):
+def test_a_killed_rank_ends_the_run_and_a_rerun_resumes(tmp_path):
     run = tmp_path / "run"
-    proc = start_profile(tiny_workload, run)
+    proc = start_profile(WORKLOAD, run)
     wait_for_points(run, 5, proc)
     victim = rank_pids(proc.pid)[-1]
     os.kill(victim, signal.SIGKILL)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 1
     assert "died" in err or "failed" in err or "no progress" in err, err
-    cli("profile", "--workload", tiny_workload, "--ranks", 2, "--out", run, "--repeats", 3, check=True)
+    cli("profile", "--workload", WORKLOAD, "--ranks", 2, "--out", run, "--repeats", 3, check=True)
     assert_complete_without_duplicates(run)
 
 
-def test_a_hung_rank_ends_the_run_within_the_timeout_naming_it(tiny_workload, tmp_path):
+def test_a_hung_rank_ends_the_run_within_the_timeout_naming_it(tmp_path):
     run = tmp_path / "run"
-    proc = start_profile(tiny_workload, run, "--timeout", "5")
+    proc = start_profile(WORKLOAD, run, "--timeout", "5")
     wait_for_points(run, 5, proc)
     pids = rank_pids(proc.pid)
     os.kill(pids[0], signal.SIGSTOP)  # a rank that stops answering without dying
