@@ -65,6 +65,26 @@ def tables(run: Path) -> dict[str, pd.DataFrame]:
             "gemm_slowdown": slow.reset_index(), "windows": windows, "windows_by_channels": by_channels}
 
 
+def measure_placement(run: Path) -> pd.DataFrame:
+    """Where the probe's blocks run at each channel count of the run (one launch each on the idle
+    GPU, ``Probe.placement``), by TPC, beside the simulated H200's assumption (``sim_compute.slots``:
+    blocks spread evenly over 8 GPCs and paired within one). Measures on the GPU."""
+    import torch
+
+    from lagom_tune.backends.probe import Probe, placement_summary, probe_geometry
+    from lagom_tune.backends.sim_clusters import CLUSTERS
+    from lagom_tune.backends.sim_compute import slots
+
+    df = pd.read_csv(run / "measurements.csv")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for ch in sorted(int(c) for c in df.loc[df["kind"] == "collective", "channels"].dropna().unique()):
+        smids = Probe(probe_geometry(ch << 20, ch, 1 << 20), PROBE_THREADS, torch.device("cuda")).placement()
+        rows.append({"channels": ch, **vars(placement_summary(smids, sms)),
+                     "sim_h200_free_tpcs": slots(CLUSTERS["h200-nvlink"], ch, 2), "smids": " ".join(map(str, smids))})
+    return pd.DataFrame(rows)
+
+
 def _mib(b: float) -> str:
     return f"buffsize {int(b) >> 20} MiB"
 
@@ -95,6 +115,8 @@ def write_report(run: Path, out_dir: Path, workload: str, elapsed: float | None 
     stem = f"gpu_check-{workload}"
     for name, t in out.items():
         t.to_csv(out_dir / f"{stem}_{name}.csv", index=False)
+    placed = out_dir / f"{stem}_probe_placement.csv"  # measured by main() on the GPU, kept by --report-only
+    placement = pd.read_csv(placed).drop(columns="smids") if placed.exists() else None
     device = (f"{fp['gpu']} ({fp['sms']} SMs, {fp['hbm_GBps']} GB/s {fp['hbm_method']}), driver {fp['driver']}, "
               f"CUDA {fp['cuda']}, NCCL {fp['nccl']}, torch {fp['torch']}, host {fp['host']}")
     ranking = acc.get("ranking") or {}
@@ -120,6 +142,10 @@ def write_report(run: Path, out_dir: Path, workload: str, elapsed: float | None 
         "## Probe copy bandwidth per block (GB/s)", out["probe_per_block_GBps"].to_markdown(index=False, floatfmt=".1f"),
         "NCCL's published per-channel figure on H200 NVLink is about 30 GB/s of bus bandwidth (74/134/234 GB/s at 2/4/8 "
         "channels), about 90 GB/s of HBM traffic; a probe block's copy rate counts each byte once but reads and writes it.",
+        "## Where the probe's blocks run (one launch per channel count on the idle GPU; TPC = `%smid // 2`)",
+        placement.to_markdown(index=False) if placement is not None else "not measured (a run from before 2026-11-30's seventh session)",
+        "`free_tpcs`: the places left to a GEMM launched in 2-CTA clusters; `sim_h200_free_tpcs`: the simulator's "
+        f"assumption (blocks spread evenly over 8 GPCs, paired within one); every block's SM in `{stem}_probe_placement.csv`.",
         "## GEMM slowdown beside the probe (median over shapes) by channels × buffer size",
         out["gemm_slowdown"].to_markdown(index=False, floatfmt=".3f"),
         "## Overlapped windows, measured vs predicted (median over shapes and buffer sizes; the fitted model, in-sample)",
@@ -149,7 +175,10 @@ def main() -> None:
             return
         subprocess.run([sys.executable, "-m", "lagom_tune", "profile", "--backend", "nccl", "--workload", args.workload,
                         "--out", str(run), "--repeats", str(args.repeats)], check=True, cwd=ROOT)
-        print(write_report(run, args.out, args.workload, time.monotonic() - t0))
+        elapsed = time.monotonic() - t0
+        args.out.mkdir(parents=True, exist_ok=True)
+        measure_placement(run).to_csv(args.out / f"gpu_check-{args.workload}_probe_placement.csv", index=False)
+        print(write_report(run, args.out, args.workload, elapsed))
 
 
 if __name__ == "__main__":

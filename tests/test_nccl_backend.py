@@ -21,7 +21,7 @@ from lagom_tune.backends.nccl_sweep import (
     worker_env,
 )
 from lagom_tune.backends.nccl_worker import collective_call
-from lagom_tune.backends.probe import BLOCK_WORDS, SLOTS, probe_geometry, steps_for
+from lagom_tune.backends.probe import BLOCK_WORDS, SLOTS, Placement, placement_summary, probe_geometry, steps_for
 from lagom_tune.backends.sim_compute import Contention as SimContention
 from lagom_tune.errors import UserError
 from lagom_tune.workload.spec import Collective, Gemm, OverlapGroup, Workload
@@ -246,6 +246,26 @@ def test_probe_kernel_copies_chunks_into_its_staging_ring():
     assert proc.returncode == 0 and "probe ok" in proc.stdout, proc.stderr[-3000:]
 
 
+def test_placement_counts_blocks_by_tpc():
+    # SMs 0 and 1 share TPC 0; 2 and 3 TPC 1; ...: blocks on SMs 0, 1, 2, 4 of 8 leave TPC 3 free
+    assert placement_summary([0, 1, 2, 4], 8) == Placement(blocks=4, sms_used=4, most_per_sm=1, tpcs_used=3, tpcs_half_used=2, free_tpcs=1)
+    assert placement_summary([3, 3], 8) == Placement(blocks=2, sms_used=1, most_per_sm=2, tpcs_used=1, tpcs_half_used=1, free_tpcs=3)
+    with pytest.raises(ValueError, match="1 of 2 blocks recorded no SM id"):
+        placement_summary([5, -1], 8)
+
+
+@needs_gpu
+def test_probe_blocks_report_the_sms_they_ran_on():
+    pytest.importorskip("triton")
+    from lagom_tune.backends.probe import Probe
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for channels in (1, 8, 32):
+        smids = Probe(probe_geometry(channels << 20, channels, 1 << 20), 512, torch.device("cuda")).placement()
+        placed = placement_summary(smids, sms)  # raises if a block recorded nothing
+        assert placed.blocks == channels and 1 <= placed.sms_used <= channels and placed.free_tpcs < sms // 2
+
+
 @needs_gpu
 def test_single_gpu_probe_profile_fits_the_compute_side(tmp_path):
     pytest.importorskip("triton")
@@ -329,6 +349,12 @@ def test_probe_mode_rows_fit_are_refused_by_search_and_tabulate(tmp_path):
 
     text = write_report(run.path, tmp_path / "results", "probe-shapes", 12.0)
     assert "MEASURED" in text and "single-gpu-probe" in text and (tmp_path / "results" / "gpu_check-probe-shapes_gemm.csv").is_file()
+    assert "Where the probe's blocks run" in text and "not measured" in text  # measure_placement needs the GPU
+    (tmp_path / "results" / "gpu_check-probe-shapes_probe_placement.csv").write_text(
+        "channels,blocks,sms_used,most_per_sm,tpcs_used,tpcs_half_used,free_tpcs,sim_h200_free_tpcs,smids\n2,2,2,1,2,2,64,64,0 70\n")
+    placed = write_report(run.path, tmp_path / "results", "probe-shapes", 12.0)
+    section = placed.split("Where the probe's blocks run")[1].split("##")[0]
+    assert "sim_h200_free_tpcs" in section and "not measured" not in section and "0 70" not in section  # every SM id stays in the CSV
     out = tables(run.path)
     assert len(out["gemm"]) == 3 and (out["gemm"]["TFLOPs"] > 0).all()
     assert out["probe_GBps"].notna().all().all() and len(out["probe_GBps"].columns) == 1 + 4  # every channels × buffsize cell

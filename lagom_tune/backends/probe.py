@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 WORD = 4  # float32
@@ -99,8 +100,10 @@ def _kernel():
         raise RuntimeError("the contention probe needs Triton (CUDA builds of torch ship it; else pip install triton)") from None
 
     @triton.jit
-    def probe_copy(src, stage, steps, slice_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    def probe_copy(src, stage, steps, slice_chunks, place, CHUNK: tl.constexpr, BLOCK: tl.constexpr, PLACE: tl.constexpr):
         pid = tl.program_id(0).to(tl.int64)
+        if PLACE:  # where the block runs: its SM's id (a diagnostic launch; compiled out of the measured one)
+            tl.store(place + pid, tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1))
         src_base = pid * slice_chunks * CHUNK
         stage_base = pid * 8 * CHUNK
         for step in range(steps):
@@ -124,7 +127,60 @@ class Probe:
         self.src = torch.ones(geometry.source_words, dtype=torch.float32, device=device)
         self.stage = torch.empty(geometry.stage_words, dtype=torch.float32, device=device)
 
-    def launch(self, steps: int | None = None) -> None:
+    def launch(self, steps: int | None = None, place=None) -> None:
+        """Run the copy on the current stream: ``steps`` steps per block (default the geometry's);
+        with ``place`` (an int32 tensor of ``channels`` entries) each block also writes its SM's id there."""
         g = self.geometry
-        _kernel()[(g.channels,)](self.src, self.stage, steps or g.steps, g.slice_chunks,
-                                 CHUNK=g.chunk_words, BLOCK=BLOCK_WORDS, num_warps=self.warps)
+        _kernel()[(g.channels,)](self.src, self.stage, steps or g.steps, g.slice_chunks, self.stage if place is None else place,
+                                 CHUNK=g.chunk_words, BLOCK=BLOCK_WORDS, PLACE=place is not None, num_warps=self.warps)
+
+    def placement(self) -> list[int]:
+        """The SM id (``%smid``) each block ran on, from one launch on an idle device (how the
+        block scheduler spreads the probe's blocks before a GEMM is launched beside them)."""
+        import torch
+
+        place = torch.full((self.geometry.channels,), -1, dtype=torch.int32, device=self.src.device)
+        self.launch(place=place)
+        return [int(x) for x in place.cpu()]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How ``blocks`` probe blocks sat on a device's SMs, counted by TPC (two SMs; ``%smid // 2``,
+    the pairing NVIDIA's SM numbering is read with, not a documented guarantee).
+
+    Attributes:
+        blocks: blocks launched.
+        sms_used: distinct SMs they ran on.
+        most_per_sm: the most blocks on one SM.
+        tpcs_used: TPCs holding at least one block.
+        tpcs_half_used: TPCs with blocks on one of their two SMs only (the other idle, yet no use to a
+            2-CTA cluster).
+        free_tpcs: TPCs holding none: the places left to a GEMM launched in 2-CTA clusters.
+    """
+
+    blocks: int
+    sms_used: int
+    most_per_sm: int
+    tpcs_used: int
+    tpcs_half_used: int
+    free_tpcs: int
+
+
+def placement_summary(smids: list[int], sms: int) -> Placement:
+    """Count where a launch's blocks ran (:meth:`Probe.placement`) on a device of ``sms`` SMs.
+
+    Args:
+        smids: each block's SM id.
+        sms: the device's SMs.
+    Returns:
+        The Placement.
+    Raises:
+        ValueError: for a negative SM id (a block that recorded none).
+    """
+    if any(s < 0 for s in smids):
+        raise ValueError(f"{sum(1 for s in smids if s < 0)} of {len(smids)} blocks recorded no SM id")
+    per_sm = Counter(smids)
+    sms_per_tpc = Counter(sm // 2 for sm in per_sm)
+    return Placement(len(smids), len(per_sm), max(per_sm.values(), default=0), len(sms_per_tpc),
+                     sum(1 for n in sms_per_tpc.values() if n == 1), sms // 2 - len(sms_per_tpc))
