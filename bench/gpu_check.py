@@ -177,8 +177,10 @@ def main() -> None:
                         "--out", str(run), "--repeats", str(args.repeats)], check=True, cwd=ROOT)
         elapsed = time.monotonic() - t0
         args.out.mkdir(parents=True, exist_ok=True)
+        placed = args.out / f"gpu_check-{args.workload}_probe_placement.csv"
+        placed.unlink(missing_ok=True)  # never an older run's
         try:  # a diagnostic beside the check: its failure must not cost the report of the profile just measured
-            measure_placement(run).to_csv(args.out / f"gpu_check-{args.workload}_probe_placement.csv", index=False)
+            measure_placement(run).to_csv(placed, index=False)
         except Exception as e:  # noqa: BLE001 (reported, and the report says "not measured")
             print(f"gpu_check: probe placement not measured: {type(e).__name__}: {e}", file=sys.stderr)
         print(write_report(run, args.out, args.workload, elapsed))
