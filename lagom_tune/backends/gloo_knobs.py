@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from lagom_tune.backends.registry import max_threads_per_rank
 from lagom_tune.knobs import Knob, KnobSpace
 
 BUCKET_CAPS_MB = (1, 2, 4, 8, 16, 25, 50)
@@ -22,15 +23,13 @@ def gloo_knob_space(cores: int | None = None, ranks: int = 1) -> KnobSpace:
 
     Args:
         cores: CPU cores per machine (default: this one's).
-        ranks: ranks on the machine: thread counts that would give them more threads than cores
-            are left out (oversubscribed OpenMP threads spin for cores other ranks hold; on 2
-            cores, 2 ranks of 2 threads timed one GEMM anywhere from 1.3 to 13 ms).
+        ranks: ranks on the machine: thread counts that would oversubscribe its cores are left out
+            (``registry.max_threads_per_rank``).
     Returns:
         threads (process), bucket_cap_mb and chunk_bytes (communicator).
     """
-    cores = cores or os.cpu_count() or 1
-    per_rank = max(1, cores // max(1, ranks))
-    threads = tuple(t for t in (1, 2, 4, 8, 16) if t <= per_rank)
+    most = max_threads_per_rank(cores or os.cpu_count() or 1, ranks)
+    threads = tuple(t for t in (1, 2, 4, 8, 16) if t <= most)
     return KnobSpace(
         (
             Knob(

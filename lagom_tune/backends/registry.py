@@ -32,6 +32,21 @@ NCCL_TUNER_RULES = "nccl tuner rules"  # per-collective rules through lagom-tune
 CAPABILITIES = (THREAD_COUNT, DDP_BUCKET_CAP, CHUNKED_ALL_REDUCE, NCCL_ENVIRONMENT, NCCL_COMMUNICATOR_OPTIONS,
                 NCCL_TUNER_RULES)
 
+
+def max_threads_per_rank(cores: int, ranks_per_node: int) -> int:
+    """The most intra-op threads (:data:`THREAD_COUNT`) a rank may take: ranks on one node never
+    share out more threads than it has cores (oversubscribed OpenMP threads spin for cores other
+    ranks hold: on 2 cores, 2 ranks of 2 threads timed one GEMM anywhere from 1.3 to 13 ms), and a
+    rank always has one.
+
+    Args:
+        cores: the node's CPU cores.
+        ranks_per_node: ranks started on it.
+    Returns:
+        At least 1.
+    """
+    return max(1, cores // max(1, ranks_per_node))
+
 # Model families (model.yaml's ``family``; model/contention.py's FAMILIES reads them).
 CPU_FAMILY = "cpu-pairwise"
 GPU_FAMILY = "lagom-gpu"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from lagom_tune.artifact_io import atomic_write_text
-from lagom_tune.backends.registry import THREAD_COUNT, backend_info
+from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads_per_rank
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
 from lagom_tune.runtime.nccl import RULES_ENV, TunerRule, TunerRules, ambiguous_roles, communicator_configs, tuner_rules
@@ -128,9 +128,8 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
 
 def check_threads(threads: int, ranks_per_node: int, cores: int) -> None:
     """Refuse intra-op threads that oversubscribe the node (UserError): ``ranks_per_node`` ranks
-    of ``threads`` threads each on ``cores`` cores. Oversubscribed OpenMP threads spin for a core
-    another rank holds: on 2 cores, 2 ranks of 2 threads timed one GEMM anywhere from 1.3 to 13 ms."""
-    if threads > 1 and threads * ranks_per_node > cores:  # one thread a rank is the least a rank can have
+    of ``threads`` threads each on ``cores`` cores (``registry.max_threads_per_rank``)."""
+    if threads > max_threads_per_rank(cores, ranks_per_node):
         per = f"{threads} threads per rank" + (f" x {ranks_per_node} ranks on this node" if ranks_per_node > 1 else "")
         raise UserError(f"the plan asks for {per} but this machine has {cores} cores")
 
