@@ -223,6 +223,8 @@ def apply(
     def warn(line: str) -> None:
         render.console.print(f"[yellow]lagom-tune:[/] {line}", highlight=False)
 
+    if print_env:  # the job may start on other machines (Slurm): refuse only what no machine may run
+        launch.check_deployable(plan)
     if dry_run or print_env:
         tuner = launch.prepare_tuner(plan)
         env = launch.plan_environment(plan, plan_file, None, dict(os.environ), tuner)

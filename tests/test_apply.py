@@ -61,6 +61,11 @@ def test_environment_puts_the_shim_first(tmp_path):
     assert (SITE_DIR / "sitecustomize.py").is_file()
 
 
+def test_print_env_refuses_a_simulated_plan():
+    r = cli("apply", ROOT / "plans" / "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml", "--print-env")
+    assert r.returncode == 2 and r.stdout == "" and "simulated cluster" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_dry_run_prints_what_it_would_set(tmp_path):
     plan = BASE.save(tmp_path / "p.yaml")
     r = cli("apply", plan, "--dry-run", "--", "torchrun", "--nproc-per-node", "2", "x.py", check=True)

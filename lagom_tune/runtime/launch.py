@@ -101,9 +101,7 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
         UserError: for a simulated plan, or one made for other hardware, world size or roles.
     """
     notes = []
-    if plan.simulated:
-        raise UserError("this plan was searched on a simulated cluster (a what-if result); profile the real machine to get one to apply")
-    check_roles(plan)
+    check_deployable(plan)
     info = backend_info(plan.backend)
     if info.needs_cuda:
         import torch  # only here: apply's own process checks the GPU; the ranks import torch themselves
@@ -124,6 +122,15 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
     if threads is not None:
         check_threads(int(threads), layout.ranks_per_node if layout is not None else 1, os.cpu_count() or 1)
     return notes
+
+
+def check_deployable(plan: Plan) -> None:
+    """Refuse what no machine may run (UserError): a simulated plan (a what-if result), or one
+    whose communicator roles the runtime could not tell apart. What ``--print-env`` checks, where
+    the machine that will run the job may not be this one."""
+    if plan.simulated:
+        raise UserError("this plan was searched on a simulated cluster (a what-if result); profile the real machine to get one to apply")
+    check_roles(plan)
 
 
 def check_threads(threads: int, ranks_per_node: int, cores: int) -> None:
