@@ -66,3 +66,11 @@ def test_torch_is_patched_when_the_user_imports_it(tmp_path):
     out, err = _probe(ROOT / "plans" / "demo-cpu.yaml", "import torch\n", RANK="0")  # a rank logs what it applied
     assert out["heavy"] == []  # printed before the user's import
     assert "] applied threads=1" in err and "torch.set_num_threads" in err
+
+
+def test_a_simulated_plan_is_not_applied_in_a_rank():
+    """A what-if plan named by hand in LAGOM_TUNE_PLAN (apply and --print-env refuse it first):
+    the user's program still runs, and says the plan was not applied and why."""
+    out, err = _probe(ROOT / "plans" / "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml")
+    assert "plan NOT applied" in err and "simulated cluster" in err
+    assert out["hooked"] is False

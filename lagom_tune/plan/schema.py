@@ -66,6 +66,12 @@ class Plan:
     # nor a DeviceMesh dimension's name identifies (e.g. Megatron-style new_group layouts).
     group_ranks: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
 
+    def refuse_if_simulated(self) -> None:
+        """Raise UserError for a plan searched on a simulated cluster: a what-if result, which
+        neither ``apply`` nor the runtime shim deploys."""
+        if self.simulated:
+            raise UserError("this plan was searched on a simulated cluster (a what-if result); profile the real machine to get one to apply")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,

@@ -128,8 +128,7 @@ def check_deployable(plan: Plan) -> None:
     """Refuse what no machine may run (UserError): a simulated plan (a what-if result), or one
     whose communicator roles the runtime could not tell apart. What ``--print-env`` checks, where
     the machine that will run the job may not be this one."""
-    if plan.simulated:
-        raise UserError("this plan was searched on a simulated cluster (a what-if result); profile the real machine to get one to apply")
+    plan.refuse_if_simulated()
     check_roles(plan)
 
 

@@ -660,8 +660,11 @@ def install(plan_path: str, applied_dir: str | None = None) -> Shim:
         applied_dir: where each rank writes ``rank-N.json`` (None: only log to stderr).
     Returns:
         The shim (its ``records`` and ``communicators`` say what happened).
+    Raises:
+        UserError: for a simulated plan (a what-if result, never deployed).
     """
     plan = load_plan(plan_path)
+    plan.refuse_if_simulated()
     shim = Shim(plan, plan_path, applied_dir)
     hooks = _chain(shim.appliers())
     shim.late = C10D_MODULE in sys.modules
