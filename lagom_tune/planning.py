@@ -40,17 +40,20 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
     """Read a profiled run folder for a search.
 
     Args:
-        run_dir: a run folder whose profile finished (it has ``model.yaml``).
+        run_dir: a run folder whose profile finished, with its ``model.yaml``.
     Returns:
         Its workload, fingerprint, fitted model and accuracy, and the knob space on its machine.
     Raises:
-        UserError: for a folder without a model, or one no plan can be based on (the nccl
+        UserError: for an unfinished profile, a folder without a model, or one no plan can be based on (the nccl
             backend's CPU stand-in, a single-GPU probe profile).
     """
     run = open_run(run_dir)
     meta = run.read_meta()
+    if not meta.get("complete", False):  # a model fitted to part of a profile (`fit` allows it) is no basis for a plan
+        raise UserError(f"{run.path}: the profile did not finish ({meta.get('points_done', 0)} of {meta.get('points_total', '?')} "
+                        "points); rerun `lagom-tune profile` to resume")
     if not run.model_path.is_file():
-        raise UserError(f"{run.path} has no model.yaml: the profile did not finish; rerun `lagom-tune profile` to resume")
+        raise UserError(f"{run.path} has no model.yaml: rerun `lagom-tune fit {run.path}`")
     model, accuracy = load_model(run.model_path)
     fp = meta["fingerprint"]
     if fp.get("standin"):

@@ -25,6 +25,21 @@ def test_fit_refuses_what_is_not_a_run_folder(tmp_path):
         assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_an_unfinished_profile_is_fitted_for_a_look_but_never_searched(tiny_run, tmp_path):
+    """`fit` on an interrupted profile once let `search` write a plan from its first points (no
+    overlapped pair among them: a gain predicted without any contention measured)."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    meta = yaml.safe_load((run / "meta.yaml").read_text())
+    meta.update(complete=False, points_done=meta["points_total"] - 3)
+    (run / "meta.yaml").write_text(yaml.safe_dump(meta))
+    fitted = cli("fit", run, check=True)
+    assert "did not finish" in fitted.stdout and (run / "model.yaml").is_file()
+    r = cli("search", run, "--out", tmp_path / "plan.yaml")
+    assert r.returncode == 2 and not (tmp_path / "plan.yaml").exists()
+    assert f"the profile did not finish ({meta['points_done']} of {meta['points_total']} points)" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_search_validate_replays_default_and_plan_on_real_gloo_ranks(tiny_run, tmp_path):
     """`search --validate` on a gloo run measures both on 2 real ranks (it once failed with a NameError)."""
     run = tmp_path / "run"
