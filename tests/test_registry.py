@@ -42,6 +42,19 @@ def test_the_cli_help_comes_from_the_records():
                               "single-GPU contention probe) or sim (a SIMULATED GPU cluster, for what-if questions).")
 
 
+def test_usable_cores_are_the_affinity_mask(monkeypatch):
+    """A Slurm job or container given 2 CPUs of a 128-core host: 2 cores, and threads to match."""
+    import os
+
+    from lagom_tune.backends.gloo_knobs import gloo_knob_space
+    from lagom_tune.backends.registry import usable_cores
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 128)
+    assert usable_cores() == 2
+    assert gloo_knob_space(ranks=2)["threads"].domain == (1,)
+
+
 def test_knob_spaces_follow_the_fingerprint():
     assert knob_space_for("gloo", {"cores": 2})["threads"].domain == (1, 2)
     # the profile's ranks share the cores: no thread count that oversubscribes them

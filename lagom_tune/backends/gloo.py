@@ -26,6 +26,7 @@ import torch
 from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, reduce_ranks
 from lagom_tune.backends.gloo_knobs import gloo_knob_space
 from lagom_tune.backends.gloo_timing import MEASURE
+from lagom_tune.backends.registry import usable_cores
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.workload.bucketing import bucket_group
 from lagom_tune.workload.spec import Workload
@@ -59,7 +60,7 @@ class GlooBackend(LocalBackend):
             "simulated": self.simulated,
             "device": "cpu",
             "torch": str(torch.__version__),
-            "cores": os.cpu_count(),
+            "cores": usable_cores(),  # the job's share of the node, which the threads knob is bounded by
             "ranks": self.options.ranks,
             "nodes": 1,
             "host": platform.node(),

@@ -7,10 +7,9 @@ gradient all-reduces) and all-reducing in chunks.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from lagom_tune.backends.registry import max_threads_per_rank
+from lagom_tune.backends.registry import max_threads_per_rank, usable_cores
 from lagom_tune.knobs import Knob, KnobSpace
 
 BUCKET_CAPS_MB = (1, 2, 4, 8, 16, 25, 50)
@@ -22,13 +21,13 @@ def gloo_knob_space(cores: int | None = None, ranks: int = 1) -> KnobSpace:
     """The gloo knobs for a machine.
 
     Args:
-        cores: CPU cores per machine (default: this one's).
+        cores: CPU cores per machine (default: those this process may use, ``registry.usable_cores``).
         ranks: ranks on the machine: thread counts that would oversubscribe its cores are left out
             (``registry.max_threads_per_rank``).
     Returns:
         threads (process), bucket_cap_mb and chunk_bytes (communicator).
     """
-    most = max_threads_per_rank(cores or os.cpu_count() or 1, ranks)
+    most = max_threads_per_rank(cores or usable_cores(), ranks)
     threads = tuple(t for t in (1, 2, 4, 8, 16) if t <= most)
     return KnobSpace(
         (

@@ -14,6 +14,7 @@ add one ``register_backend(BackendInfo(...))`` at the bottom of this file.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,15 @@ NCCL_COMMUNICATOR_OPTIONS = "nccl communicator options"  # ProcessGroupNCCL.Opti
 NCCL_TUNER_RULES = "nccl tuner rules"  # per-collective rules through lagom-tune's NCCL tuner plugin
 CAPABILITIES = (THREAD_COUNT, DDP_BUCKET_CAP, CHUNKED_ALL_REDUCE, NCCL_ENVIRONMENT, NCCL_COMMUNICATOR_OPTIONS,
                 NCCL_TUNER_RULES)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask (a Slurm job's or a container's share
+    of the node), not the host's count, which ``os.cpu_count`` gives."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks on this platform
+        return os.cpu_count() or 1
 
 
 def max_threads_per_rank(cores: int, ranks_per_node: int) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from lagom_tune.artifact_io import atomic_write_text
-from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads_per_rank
+from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads_per_rank, usable_cores
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
 from lagom_tune.runtime.nccl import RULES_ENV, TunerRule, TunerRules, ambiguous_roles, communicator_configs, tuner_rules
@@ -120,7 +120,7 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
         notes.append(f"world size {layout.world_size} matches")
     threads = plan.settings.process.get("threads") if info.deploys_capability(THREAD_COUNT) else None
     if threads is not None:
-        check_threads(int(threads), layout.ranks_per_node if layout is not None else 1, os.cpu_count() or 1)
+        check_threads(int(threads), layout.ranks_per_node if layout is not None else 1, usable_cores())
     return notes
 
 
