@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Everything a lent GPU session should measure, in one call (the device tool runs one command at a
+# time and returns at most 8 files): the single-GPU check of three workloads (held-out MAPE, GEMM
+# points vs their paired baselines, the probe's bandwidth and block placement, slowdown tables)
+# and the GPU tests, then one tarball of it all plus the three reports and a log.
+#   bash bench/device_session.sh OUT_DIR [WORKLOAD ...]   (default: mpt-7b-tp8-dp1 llama3-8b-fsdp8 olmoe-1b-7b-ep8)
+# About 4 minutes on one H200 (gpu_check ~40 s a workload). Sets itself up as ../shared/GPU.md says:
+# optuna from wheels in ./.whl when the machine lacks it, this checkout installed without deps.
+# Exit: 2 without a CUDA GPU; else the number of steps that failed (each is logged; the rest still run).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=$(realpath -m "${1:?usage: bash bench/device_session.sh OUT_DIR [WORKLOAD ...]}")
+shift
+workloads=("$@")
+[ ${#workloads[@]} -gt 0 ] || workloads=(mpt-7b-tp8-dp1 llama3-8b-fsdp8 olmoe-1b-7b-ep8)
+py=${PYTHON:-python3}
+cd "$root"
+if ! "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+  echo "device_session: $py has no torch that sees a CUDA GPU: nothing to measure here" >&2
+  exit 2
+fi
+mkdir -p "$out"
+work=$(mktemp -d)
+mkdir -p "$work/results"
+log="$out/device_session.log"
+failed=0
+step() {  # step NAME CMD...: run, log, count a failure, go on
+  local name=$1; shift
+  echo "== $name: $*" | tee -a "$log"
+  local t0=$SECONDS
+  if "$@" >>"$log" 2>&1; then
+    echo "== $name: ok in $((SECONDS - t0)) s" | tee -a "$log"
+  else
+    echo "== $name: FAILED (exit $?) after $((SECONDS - t0)) s" | tee -a "$log"
+    failed=$((failed + 1))
+  fi
+}
+{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1; } >"$log"
+if ! "$py" -c 'import optuna' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  step "optuna from .whl" "$py" -m pip install -q --no-index --no-deps --target "$work/site" .whl/*.whl
+  export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+step "install this checkout" "$py" -m pip install -q --no-index --no-deps --no-build-isolation -e .
+export PYTHON="$py"
+for w in "${workloads[@]}"; do
+  step "gpu_check $w" bash bench/gpu_check.sh "$work/results" "$w"
+done
+step "GPU tests" "$py" -m pytest -q -rfEs -p no:cacheprovider tests/test_nccl_backend.py tests/test_nccl_runtime.py \
+  -k "probe_kernel or probe_blocks or single_gpu_probe or real_nccl or joins_a_group"
+tar -czf "$out/device_session.tar.gz" -C "$work" results
+for w in "${workloads[@]}"; do
+  [ -f "$work/results/gpu_check-$w.md" ] && cp "$work/results/gpu_check-$w.md" "$out/"
+done
+echo "device_session: $failed step(s) failed; tables in $out/device_session.tar.gz, log $log" | tee -a "$log"
+exit "$failed"
