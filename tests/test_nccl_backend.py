@@ -357,6 +357,7 @@ def test_probe_mode_rows_fit_are_refused_by_search_and_tabulate(tmp_path):
     assert "sim_h200_free_tpcs" in section and "not measured" not in section and "0 70" not in section  # every SM id stays in the CSV
     out = tables(run.path)
     assert len(out["gemm"]) == 3 and (out["gemm"]["TFLOPs"] > 0).all()
+    assert (out["gemm"]["point_over_baseline"] - 1).abs().max() < 1e-9  # this backend's points and baselines are one time
     assert out["probe_GBps"].notna().all().all() and len(out["probe_GBps"].columns) == 1 + 4  # every channels × buffsize cell
     assert len(out["windows"]) == 3 * len(out["probe_GBps"]) * 4 and out["windows"]["predicted_window_us"].gt(0).all()
     assert "Median-shape Spearman" in text and "Measured" in text

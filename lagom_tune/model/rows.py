@@ -153,9 +153,22 @@ def times_alone(gemm: pd.DataFrame, over: pd.DataFrame) -> dict[str, float]:
     seen: dict[str, list[float]] = {}
     for _, r in gemm.iterrows():
         seen.setdefault(r["gemm"], []).append(r["time_us"] / 1e6)
-    for _, r in over[over["compute_alone_us"].notna()].iterrows():
-        seen.setdefault(r["gemm"], []).append(r["compute_alone_us"] / r["n_compute"] / 1e6)
+    for shape, seconds in paired_alone(over).items():
+        seen.setdefault(shape, []).append(seconds)
     return {k: float(statistics.median(val)) for k, val in seen.items()}
+
+
+def paired_alone(over: pd.DataFrame) -> pd.Series:
+    """Seconds per GEMM alone as each overlapped pair measured it just before (its
+    ``compute_alone_us`` over its ``n_compute``), indexed by shape, one entry per pair that has one.
+
+    Args:
+        over: overlapped point medians.
+    Returns:
+        The seconds, with the shape as the index (repeated across a shape's pairs).
+    """
+    rows = over[over["compute_alone_us"].notna()]
+    return pd.Series((rows["compute_alone_us"] / rows["n_compute"] / 1e6).to_numpy(float), index=rows["gemm"].to_numpy())
 
 
 def gemm_of_row(row: pd.Series) -> Gemm:
