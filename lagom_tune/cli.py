@@ -142,10 +142,9 @@ def fit(run_dir: Path = typer.Argument(..., help="A run folder with measurements
     for item in render.model_tables(read_yaml(run.model_path, "model file")):
         render.console.print(item)
     render.console.print(f"[green]wrote[/] {run.model_path}")
-    meta = run.read_meta()
-    if not meta.get("complete", False):
-        render.console.print(f"[yellow]note[/] the profile did not finish ({meta.get('points_done', 0)} of "
-                             f"{meta.get('points_total', '?')} points): this model is for a look; `search` waits for the rest")
+    unfinished = run.unfinished()
+    if unfinished:
+        render.console.print(f"[yellow]note[/] {unfinished}: this model is for a look; `search` waits for the rest")
 
 
 @app.command()

@@ -49,9 +49,9 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
     """
     run = open_run(run_dir)
     meta = run.read_meta()
-    if not meta.get("complete", False):  # a model fitted to part of a profile (`fit` allows it) is no basis for a plan
-        raise UserError(f"{run.path}: the profile did not finish ({meta.get('points_done', 0)} of {meta.get('points_total', '?')} "
-                        "points); rerun `lagom-tune profile` to resume")
+    unfinished = run.unfinished()
+    if unfinished:  # a model fitted to part of a profile (`fit` allows it) is no basis for a plan
+        raise UserError(f"{run.path}: {unfinished}; rerun `lagom-tune profile` to resume")
     if not run.model_path.is_file():
         raise UserError(f"{run.path} has no model.yaml: rerun `lagom-tune fit {run.path}`")
     model, accuracy = load_model(run.model_path)

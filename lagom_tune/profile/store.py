@@ -61,6 +61,14 @@ class RunFolder:
         v.field(meta, "fingerprint", str(self.meta_path), dict)
         return meta
 
+    def unfinished(self) -> str | None:
+        """Why the profile is not yet a basis for a plan ("the profile did not finish (47 of 76
+        points)"), or None once every point is measured."""
+        meta = self.read_meta()
+        if meta.get("complete", False):
+            return None
+        return f"the profile did not finish ({meta.get('points_done', 0)} of {meta.get('points_total', '?')} points)"
+
     def write_meta(self, meta: dict[str, Any]) -> None:
         write_yaml(self.meta_path, {"schema_version": SCHEMA_VERSION, "kind": "lagom-profile", **meta})
 
