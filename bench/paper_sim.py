@@ -217,7 +217,7 @@ def report(df: pd.DataFrame, trials: int) -> str:
         "",
         "Inputs (calibrated, checked in `tests/test_sim_observations.py`): the H200's GEMM slowdowns beside copy",
         "blocks, nccl-tests bus bandwidths, AutoCCL's 1.24-1.29x isolated-collective gain on A40s, Lagom's §2 A40",
-        "observation. Everything below is an output, not tuned toward the paper.",
+        "observation. Checked there too, though nothing was calibrated on it: Lagom's A40 computation slowed by up to 35% (the worst paper workload at NCCL's defaults in the second table below). Everything else below is an output, not tuned toward the paper.",
         "",
         f"- AutoCCL-style tuning (minimise each collective's own time) is predicted slower than NCCL's defaults in "
         f"{int((df['autoccl_x'] < 1).sum())} of {len(df)} cases (replayed: {int((df['replay_autoccl_x'] < 1).sum())}), although the same",

@@ -26,7 +26,7 @@ from conftest import ROOT
 SIMPLE = dict(algo="ring", proto="simple", threads=512, buffsize=4 << 20)
 sys.path.insert(0, str(ROOT / "bench"))
 from calibrate_sim import AIM, ALONE_AIM, COPY_AIM, WORKLOADS, errors, measured  # noqa: E402  (the table bench/results/sim_calibration.md shows)
-from paper_sim import LEE_CLUSTERS, lee_workloads, overlap_costs  # noqa: E402  (the Lee et al. table of paper_sim.md)
+from paper_sim import LEE_CLUSTERS, WORKLOADS as PAPER_WORKLOADS, lee_workloads, overlap_costs  # noqa: E402  (paper_sim.md's tables)
 
 
 def busbw(sim, op, nbytes, ranks, **s):
@@ -109,6 +109,18 @@ def test_lagom_a40_pcie_more_channels_same_comm_slower_ffn():
         comp[ch] = sim.gemm_time(ffn, sim.contention("all_reduce", 32 << 20, 8, 1, s))
     assert abs(comm[32] / comm[16] - 1) < 0.05
     assert 1.15 < comp[32] / comp[16] < 1.45
+
+
+@pytest.mark.parametrize("cluster", ["a40-nvlink", "a40-pcie"])
+def test_lagom_a40_contention_slows_computation_by_up_to_35_percent(cluster):
+    """Lagom §2 (DESIGN.md §10): on its A40 testbeds, communication contention slows the
+    bottlenecked computation by up to 35%. Read as the worst, over the paper's workloads at NCCL's
+    defaults, of the iteration's GEMM time beside its collectives over alone (paper_sim.md's second
+    Lee-style table), within 0.1 as the H200 table is. 2026-11-30: a40-nvlink 1.298 (phi-2
+    tp8-dp2), a40-pcie 1.392 (the same); none of the calibration saw this figure."""
+    costs = overlap_costs(cluster, {name: build_preset(name) for name in PAPER_WORKLOADS})
+    assert abs(costs["compute_slowdown"].max() - 1.35) <= 0.1, costs
+    assert (costs["compute_slowdown"] > 1).all(), costs
 
 
 def test_h100_one_wave_gemm_nearly_doubles_beside_an_all_gather():
