@@ -90,6 +90,11 @@ def measure_placement(run: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def placement_csv(out_dir: Path, workload: str) -> Path:
+    """Where ``main`` writes the placement table, and ``write_report`` (also under --report-only) reads it."""
+    return out_dir / f"gpu_check-{workload}_probe_placement.csv"
+
+
 def _mib(b: float) -> str:
     return f"buffsize {int(b) >> 20} MiB"
 
@@ -120,7 +125,7 @@ def write_report(run: Path, out_dir: Path, workload: str, elapsed: float | None 
     stem = f"gpu_check-{workload}"
     for name, t in out.items():
         t.to_csv(out_dir / f"{stem}_{name}.csv", index=False)
-    placed = out_dir / f"{stem}_probe_placement.csv"  # measured by main() on the GPU, kept by --report-only
+    placed = placement_csv(out_dir, workload)
     placement = pd.read_csv(placed).drop(columns="smids") if placed.exists() else None
     device = (f"{fp['gpu']} ({fp['sms']} SMs, {fp['hbm_GBps']} GB/s {fp['hbm_method']}), driver {fp['driver']}, "
               f"CUDA {fp['cuda']}, NCCL {fp['nccl']}, torch {fp['torch']}, host {fp['host']}")
@@ -152,7 +157,8 @@ def write_report(run: Path, out_dir: Path, workload: str, elapsed: float | None 
         "NCCL's published per-channel figure on H200 NVLink is about 30 GB/s of bus bandwidth (74/134/234 GB/s at 2/4/8 "
         "channels), about 90 GB/s of HBM traffic; a probe block's copy rate counts each byte once but reads and writes it.",
         "## Where the probe's blocks run (one launch per channel count on the idle GPU; TPC = `%smid // 2`)",
-        placement.to_markdown(index=False) if placement is not None else "not measured (a run from before 2026-11-30's seventh session)",
+        placement.to_markdown(index=False) if placement is not None else
+        "not measured (runs before 2026-11-30's seventh session have none; a failed measurement said why on stderr)",
         "`free_tpcs`: the places left to a GEMM launched in 2-CTA clusters; `sim_h200_free_tpcs`: the simulator's "
         f"assumption (blocks spread evenly over 8 GPCs, paired within one); every block's SM in `{stem}_probe_placement.csv`.",
         "## GEMM slowdown beside the probe (median over shapes) by channels × buffer size",
@@ -186,7 +192,7 @@ def main() -> None:
                         "--out", str(run), "--repeats", str(args.repeats)], check=True, cwd=ROOT)
         elapsed = time.monotonic() - t0
         args.out.mkdir(parents=True, exist_ok=True)
-        placed = args.out / f"gpu_check-{args.workload}_probe_placement.csv"
+        placed = placement_csv(args.out, args.workload)
         placed.unlink(missing_ok=True)  # never an older run's
         try:  # a diagnostic beside the check: its failure must not cost the report of the profile just measured
             measure_placement(run).to_csv(placed, index=False)

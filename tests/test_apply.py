@@ -7,11 +7,16 @@ import pytest
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
 from lagom_tune.runtime.launch import (
-    SITE_DIR, LaunchLayout, check_fit, check_threads, launcher_layout, launcher_world_size, plan_environment,
+    SITE_DIR, LaunchLayout, check_fit, check_threads, launcher_layout, plan_environment,
 )
 
 from conftest import BIN, ROOT, cli
 from test_plan import BASE
+
+
+def launcher_world_size(cmd, env):
+    layout = launcher_layout(cmd, env)
+    return layout.world_size if layout is not None else None
 
 
 @pytest.mark.parametrize("cmd, world", [

@@ -111,7 +111,7 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[s
                     best_loss[better], best_raw[better] = group_loss[better], raw[better]
             per_row.sum().backward()
             opt.step()
-    final = raw.detach()
+    final = raw.detach().clone()
     diverged = ~torch.isfinite(final.exp()).all(dim=1)
     final[diverged] = best_raw[diverged]
     out = {}

@@ -4,7 +4,6 @@ row was taken at, and the consistent baselines every slowdown is computed agains
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 import pandas as pd
@@ -150,12 +149,8 @@ def times_alone(gemm: pd.DataFrame, over: pd.DataFrame) -> dict[str, float]:
     Returns:
         Seconds per GEMM, by shape.
     """
-    seen: dict[str, list[float]] = {}
-    for _, r in gemm.iterrows():
-        seen.setdefault(r["gemm"], []).append(r["time_us"] / 1e6)
-    for shape, seconds in paired_alone(over).items():
-        seen.setdefault(shape, []).append(seconds)
-    return {k: float(statistics.median(val)) for k, val in seen.items()}
+    own = pd.Series((gemm["time_us"] / 1e6).to_numpy(float), index=gemm["gemm"].to_numpy())
+    return {str(k): float(v) for k, v in pd.concat([own, paired_alone(over)]).groupby(level=0, sort=False).median().items()}
 
 
 def paired_alone(over: pd.DataFrame) -> pd.Series:

@@ -82,12 +82,6 @@ def launcher_layout(cmd: list[str], env: dict[str, str]) -> LaunchLayout | None:
     return LaunchLayout(int(nproc), int(nnodes))
 
 
-def launcher_world_size(cmd: list[str], env: dict[str, str]) -> int | None:
-    """World size a torchrun-style command line asks for (:func:`launcher_layout`), or None."""
-    layout = launcher_layout(cmd, env)
-    return layout.world_size if layout is not None else None
-
-
 def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
     """Refuse a plan that does not fit this machine (UserError); return notes on what was checked.
 
