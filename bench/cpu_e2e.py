@@ -1,11 +1,14 @@
 """CPU end to end: the example training's median step time with default settings and with a plan.
 
-Runs are interleaved (default, plan, default, plan, ...) so drift on the machine hits both
-alike; the table reports each configuration's median over rounds, its spread, the ratio, and a
-95% bootstrap confidence interval of the geometric-mean per-round ratio with a plain verdict:
-faster, slower, or no difference measurable on this machine.
+Runs are interleaved, and each round swaps which runs first (default, plan, plan, default, ...):
+drift on the machine hits both alike, and so does running second (measured here with the plan
+keeping the defaults: in four rounds with the default always first, the second run was 0.5-9%
+slower every time; swapped, the pairs agreed within 1%). The table reports each configuration's
+median over rounds, its spread, the ratio, and a 95% bootstrap confidence interval of the
+geometric-mean per-round ratio with a plain verdict: faster, slower, or no difference measurable
+on this machine.
 
-    python bench/cpu_e2e.py --plan plans/demo-cpu.yaml --rounds 3 --out bench/results/cpu_e2e.md
+    python bench/cpu_e2e.py --plan plans/demo-cpu.yaml --rounds 4 --out bench/results/cpu_e2e.md
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ def verdict(low: float, high: float, same_settings: bool) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--plan", type=Path, required=True)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4, help="even, so each configuration runs first equally often")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu_e2e.md")
@@ -106,7 +109,8 @@ def main() -> None:
 
     runs: dict[str, list[dict]] = {"default": [], "plan": []}
     for r in range(args.rounds):
-        for name, plan in (("default", None), ("plan", args.plan)):
+        pair = (("default", None), ("plan", args.plan))
+        for name, plan in pair if r % 2 == 0 else pair[::-1]:
             m = run_once(plan, args.steps, args.ranks, {})
             runs[name].append(m)
             print(f"round {r + 1}/{args.rounds} {name:8s} median step {m['median_step_ms']:.2f} ms "
@@ -123,7 +127,7 @@ def main() -> None:
         "# CPU end to end: example training, default vs plan (measured)",
         "",
         f"{datetime.date.today()} · {platform.node()} · {os.cpu_count()} cores · {args.ranks} gloo ranks · "
-        f"{args.rounds} interleaved rounds × {args.steps} steps · plan `{args.plan}`",
+        f"{args.rounds} interleaved rounds × {args.steps} steps, each round's first run alternating · plan `{args.plan}`",
         "",
         "| settings | median step ms | min | max | bucket cap MiB | threads |",
         "|---|---:|---:|---:|---:|---:|",
