@@ -1,9 +1,7 @@
 """CPU end to end: the example training's median step time with default settings and with a plan.
 
-Runs are interleaved, and each round swaps which runs first (default, plan, plan, default, ...):
-drift on the machine hits both alike, and so does running second (measured here with the plan
-keeping the defaults: in four rounds with the default always first, the second run was 0.5-9%
-slower every time; swapped, the pairs agreed within 1%). The table reports each configuration's
+Runs are interleaved, each round in the reverse order of the one before (``compare.py``: a
+run's position in its round is not neutral here). The table reports each configuration's
 median over rounds, its spread, the ratio, and a 95% bootstrap confidence interval of the
 geometric-mean per-round ratio with a plain verdict: faster, slower, or no difference measurable
 on this machine.
@@ -23,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from compare import CI_LEVEL, interleaved, ratio_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -63,29 +63,6 @@ def measure_grid(plan_path: Path, steps: int, ranks: int) -> dict[int, float]:
     return out
 
 
-CI_LEVEL = 0.95
-BOOTSTRAP = 10_000
-
-
-def ratio_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, float]:
-    """Geometric mean of per-round ratios and its 95% percentile-bootstrap interval (rounds resampled).
-
-    Args:
-        ratios: default / plan step time, one per interleaved round.
-        seed: the bootstrap's seed (the table is reproducible from the same rounds).
-
-    Returns:
-        (geometric mean, low, high).
-    """
-    import numpy as np
-
-    logs = np.log(np.asarray(ratios, dtype=float))
-    means = np.random.default_rng(seed).choice(logs, size=(BOOTSTRAP, len(logs)), replace=True).mean(axis=1)
-    tail = (1 - CI_LEVEL) / 2
-    low, high = np.quantile(means, [tail, 1 - tail])
-    return float(np.exp(logs.mean())), float(np.exp(low)), float(np.exp(high))
-
-
 def verdict(low: float, high: float, same_settings: bool) -> str:
     """The plain reading of an interval of default / plan ratios."""
     if same_settings:
@@ -108,13 +85,11 @@ def main() -> None:
     args = p.parse_args()
 
     runs: dict[str, list[dict]] = {"default": [], "plan": []}
-    for r in range(args.rounds):
-        pair = (("default", None), ("plan", args.plan))
-        for name, plan in pair if r % 2 == 0 else pair[::-1]:
-            m = run_once(plan, args.steps, args.ranks, {})
-            runs[name].append(m)
-            print(f"round {r + 1}/{args.rounds} {name:8s} median step {m['median_step_ms']:.2f} ms "
-                  f"(bucket cap {m['bucket_cap_bytes'] / 2**20:g} MiB, {m['threads']} thread(s))", flush=True)
+    for r, (name, plan) in interleaved((("default", None), ("plan", args.plan)), args.rounds):
+        m = run_once(plan, args.steps, args.ranks, {})
+        runs[name].append(m)
+        print(f"round {r + 1}/{args.rounds} {name:8s} median step {m['median_step_ms']:.2f} ms "
+              f"(bucket cap {m['bucket_cap_bytes'] / 2**20:g} MiB, {m['threads']} thread(s))", flush=True)
 
     def summary(name: str) -> tuple[float, float, float]:
         meds = [m["median_step_ms"] for m in runs[name]]

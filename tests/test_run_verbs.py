@@ -55,7 +55,8 @@ def test_the_demo_verdict_follows_the_interval():
     import sys
 
     sys.path.insert(0, str(__import__("conftest").ROOT / "bench"))
-    from cpu_e2e import ratio_interval, verdict
+    from compare import ratio_interval
+    from cpu_e2e import verdict
 
     g, low, high = ratio_interval([1.10, 1.12, 1.09, 1.11, 1.10])
     assert 1.09 < low <= g <= high < 1.12 and verdict(low, high, False) == "the plan is faster"
@@ -63,6 +64,17 @@ def test_the_demo_verdict_follows_the_interval():
     assert low < 1.0 < high and verdict(low, high, False) == "no difference measurable on this machine"
     assert verdict(*ratio_interval([0.8, 0.82, 0.79])[1:], False) == "the plan is slower"
     assert verdict(0.9, 1.2, True).startswith("same settings")
+
+
+def test_benchmark_arms_take_turns_running_first():
+    import sys
+
+    sys.path.insert(0, str(__import__("conftest").ROOT / "bench"))
+    from compare import interleaved
+
+    runs = list(interleaved(("default", "plan"), 4))
+    assert [arm for _, arm in runs] == ["default", "plan", "plan", "default"] * 2
+    assert [r for r, _ in runs] == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 def test_a_misspelled_search_option_is_an_error_not_a_no_op():
