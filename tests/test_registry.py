@@ -55,6 +55,23 @@ def test_usable_cores_are_the_affinity_mask(monkeypatch):
     assert gloo_knob_space(ranks=2)["threads"].domain == (1,)
 
 
+def test_gloo_refuses_more_ranks_than_cores(monkeypatch):
+    """Each rank needs a core: 64 ranks on 2 cores once ran 80 s into a profile before the
+    kernel killed one for memory."""
+    import os
+
+    import pytest
+
+    from lagom_tune.backends.base import BackendOptions
+    from lagom_tune.backends.gloo import GlooBackend
+    from lagom_tune.errors import UserError
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5}, raising=False)
+    assert GlooBackend(BackendOptions(ranks=2)).options.ranks == 2
+    with pytest.raises(UserError, match="--ranks 3 exceeds the 2 CPU cores"):
+        GlooBackend(BackendOptions(ranks=3))
+
+
 def test_knob_spaces_follow_the_fingerprint():
     assert knob_space_for("gloo", {"cores": 2})["threads"].domain == (1, 2)
     # the profile's ranks share the cores: no thread count that oversubscribes them

@@ -51,6 +51,10 @@ class GlooBackend(LocalBackend):
     def __init__(self, options: BackendOptions):
         if options.ranks < 2:
             raise UserError("--ranks must be at least 2 for the gloo backend (collectives need peers)")
+        cores = usable_cores()
+        if options.ranks > cores:  # 64 ranks on 2 cores ran out of memory after 80 s, one killed rank at a time
+            raise UserError(f"--ranks {options.ranks} exceeds the {cores} CPU cores this process may use: each gloo rank "
+                            "needs a core of its own, or its timings measure the scheduler, not the workload")
         self.options = options
         self.knob_space = gloo_knob_space(ranks=options.ranks)
 
