@@ -1,7 +1,7 @@
 """CPU end to end: the example training's median step time with default settings and with a plan.
 
-Runs are interleaved, each round in the reverse order of the one before (``compare.py``: a
-run's position in its round is not neutral here). The table reports each configuration's
+Runs are interleaved, each round in the reverse order of the one before (``lagom_tune.interleave``:
+a run's position in its round is not neutral here). The table reports each configuration's
 median over rounds, its spread, the ratio, and a 95% bootstrap confidence interval of the
 geometric-mean per-round ratio with a plain verdict: faster, slower, or no difference measurable
 on this machine.
@@ -22,7 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from compare import CI_LEVEL, interleaved, ratio_interval
+from compare import CI_LEVEL, ratio_interval
+
+from lagom_tune.interleave import interleaved
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -21,7 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from compare import CI_LEVEL, interleaved, ratio_interval
+from compare import CI_LEVEL, ratio_interval
+
+from lagom_tune.interleave import interleaved
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -66,11 +66,8 @@ def test_the_demo_verdict_follows_the_interval():
     assert verdict(0.9, 1.2, True).startswith("same settings")
 
 
-def test_benchmark_arms_take_turns_running_first():
-    import sys
-
-    sys.path.insert(0, str(__import__("conftest").ROOT / "bench"))
-    from compare import interleaved
+def test_compared_arms_take_turns_running_first():
+    from lagom_tune.interleave import interleaved
 
     runs = list(interleaved(("default", "plan"), 4))
     assert [arm for _, arm in runs] == ["default", "plan", "plan", "default"] * 2

@@ -8,6 +8,7 @@ from typing import Any
 from lagom_tune.backends.base import BackendOptions, Point
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
+from lagom_tune.interleave import interleaved
 from lagom_tune.knobs import Settings, settings_items
 from lagom_tune.workload.spec import Workload
 
@@ -34,7 +35,8 @@ def backend_from_fingerprint(fp: dict[str, Any]):
 
 
 def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[str, Settings], repeats: int) -> dict[str, Any]:
-    """Iteration time of each candidate, ``repeats`` rounds interleaved (d, p, d, p, ...).
+    """Iteration time of each candidate, ``repeats`` rounds interleaved, each in the reverse order
+    of the one before (d, p, p, d, ...: :mod:`lagom_tune.interleave`).
 
     Args:
         workload: the workload to replay (whole iterations).
@@ -47,16 +49,15 @@ def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[s
     """
     backend = backend_from_fingerprint(fingerprint)
     ranks = workload.world_size
-    points = [Point("iteration", settings_items(s), ranks=ranks, workload=workload)
-              for _ in range(repeats) for s in candidates.values()]
-    names = [name for _ in range(repeats) for name in candidates]
+    names = [name for _, name in interleaved(list(candidates), repeats)]
+    points = [Point("iteration", settings_items(candidates[name]), ranks=ranks, workload=workload) for name in names]
     times: dict[str, list[float]] = {name: [] for name in candidates}
     order = iter(names)
     backend.measure(points, 1, lambda p, rows: times[next(order)].append(rows[0]["time_us"] / 1e3))
     med = {name: round(statistics.median(t), 3) for name, t in times.items()}
     out = {
         "method": f"{'simulated' if backend.simulated else 'measured'} replay of the workload on {backend.name}, "
-                  f"{repeats} interleaved repeats",
+                  f"{repeats} interleaved repeats, each round in the reverse order of the last",
         "simulated": backend.simulated,
         "repeats": repeats,
         "iteration_ms": med,
