@@ -256,8 +256,10 @@ def apply(
     if result.ranks:
         render.console.print(f"[lagom-tune] {len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; see {result.applied_json}",
                              style="dim", highlight=False)
-    else:
+    elif result.applied_json.exists():
         render.console.print(f"[lagom-tune] no rank reported; {result.applied_json} keeps the last run's record", style="dim", highlight=False)
+    else:
+        render.console.print(f"[lagom-tune] no rank reported; nothing written to {result.applied_json}", style="dim", highlight=False)
     for m in missed:
         render.console.print(f"[yellow]not applied[/] {m}")
     raise typer.Exit(result.exit_code)

@@ -134,3 +134,13 @@ def test_a_command_that_fails_before_any_rank_keeps_the_last_applied_record(tmp_
     r = cli("apply", plan, "--applied", record, "--", "false")  # no Python rank ever starts
     assert r.returncode == 1 and "keeps the last run's record" in r.stdout
     assert record.read_text() == '{"ranks": {"0": {"rank": "0", "records": []}}}'
+
+
+def test_a_record_that_cannot_be_written_is_refused_before_the_command_runs(tmp_path):
+    plan = BASE.save(tmp_path / "p.yaml")
+    marker = tmp_path / "ran"
+    r = cli("apply", plan, "--applied", "/proc/applied.json", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+    assert r.returncode == 2 and "cannot write --applied record /proc/applied.json" in r.stderr
+    assert not marker.exists()  # a long job is never run only to fail at the end
+    r = cli("apply", plan, "--applied", tmp_path / "new" / "applied.json", "--", "true")
+    assert r.returncode == 0 and "nothing written to" in r.stdout

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lagom_tune.artifact_io import atomic_write_text
+from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads_per_rank, usable_cores
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
@@ -320,7 +320,8 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
     if not cmd:
         raise UserError("nothing to run: give the command after `--`, e.g. `lagom-tune apply plan.yaml -- torchrun ...`")
     check_fit(plan, cmd, dict(os.environ))
-    applied_json = applied_json or plan_path.with_name("applied.json")
+    # checked before the run, not after it: a record that cannot be written must not end a long job with an error
+    applied_json = check_writable(applied_json or plan_path.with_name("applied.json"), "--applied record")
     tuner = prepare_tuner(plan)
     for line in tuner.warnings() if tuner else []:
         if on_warning:
