@@ -96,3 +96,17 @@ def test_a_backend_class_reads_its_name_and_simulated_from_its_record():
     with pytest.raises(LookupError):
         record_of(BackendInfo)
 
+
+
+def test_the_setup_a_profile_resumes_on_names_fingerprint_fields():
+    """A misspelt field would compare None with None and let any setup resume."""
+    from lagom_tune.workload.presets import build_preset
+
+    for name, options in (("gloo", BackendOptions(ranks=2)), ("sim", BackendOptions(hardware="a40-pcie"))):
+        b = get_backend(name, options)
+        b.plan_points(build_preset("cpu-demo"))
+        fp = b.fingerprint()
+        assert set(backend_info(name).setup) <= set(fp), name
+        assert backend_info(name).setup_change(fp, dict(fp)) is None
+    gloo = backend_info("gloo")
+    assert gloo.setup_change({"host": "a", "cores": 2}, {"host": "b", "cores": 2}) == "host: a -> b"

@@ -98,3 +98,18 @@ def test_a_simulated_cluster_is_sized_to_the_workload_and_says_its_default(tmp_p
     default = cli("profile", "--backend", "sim", "--workload", "cpu-demo", "--out", tmp_path / "d", check=True)
     assert "--hardware not given: the default h100-nvlink" in default.stdout
     assert "h100" in cli("profile", "--help", check=True).stdout.replace("\n", " ")
+
+
+def test_a_profile_resumes_only_on_the_setup_it_was_started_on(tmp_path):
+    """Resuming with another --hardware or --noise once relabelled an H200 profile's points as an
+    A40's (the fingerprint was rewritten, the points kept)."""
+    from lagom_tune.errors import UserError
+
+    w, run = build_preset("cpu-demo"), tmp_path / "r"
+    run_profile(w, get_backend("sim", BackendOptions(hardware="h200-nvlink", noise=0.02)), run, repeats=2)
+    before = ((run / "meta.yaml").read_text(), (run / "measurements.csv").read_text())
+    for hardware, noise, said in (("a40-pcie", 0.02, "cluster: h200-nvlink -> a40-pcie"), ("h200-nvlink", 0.05, "noise: 0.02 -> 0.05")):
+        with pytest.raises(UserError, match=f"profiled on another setup \\({said}\\)"):
+            run_profile(w, get_backend("sim", BackendOptions(hardware=hardware, noise=noise)), run, repeats=2)
+    assert ((run / "meta.yaml").read_text(), (run / "measurements.csv").read_text()) == before
+    run_profile(w, get_backend("sim", BackendOptions(hardware="h200-nvlink", noise=0.02)), run, repeats=2)  # the same setup resumes

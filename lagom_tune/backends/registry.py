@@ -84,6 +84,8 @@ class BackendInfo:
         replays_locally: ``search --validate`` can replay its plans on this machine (False: only on
             the cluster that was profiled).
         summary: one line for ``--backend``'s help.
+        setup: the fingerprint's fields that make two measurements comparable (the machine, its
+            software, the simulated physics); a profile resumes only where they all match.
     """
 
     name: str
@@ -95,6 +97,19 @@ class BackendInfo:
     needs_cuda: bool = False
     replays_locally: bool = True
     summary: str = ""
+    setup: tuple[str, ...] = ()
+
+    def setup_change(self, before: dict[str, Any], now: dict[str, Any]) -> str | None:
+        """What differs between two fingerprints in :attr:`setup`, or None.
+
+        Args:
+            before: the fingerprint a run folder was started with.
+            now: this process's.
+        Returns:
+            ``"field: before -> now"`` for each differing field, joined, or None when none differs.
+        """
+        changed = [f"{k}: {before.get(k)} -> {now.get(k)}" for k in self.setup if before.get(k) != now.get(k)]
+        return "; ".join(changed) or None
 
     def __post_init__(self) -> None:
         unknown = set(self.deploys) - set(CAPABILITIES)
@@ -216,13 +231,17 @@ def backend_help() -> str:
 
 register_backend(BackendInfo(
     "gloo", "lagom_tune.backends.gloo:GlooBackend", "lagom_tune.backends.gloo_knobs:knob_space_from_fingerprint",
-    CPU_FAMILY, frozenset({THREAD_COUNT, DDP_BUCKET_CAP, CHUNKED_ALL_REDUCE}), summary="real CPU ranks"))
+    CPU_FAMILY, frozenset({THREAD_COUNT, DDP_BUCKET_CAP, CHUNKED_ALL_REDUCE}), summary="real CPU ranks",
+    setup=("host", "device", "processor", "cores", "ranks", "torch")))
 register_backend(BackendInfo(
     "nccl", "lagom_tune.backends.nccl:NcclBackend", "lagom_tune.backends.nccl_knobs:knob_space_from_fingerprint",
     GPU_FAMILY, frozenset({NCCL_ENVIRONMENT, NCCL_COMMUNICATOR_OPTIONS, NCCL_TUNER_RULES}), needs_cuda=True,
     replays_locally=False,
-    summary="GPUs; launch with torchrun, or one process for the single-GPU contention probe"))
+    summary="GPUs; launch with torchrun, or one process for the single-GPU contention probe",
+    # not the hosts: a resumed job may land on other nodes of the same kind; not hbm_GBps: it is measured
+    setup=("mode", "gpu", "sms", "ranks", "nodes", "gpus_per_node", "driver", "cuda", "nccl", "torch", "max_channels", "standin")))
 register_backend(BackendInfo(
     "sim", "lagom_tune.backends.sim:SimBackend", "lagom_tune.backends.nccl_knobs:knob_space_from_fingerprint",
     GPU_FAMILY, frozenset({NCCL_ENVIRONMENT, NCCL_COMMUNICATOR_OPTIONS, NCCL_TUNER_RULES}), simulated=True,
-    summary="a SIMULATED GPU cluster, for what-if questions"))
+    summary="a SIMULATED GPU cluster, for what-if questions",
+    setup=("cluster", "nodes", "gpus_per_node", "ib_gbps", "noise", "seed")))

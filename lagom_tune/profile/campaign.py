@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from lagom_tune import __version__
 from lagom_tune.backends.base import Backend, Point
+from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.measurements import collective_columns, gemm_columns, identity_columns
 from lagom_tune.profile.store import RunFolder
@@ -22,15 +23,19 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _resume_state(run: RunFolder, workload: Workload, backend: str, repeats: int) -> tuple[str | None, set[str]]:
+def _resume_state(run: RunFolder, workload: Workload, backend: Backend, fingerprint: dict[str, Any],
+                  repeats: int) -> tuple[str | None, set[str]]:
     """When the run folder's profile started and which points it holds (none for a new folder)."""
     if run.path.exists() and not run.path.is_dir():
         raise UserError(f"--out {run.path} exists and is not a folder")
     if not run.exists():
         return None, set()
     meta = run.read_meta()
-    if meta.get("workload_digest") != workload.digest or meta["fingerprint"].get("backend") != backend:
+    if meta.get("workload_digest") != workload.digest or meta["fingerprint"].get("backend") != backend.name:
         raise UserError(f"{run.path} holds a profile of another workload or backend; choose a new --out")
+    changed = backend_info(backend.name).setup_change(meta["fingerprint"], fingerprint)
+    if changed:  # its points and these would be one profile of two setups
+        raise UserError(f"{run.path} was profiled on another setup ({changed}); resume it on the same one, or choose a new --out")
     if meta.get("repeats") != repeats:
         raise UserError(f"{run.path} was profiled with --repeats {meta.get('repeats')}; resume with the same value")
     if run.csv_path.exists():
@@ -38,7 +43,7 @@ def _resume_state(run: RunFolder, workload: Workload, backend: str, repeats: int
     return meta.get("started"), run.done_points() if run.csv_path.exists() else set()
 
 
-def _agreed_todo(run: RunFolder, workload: Workload, backend: Backend, points: list[Point],
+def _agreed_todo(run: RunFolder, workload: Workload, backend: Backend, fingerprint: dict[str, Any], points: list[Point],
                  repeats: int) -> tuple[str, list[Point]]:
     """When the profile started and the points left to measure, the same on every process.
 
@@ -49,6 +54,7 @@ def _agreed_todo(run: RunFolder, workload: Workload, backend: Backend, points: l
         run: the run folder.
         workload: the workload being profiled.
         backend: the backend (its writer reads the folder, ``share`` tells the others).
+        fingerprint: this run's (a resumed folder must have been started on the same setup).
         points: every point of the profile, in order.
         repeats: repeats per point (a resumed profile must keep them).
     Returns:
@@ -59,7 +65,7 @@ def _agreed_todo(run: RunFolder, workload: Workload, backend: Backend, points: l
     state: tuple = ("ok", None, [])
     if backend.writer:
         try:
-            started, done = _resume_state(run, workload, backend.name, repeats)
+            started, done = _resume_state(run, workload, backend, fingerprint, repeats)
             state = ("ok", started, [p.key for p in points if p.key not in done])
         except UserError as e:
             state = ("error", str(e), [])
@@ -166,7 +172,7 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
     run = RunFolder(Path(out))
     points = backend.plan_points(workload)  # first: a simulated backend sizes its cluster to the workload
     fingerprint = backend.fingerprint()  # on every process: a distributed backend gathers it from all ranks
-    started, todo = _agreed_todo(run, workload, backend, points, repeats)
+    started, todo = _agreed_todo(run, workload, backend, fingerprint, points, repeats)
     if not backend.writer:
         backend.measure(todo, repeats, lambda point, rows: None)
         return run
