@@ -76,6 +76,15 @@ def test_optuna_finds_the_optimum_of_a_small_space_and_resumes(demo, tmp_path):
     assert again.evaluation.iteration_s == pytest.approx(best.evaluation.iteration_s)
 
 
+@pytest.mark.parametrize("storage, said", [("bogus://x", "Can't load plugin"), ("sqlite:////proc/study.db", "unable to open")])
+def test_a_storage_optuna_cannot_open_is_a_one_line_user_error(demo, storage, said):
+    from lagom_tune.errors import UserError
+
+    with pytest.raises(UserError, match=f"cannot open the Optuna storage .*{said}") as e:
+        optuna_search(ModelEvaluator(demo, TRUE), variables(demo, SPACE), n_trials=2, storage=storage)
+    assert "\n" not in str(e.value)
+
+
 def test_search_never_hands_out_a_plan_predicted_slower_than_default(demo):
     outcome = search(demo, TRUE, SPACE, "lagom")
     assert outcome.chosen.evaluation.iteration_s <= outcome.default.evaluation.iteration_s

@@ -10,6 +10,7 @@ import time
 from typing import Callable
 
 import optuna
+import sqlalchemy.exc  # optuna's storage layer: a URL it cannot open raises these
 
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
@@ -64,8 +65,9 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
         else:
             study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed),
                                         storage=storage, study_name=study_name, load_if_exists=True)
-    except (ValueError, ImportError) as e:
-        raise UserError(f"cannot open the Optuna storage {storage!r}: {e}") from None
+    except (ValueError, ImportError, optuna.exceptions.OptunaError, sqlalchemy.exc.SQLAlchemyError) as e:
+        # an unknown URL scheme, a database that cannot be opened: one line, the first of the driver's message
+        raise UserError(f"cannot open the Optuna storage {storage!r}: {str(e).splitlines()[0]}") from None
     if not study.trials:  # a resumed study already holds its seeds
         study.enqueue_trial(default_assignment(vars_))
         if enqueue_lagom:
