@@ -6,6 +6,7 @@ as ``plan.collectives[2].set.chunk_bytes: expected an integer, got 'x'`` and nev
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from lagom_tune.errors import UserError
@@ -69,6 +70,8 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
         names = "/".join(k.__name__ for k in kinds)
         raise UserError(f"{path}.{key}: expected {names}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):  # YAML's .nan passes every comparison
+        raise UserError(f"{path}.{key}: expected a finite number, got {value!r}")
     if minimum is not None and value < minimum:
         raise UserError(f"{path}.{key}: must be >= {minimum}, got {value!r}")
     return value

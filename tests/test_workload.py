@@ -53,6 +53,8 @@ def test_yaml_round_trip(tmp_path):
     (lambda d: d["groups"][1]["comm"][3].update(after=10_000), "groups[1].comm[3].after"),
     (lambda d: d.update(schema_version=9), "schema_version"),
     (lambda d: d["groups"][0].pop("name"), "groups[0].name"),
+    (lambda d: d.update(exposed_ms=float("nan")), "exposed_ms: expected a finite number"),  # NaN passes every comparison
+    (lambda d: d.update(exposed_ms=float("inf")), "exposed_ms: expected a finite number"),
 ])
 def test_bad_workloads_name_the_field(mutate, message):
     d = build_preset("cpu-demo").to_dict()
