@@ -113,3 +113,22 @@ def test_a_profile_resumes_only_on_the_setup_it_was_started_on(tmp_path):
             run_profile(w, get_backend("sim", BackendOptions(hardware=hardware, noise=noise)), run, repeats=2)
     assert ((run / "meta.yaml").read_text(), (run / "measurements.csv").read_text()) == before
     run_profile(w, get_backend("sim", BackendOptions(hardware="h200-nvlink", noise=0.02)), run, repeats=2)  # the same setup resumes
+
+
+def test_points_a_rank_cannot_hold_are_refused_before_the_folder_is_touched(tmp_path):
+    """A micro-batch of 100000 once profiled on a simulated H100 as if 50,000 GiB of operands fit
+    it; on gloo a GEMM too large for memory failed 14 points in."""
+    from lagom_tune.backends.base import Point, check_memory, rank_bytes
+    from lagom_tune.errors import UserError
+    from lagom_tune.workload.spec import Gemm
+
+    g = Gemm("g", 1 << 15, 1 << 15, 1 << 15, "bf16")  # A, B and C of 2 GiB each
+    assert rank_bytes(Point("overlap", (), gemm=g, op="all_reduce", nbytes=1 << 30)) == 7 << 30
+    check_memory([Point("gemm", (), gemm=g)], {"rank_memory_GiB": 6.0})
+    with pytest.raises(UserError, match=r"the GEMM 1x32768x32768x32768:bf16 needs 6.0 GiB on each rank, at least; a rank here has 5.9 GiB"):
+        check_memory([Point("collective", (), op="all_reduce", nbytes=1), Point("gemm", (), gemm=g)], {"rank_memory_GiB": 5.9})
+    check_memory([Point("gemm", (), gemm=g)], {})  # a backend that does not say: nothing is checked
+    r = cli("profile", "--workload", "llama3-8b-fsdp8", "--backend", "sim", "--hardware", "a40-pcie", "--mbs", "100000",
+            "--out", tmp_path / "r")
+    assert r.returncode == 2 and "GiB on each rank, at least; a rank here has 44.7 GiB" in r.stderr
+    assert not (tmp_path / "r").exists()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from lagom_tune.backends.registry import BackendInfo, backend_info, record_of
+from lagom_tune.errors import UserError
 from lagom_tune.knobs import Knob, KnobSpace
 from lagom_tune.measurements import BANDWIDTH_COLUMNS, TIMED_COLUMNS
 from lagom_tune.workload.spec import Gemm, Workload
@@ -38,6 +39,46 @@ class Point:
     @property
     def settings(self) -> dict[str, Any]:
         return dict(self.config)
+
+
+GIB = 1 << 30
+
+
+def rank_bytes(point: Point) -> int:
+    """Bytes one rank allocates to measure ``point``, at least: its GEMM's A, B and C and its
+    collective's buffer; a replayed iteration holds every GEMM shape and buffer size of its
+    workload at once.
+
+    Args:
+        point: a point of any kind.
+    Returns:
+        The bytes.
+    """
+    if point.workload is not None:
+        w = point.workload
+        return sum(g.nbytes for g in w.gemms().values()) + sum({c.nbytes for c in w.collectives()})
+    return (point.gemm.nbytes if point.gemm is not None else 0) + point.nbytes
+
+
+def check_memory(points: list[Point], fingerprint: dict[str, Any]) -> None:
+    """Refuse, before any is measured, points a rank cannot hold (``fingerprint["rank_memory_GiB"]``:
+    a GPU's memory, or a CPU rank's share of the memory available), naming the largest.
+
+    Args:
+        points: the points to measure.
+        fingerprint: the backend's (without ``rank_memory_GiB`` nothing is checked).
+    Raises:
+        UserError: the largest point's need and what a rank has.
+    """
+    have = fingerprint.get("rank_memory_GiB")
+    if not have or not points:
+        return
+    big = max(points, key=rank_bytes)
+    need = rank_bytes(big) / GIB
+    if need > have:
+        what = (f"an iteration of {big.workload.name}" if big.workload is not None
+                else f"the GEMM {big.gemm.shape_key}" if big.gemm is not None else f"the {big.op} of {big.nbytes} bytes")
+        raise UserError(f"{what} needs {need:.1f} GiB on each rank, at least; a rank here has {have:.1f} GiB")
 
 
 def bus_factor(op: str, ranks: int) -> float:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, reduce_ranks
+from lagom_tune.backends.base import GIB, BackendOptions, LocalBackend, Point, RowSink, reduce_ranks
 from lagom_tune.backends.gloo_knobs import gloo_knob_space
 from lagom_tune.backends.gloo_timing import MEASURE
 from lagom_tune.backends.registry import usable_cores
@@ -43,6 +43,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def available_memory() -> int:
+    """Bytes of memory available to new processes now (Linux's MemAvailable; elsewhere the free pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class GlooBackend(LocalBackend):
@@ -66,6 +78,7 @@ class GlooBackend(LocalBackend):
             "torch": str(torch.__version__),
             "cores": usable_cores(),  # the job's share of the node, which the threads knob is bounded by
             "ranks": self.options.ranks,
+            "rank_memory_GiB": round(available_memory() / GIB / self.options.ranks, 1),  # the ranks share the machine's
             "nodes": 1,
             "host": platform.node(),
             "python": platform.python_version(),

@@ -169,7 +169,7 @@ class SimBackend(LocalBackend):
     def fingerprint(self) -> dict[str, Any]:
         c = self.cluster
         return {"backend": self.name, "simulated": self.simulated, "cluster": c.name, "device": f"{c.device} (simulated)", "gpu": c.device,
-                "sms": c.sms, "hbm_GBps": c.hbm / GB, "nodes": self.nodes, "gpus_per_node": GPUS_PER_NODE,
+                "sms": c.sms, "hbm_GBps": c.hbm / GB, "rank_memory_GiB": c.memory_GiB, "nodes": self.nodes, "gpus_per_node": GPUS_PER_NODE,
                 "ranks": GPUS_PER_NODE * self.nodes, "ib_gbps": self.ib_gbps if self.nodes > 1 else None,
                 **({} if self.hardware_said else {"hardware_note": f"--hardware not given: the default {c.name}"}),
                 "seed": self.options.seed, "noise": self.options.noise, "host": platform.node()}

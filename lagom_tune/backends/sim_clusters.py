@@ -45,6 +45,9 @@ class Cluster:
     gpcs: int = 7  # graphics processing clusters: the block scheduler spreads CTAs across them
     cta_cluster: int = 1  # CTAs a GEMM kernel co-schedules on one TPC (Hopper's thread-block clusters: 2)
     memory: MemoryCalibration = MemoryCalibration()
+    # A GPU's memory: the H200's as torch reported it (139.8 GiB); the others their data sheets' GB
+    # read as 10^9 bytes, a lower bound (the H200's "141 GB" would read 131 GiB). None: not checked.
+    memory_GiB: float | None = None
 
     @property
     def hbm_effective(self) -> float:
@@ -58,13 +61,13 @@ class Cluster:
 # 8xH200 all-reduce with CTAs capped (2/4/8 -> 74/134/234 GB/s busbw), 8xA100 nccl-tests
 # 230-250 GB/s at NCCL's defaults, and AutoCCL's 1.24-1.29x over NCCL's defaults on A40s.
 CLUSTERS = {
-    "a40-pcie": Cluster("a40-pcie", "A40", 84, 696 * GB, 150e12 * 0.7, 22 * GB, 5.0 * GB, 6 << 20, 8, 32),
-    "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 48 * GB, 5.0 * GB, 6 << 20, 8, 64),
+    "a40-pcie": Cluster("a40-pcie", "A40", 84, 696 * GB, 150e12 * 0.7, 22 * GB, 5.0 * GB, 6 << 20, 8, 32, memory_GiB=44.7),
+    "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 48 * GB, 5.0 * GB, 6 << 20, 8, 64, memory_GiB=44.7),
     "a100-nvlink": Cluster("a100-nvlink", "A100-SXM4-80GB", 108, 2.0e12, 312e12 * 0.75, 255 * GB, 24 * GB, 40 << 20, 16,
-                           fabric=640 * GB),
+                           fabric=640 * GB, memory_GiB=74.5),
     "h100-nvlink": Cluster("h100-nvlink", "H100-SXM", 132, 3.35e12, 989e12 * 0.95, 380 * GB, 55 * GB, 50 << 20, 16,
-                           fabric=800 * GB, gpcs=8, cta_cluster=2),
+                           fabric=800 * GB, gpcs=8, cta_cluster=2, memory_GiB=74.5),
     "h200-nvlink": Cluster("h200-nvlink", "H200", 132, 4.8e12, 989e12 * 0.95, 380 * GB, 55 * GB, 50 << 20, 16,
-                           fabric=800 * GB, gpcs=8, cta_cluster=2),
+                           fabric=800 * GB, gpcs=8, cta_cluster=2, memory_GiB=139.8),
 }
 DEFAULT_CLUSTER = "h100-nvlink"  # --hardware left out: said in the fingerprint and the profile's output

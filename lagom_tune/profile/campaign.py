@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lagom_tune import __version__
-from lagom_tune.backends.base import Backend, Point
+from lagom_tune.backends.base import Backend, Point, check_memory
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.measurements import collective_columns, gemm_columns, identity_columns
@@ -172,6 +172,7 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
     run = RunFolder(Path(out))
     points = backend.plan_points(workload)  # first: a simulated backend sizes its cluster to the workload
     fingerprint = backend.fingerprint()  # on every process: a distributed backend gathers it from all ranks
+    check_memory(points, fingerprint)  # every process alike: refused before the folder is touched
     started, todo = _agreed_todo(run, workload, backend, fingerprint, points, repeats)
     if not backend.writer:
         backend.measure(todo, repeats, lambda point, rows: None)

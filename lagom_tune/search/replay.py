@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from lagom_tune.backends.base import BackendOptions, Point
+from lagom_tune.backends.base import BackendOptions, Point, check_memory
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.interleave import interleaved
@@ -51,6 +51,7 @@ def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[s
     ranks = workload.world_size
     names = [name for _, name in interleaved(list(candidates), repeats)]
     points = [Point("iteration", settings_items(candidates[name]), ranks=ranks, workload=workload) for name in names]
+    check_memory(points, backend.fingerprint())
     times: dict[str, list[float]] = {name: [] for name in candidates}
     order = iter(names)
     backend.measure(points, 1, lambda p, rows: times[next(order)].append(rows[0]["time_us"] / 1e3))
