@@ -95,3 +95,41 @@ def test_cli_refuses_fuzzed_plans_without_writing(tmp_path_factory, data):
     if r.returncode == 2:
         assert len(r.stderr.strip().splitlines()) == 1
         assert sorted(os.listdir(d)) == before  # nothing written, nothing overwritten
+
+
+def _cpu_trace() -> dict:
+    """A small CPU trace in torch.profiler's form: two GEMMs, one beside a gloo all-reduce."""
+    mm = lambda ts, dims: {"ph": "X", "name": "aten::mm", "ts": ts, "dur": 50, "args": {"Input Dims": dims, "Input type": ["float", "float"]}}
+    return {"distributedInfo": {"world_size": 2}, "traceEvents": [
+        mm(0, [[64, 32], [32, 16]]),
+        {"ph": "X", "name": "gloo:all_reduce", "ts": 60, "dur": 80, "args": {"Input Dims": [[1024]], "Input type": ["float"]}},
+        mm(70, [[128, 64], [64, 32]]),
+    ]}
+
+
+def test_the_fuzzed_trace_imports_whole_before_it_is_mutated(tmp_path):
+    import json
+
+    from lagom_tune.workload.trace import import_trace
+
+    (tmp_path / "t.json").write_text(json.dumps(_cpu_trace()))
+    w = import_trace(tmp_path / "t.json")
+    assert sorted(g.shape_key for g in w.gemms().values()) == ["1x128x32x64:fp32", "1x64x16x32:fp32"]
+    assert [(c.op, c.nbytes, c.ranks) for c in w.collectives()] == [("all_reduce", 4096, 2)]
+
+
+@FUZZ
+@given(st.data())
+def test_trace_importer(tmp_path_factory, data):
+    import json
+
+    from lagom_tune.workload.trace import import_trace
+
+    path = tmp_path_factory.mktemp("trace") / "t.json"
+    path.write_text(json.dumps(mutate(_cpu_trace(), data)))
+    try:
+        w = import_trace(path)
+    except UserError as e:
+        assert "\n" not in str(e)
+        return
+    assert Workload.from_dict(w.to_dict()) == w  # what it builds is a workload its own loader accepts

@@ -12,6 +12,7 @@ the rest of the traced step (element-wise ops, optimizer...) becomes ``exposed_m
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,19 @@ def _collective_op(name: str) -> str | None:
     return COLLECTIVE_OPS.get(m.group(1).lower())
 
 
-def _gemm_from_dims(name: str, dims: list, types: list) -> Gemm | None:
+def _count(x: Any) -> bool:
+    """Whether ``x`` is a whole number of elements (a trace's shapes are JSON: anything may be there)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _type_bytes(types: Any) -> int:
+    """Bytes per element of a trace op's first input (4 when the trace does not say)."""
+    first = types[0] if isinstance(types, list) and types else "float"
+    return TYPE_BYTES.get(first, 4) if isinstance(first, str) else 4
+
+
+def _gemm_from_dims(name: str, dims: Any, types: Any) -> Gemm | None:
+    """The GEMM a CPU op ran, from its input shapes; None when they are not those of a GEMM."""
     try:
         if name == "aten::addmm":
             (m, k), (_, n) = dims[1], dims[2]
@@ -60,10 +73,11 @@ def _gemm_from_dims(name: str, dims: list, types: list) -> Gemm | None:
             b = 1
         else:  # aten::bmm
             (b, m, k), (_, _, n) = dims[0], dims[1]
-    except (ValueError, TypeError, IndexError):
+    except (ValueError, TypeError, IndexError, KeyError):
         return None
-    size = TYPE_BYTES.get(types[0] if types else "float", 4)
-    return Gemm(name.split("::")[1], int(m), int(n), int(k), DTYPE_NAMES.get(size, "fp32"), int(b))
+    if not all(_count(x) and x > 0 for x in (b, m, n, k)):
+        return None
+    return Gemm(name.split("::")[1], m, n, k, DTYPE_NAMES.get(_type_bytes(types), "fp32"), b)
 
 
 # An op and the event that ran it in the trace.
@@ -90,18 +104,31 @@ def _read_spans(path: Path) -> tuple[dict, list[dict]]:
     events = data.get("traceEvents") if isinstance(data, dict) else None
     if not isinstance(events, list):
         raise UserError(f"{path}: no traceEvents list (export it with prof.export_chrome_trace)")
-    spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
-    return data, spans
+    return data, [_checked_span(e) for e in events if _is_span(e)]
+
+
+def _is_span(e: Any) -> bool:
+    """A complete event (``ph == "X"``) with a name, a start and a non-negative duration."""
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    return (isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("name"), str) and number(e.get("ts"))
+            and number(e.get("dur")) and e["dur"] >= 0)
+
+
+def _checked_span(e: dict) -> dict:
+    """The span with ``args`` a mapping (``{}`` when the trace has none or something else)."""
+    return {**e, "args": e["args"] if isinstance(e.get("args"), dict) else {}}
 
 
 def _collective_bytes(ev: _Event) -> int:
     """The bytes a collective event moved, from its input shape and type (or NCCL's element count)."""
-    dims = ev.args.get("Input Dims") or [[0]]
-    nelems = 1
-    for x in (dims[0] if dims and isinstance(dims[0], list) else [0]):
-        nelems *= int(x)
-    size = TYPE_BYTES.get((ev.args.get("Input type") or ["float"])[0], 4)
-    return nelems * size or int(ev.args.get("In msg nelems", 0)) * size
+    dims = ev.args.get("Input Dims")
+    first = dims[0] if isinstance(dims, list) and dims and isinstance(dims[0], list) else []
+    nelems = math.prod(first) if first and all(_count(x) for x in first) else 0
+    size = _type_bytes(ev.args.get("Input type"))
+    msg = ev.args.get("In msg nelems", 0)
+    return nelems * size or (msg * size if _count(msg) else 0)
 
 
 def _timed_ops(spans: list[dict], world: int) -> tuple[list[TimedGemm], list[TimedCollective], bool]:
@@ -115,12 +142,12 @@ def _timed_ops(spans: list[dict], world: int) -> tuple[list[TimedGemm], list[Tim
         shaped by the CPU op that launched them; else the CPU ops themselves).
     """
     shapes_by_id = {e["args"]["External id"]: e for e in spans
-                    if e.get("name") in CPU_GEMMS and isinstance(e.get("args"), dict) and "External id" in e["args"]}
+                    if e["name"] in CPU_GEMMS and isinstance(e["args"].get("External id"), (int, str))}
     gemms: list[TimedGemm] = []
     colls: list[TimedCollective] = []
     gpu_kernels = any(e.get("cat") == "kernel" for e in spans)
     for e in spans:
-        ev = _Event(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("args") or {})
+        ev = _Event(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["args"])
         op = _collective_op(ev.name)
         if op:
             nbytes = _collective_bytes(ev)
@@ -129,7 +156,8 @@ def _timed_ops(spans: list[dict], world: int) -> tuple[list[TimedGemm], list[Tim
             continue
         source = None
         if gpu_kernels and e.get("cat") == "kernel" and GPU_GEMM.search(ev.name):
-            source = shapes_by_id.get(ev.args.get("External id"))
+            kernel_id = ev.args.get("External id")
+            source = shapes_by_id.get(kernel_id) if isinstance(kernel_id, (int, str)) else None
         elif not gpu_kernels and ev.name in CPU_GEMMS:
             source = e
         if source is not None:
@@ -232,7 +260,10 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
     """
     path = Path(path)
     data, spans = _read_spans(path)
-    world = ranks or int((data.get("distributedInfo") or {}).get("world_size", 2))
+    info = data.get("distributedInfo")
+    world = ranks or (info.get("world_size", 2) if isinstance(info, dict) else 2)
+    if not (_count(world) and world >= 1):
+        raise UserError(f"{path}: distributedInfo.world_size is {world!r}, not a number of ranks; give --ranks")
     gemms, colls, gpu_kernels = _timed_ops(spans, world)
     if not gemms:
         raise UserError(f"{path}: no GEMMs with shapes found (record the trace with record_shapes=True)")
