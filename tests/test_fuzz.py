@@ -14,7 +14,7 @@ from lagom_tune.profile.store import RunFolder
 from lagom_tune.workload.presets import build_preset
 from lagom_tune.workload.spec import Workload
 
-from conftest import cli
+from conftest import ROOT, cli
 from test_plan import BASE
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 40), st.floats(allow_nan=True), st.text(max_size=12))
@@ -73,6 +73,18 @@ def test_any_yaml_value_as_plan_or_workload(value):
     only_user_errors(Plan.from_dict, value)
     only_user_errors(Workload.from_dict, value)
     only_user_errors(model_from_dict, value)
+
+
+MODELS = {name: yaml.safe_load((ROOT / path).read_text()) for name, path in (
+    ("cpu", "tests/data/cpu-demo-model.yaml"),  # a gloo profile's fit (make demo, 2026-11-30)
+    ("gpu", "bench/results/gpu_check-mpt-7b-tp8-dp1-run/model.yaml"),  # an H200's
+)}
+
+
+@FUZZ
+@given(st.data(), st.sampled_from(sorted(MODELS)))
+def test_model_loader(data, family):
+    only_user_errors(model_from_dict, mutate(MODELS[family], data))
 
 
 @settings(max_examples=60, deadline=None)

@@ -172,25 +172,37 @@ class CpuPairwiseModel:
     def from_dict(cls, d: dict, path: str) -> "CpuPairwiseModel":
         p = v.mapping(v.field(d, "params", path, dict), f"{path}.params")
 
-        def by_threads(key: str) -> dict:
-            table = v.mapping(v.field(p, key, f"{path}.params", dict), f"{path}.params.{key}")
-            out = {}
-            for name, val in table.items():
+        def by_threads(key: str) -> tuple[dict, dict[int, str]]:
+            """A ``threads=N`` table and its keys by N."""
+            where = f"{path}.params.{key}"
+            table = v.mapping(v.field(p, key, f"{path}.params", dict), where)
+            for name in table:
                 if not (isinstance(name, str) and name.startswith("threads=") and name[8:].isdigit()):
-                    raise UserError(f"{path}.params.{key}: bad key {name!r} (expected threads=N)")
-                out[int(name[8:])] = val
+                    raise UserError(f"{where}: bad key {name!r} (expected threads=N)")
+            return table, {int(name[8:]): name for name in table}
+
+        def numbers(key: str) -> dict[int, float]:
+            table, names = by_threads(key)
+            return {t: v.field(table, name, f"{path}.params.{key}", float, minimum=0.0) for t, name in names.items()}
+
+        def measured() -> dict[tuple[str, int], float]:
+            tables, names = by_threads("measured_gemms_us")
+            out = {}
+            for t, name in names.items():
+                where = f"{path}.params.measured_gemms_us.{name}"
+                table = v.mapping(tables[name], where)
+                out.update({(str(k), t): v.field(table, k, where, float, minimum=0.0) for k in table})
             return out
 
+        compute, names = by_threads("compute")
         return cls(
-            compute={t: Linear.from_dict(x, f"{path}.params.compute", GEMM_FEATURES) for t, x in by_threads("compute").items()},
+            compute={t: Linear.from_dict(compute[name], f"{path}.params.compute", GEMM_FEATURES) for t, name in names.items()},
             comm={op: Linear.from_dict(x, f"{path}.params.comm.{op}", COMM_FEATURES)
                   for op, x in v.mapping(v.field(p, "comm", f"{path}.params", dict), f"{path}.params.comm").items()},
-            compute_slow={t: float(x) for t, x in by_threads("compute_slowdown").items()},
-            comm_slow={t: float(x) for t, x in by_threads("comm_slowdown").items()},
+            compute_slow=numbers("compute_slowdown"),
+            comm_slow=numbers("comm_slowdown"),
             simulated=bool(d.get("simulated", False)),
-            measured=({(k, t): float(us) for t, table in by_threads("measured_gemms_us").items()
-                       for k, us in v.mapping(table, f"{path}.params.measured_gemms_us").items()}
-                      if "measured_gemms_us" in p else {}),
+            measured=measured() if "measured_gemms_us" in p else {},
         )
 
 
