@@ -202,7 +202,9 @@ def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | 
     """
     fp = meta.get("fingerprint", {})
     out: list[Any] = []
-    t = Table(title=f"run folder · {meta.get('workload', {}).get('name', '?')}{simulated_tag(meta.get('simulated', False))}", title_justify="left")
+    workload = meta.get("workload")
+    name = workload.get("name", "?") if isinstance(workload, dict) else "?"  # shown even when the rest is unreadable
+    t = Table(title=f"run folder · {name}{simulated_tag(meta.get('simulated', False))}", title_justify="left")
     t.add_column("field")
     t.add_column("value")
     for k, val in fp.items():

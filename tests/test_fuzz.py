@@ -3,6 +3,7 @@
 import copy
 import os
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -145,3 +146,37 @@ def test_trace_importer(tmp_path_factory, data):
         assert "\n" not in str(e)
         return
     assert Workload.from_dict(w.to_dict()) == w  # what it builds is a workload its own loader accepts
+
+
+def _show_and_search(run_src, meta: dict, run) -> None:
+    """``show`` and ``search`` on a copy of ``run_src`` whose meta.yaml is ``meta``: each must end
+    well or with a user error (a one-line message, exit 2), never an internal one."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from lagom_tune.cli import app
+
+    shutil.copytree(run_src, run)
+    (run / "meta.yaml").write_text(yaml.safe_dump(meta))
+    for args in (["show", str(run)], ["search", str(run), "--optimizer", "default", "--out", str(run / "plan.yaml")]):
+        r = CliRunner().invoke(app, args)  # in process: a UserError reaches here as the exception main() turns into exit 2
+        assert r.exit_code == 0 or isinstance(r.exception, UserError), (args, r.exception)
+
+
+@pytest.mark.parametrize("key, value", [("ranks", {}), ("cores", "two"), ("backend", [1]), (None, None)])
+def test_run_metadata_edited_by_hand(tiny_run, tmp_path, key, value):
+    """Each crashed show or search before the fingerprint was checked on load (None: the workload erased)."""
+    meta = yaml.safe_load((tiny_run / "meta.yaml").read_text())
+    if key is None:
+        meta["workload"] = None
+    else:
+        meta["fingerprint"][key] = value
+    _show_and_search(tiny_run, meta, tmp_path / "run")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_show_and_search_on_a_fuzzed_run_folder(tiny_run, tmp_path_factory, data):
+    meta = mutate(yaml.safe_load((tiny_run / "meta.yaml").read_text()), data)
+    _show_and_search(tiny_run, meta, tmp_path_factory.mktemp("fuzzed") / "run")

@@ -36,6 +36,13 @@ def row_settings(row: pd.Series) -> dict:
     return out
 
 
+# The fingerprint's numbers, where a backend records them (a hand-edited meta.yaml is checked on load).
+FINGERPRINT_NUMBERS = {"ranks": int, "nodes": int, "gpus_per_node": int, "sms": int, "cores": int, "seed": int,
+                       "max_channels": int, "default_channels": int, "hbm_GBps": float, "noise": float,
+                       "memory_GiB": float, "rank_memory_GiB": float}
+FINGERPRINT_NAMES = ("backend", "cluster", "device", "gpu", "mode", "host")  # ... and its names, looked up in tables
+
+
 @dataclass
 class RunFolder:
     path: Path
@@ -58,7 +65,11 @@ class RunFolder:
     def read_meta(self) -> dict[str, Any]:
         meta = v.mapping(read_yaml(self.meta_path, "run metadata"), f"{self.meta_path}")
         v.schema_version(meta, str(self.meta_path), SCHEMA_VERSION)
-        v.field(meta, "fingerprint", str(self.meta_path), dict)
+        fp = v.field(meta, "fingerprint", str(self.meta_path), dict)
+        for key, kind in FINGERPRINT_NUMBERS.items():  # what fit, search and apply compute with
+            v.field(fp, key, f"{self.meta_path}.fingerprint", kind, None, minimum=0)
+        for key in FINGERPRINT_NAMES:
+            v.field(fp, key, f"{self.meta_path}.fingerprint", str, None)
         return meta
 
     def unfinished(self) -> str | None:
