@@ -132,3 +132,22 @@ def test_points_a_rank_cannot_hold_are_refused_before_the_folder_is_touched(tmp_
             "--out", tmp_path / "r")
     assert r.returncode == 2 and "GiB on each rank, at least; a rank here has 44.7 GiB" in r.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_one_profile_at_a_time_measures_into_a_folder(tmp_path):
+    """Two profiles started into one folder both measured (on 2 cores, each timing the other) and
+    appended 62 of the demo's 76 points twice."""
+    import os
+
+    from lagom_tune.errors import UserError
+    from lagom_tune.profile.store import RunFolder
+
+    w, run = build_preset("cpu-demo"), tmp_path / "r"
+    release = RunFolder(run).lock()  # what a profile running in another process holds
+    with pytest.raises(UserError, match=f"r is being profiled by pid {os.getpid()} on .* since .*; wait for it to end, or choose a new --out"):
+        run_profile(w, get_backend("sim", BackendOptions(hardware="h200-nvlink")), run, repeats=1)
+    assert not (run / "measurements.csv").exists()
+    release()
+    done = run_profile(w, get_backend("sim", BackendOptions(hardware="h200-nvlink")), run, repeats=1)
+    assert done.read_meta()["complete"]
+    run_profile(w, get_backend("sim", BackendOptions(hardware="h200-nvlink")), run, repeats=1)  # released at the end: it resumes

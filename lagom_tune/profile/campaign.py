@@ -26,8 +26,6 @@ def _now() -> str:
 def _resume_state(run: RunFolder, workload: Workload, backend: Backend, fingerprint: dict[str, Any],
                   repeats: int) -> tuple[str | None, set[str]]:
     """When the run folder's profile started and which points it holds (none for a new folder)."""
-    if run.path.exists() and not run.path.is_dir():
-        raise UserError(f"--out {run.path} exists and is not a folder")
     if not run.exists():
         return None, set()
     meta = run.read_meta()
@@ -44,7 +42,7 @@ def _resume_state(run: RunFolder, workload: Workload, backend: Backend, fingerpr
 
 
 def _agreed_todo(run: RunFolder, workload: Workload, backend: Backend, fingerprint: dict[str, Any], points: list[Point],
-                 repeats: int) -> tuple[str, list[Point]]:
+                 repeats: int) -> tuple[str, list[Point], Callable[[], None]]:
     """When the profile started and the points left to measure, the same on every process.
 
     The writer reads the run folder; every rank of a distributed backend then measures the same
@@ -58,22 +56,26 @@ def _agreed_todo(run: RunFolder, workload: Workload, backend: Backend, fingerpri
         points: every point of the profile, in order.
         repeats: repeats per point (a resumed profile must keep them).
     Returns:
-        The start time (now, for a new folder) and the points not yet in the folder, in order.
+        The start time (now, for a new folder), the points not yet in the folder, in order, and
+        the function that releases the writer's lock on the folder (a no-op on the others).
     Raises:
-        UserError: on every process, for a folder that holds another profile.
+        UserError: on every process, for a folder that holds another profile or is being profiled.
     """
     state: tuple = ("ok", None, [])
+    release: Callable[[], None] = lambda: None
     if backend.writer:
         try:
+            release = run.lock()
             started, done = _resume_state(run, workload, backend, fingerprint, repeats)
             state = ("ok", started, [p.key for p in points if p.key not in done])
         except UserError as e:
+            release()
             state = ("error", str(e), [])
     state = backend.share(state)
     if state[0] == "error":
         raise UserError(state[1])
     wanted = set(state[2])
-    return state[1] or _now(), [p for p in points if p.key in wanted]
+    return state[1] or _now(), [p for p in points if p.key in wanted], release
 
 
 def point_columns(point: Point, backend: Backend) -> dict[str, Any]:
@@ -173,14 +175,17 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
     points = backend.plan_points(workload)  # first: a simulated backend sizes its cluster to the workload
     fingerprint = backend.fingerprint()  # on every process: a distributed backend gathers it from all ranks
     check_memory(points, fingerprint)  # every process alike: refused before the folder is touched
-    started, todo = _agreed_todo(run, workload, backend, fingerprint, points, repeats)
+    started, todo, release = _agreed_todo(run, workload, backend, fingerprint, points, repeats)
     if not backend.writer:
         backend.measure(todo, repeats, lambda point, rows: None)
         return run
-    recorder = _Recorder(run, workload, backend, fingerprint, repeats, len(points), len(todo), started, progress)
-    recorder.start()
     try:
-        backend.measure(todo, repeats, recorder.sink)
+        recorder = _Recorder(run, workload, backend, fingerprint, repeats, len(points), len(todo), started, progress)
+        recorder.start()
+        try:
+            backend.measure(todo, repeats, recorder.sink)
+        finally:
+            recorder.flush()  # what was measured is kept, whatever ended the run
     finally:
-        recorder.flush()  # what was measured is kept, whatever ended the run
+        release()
     return run

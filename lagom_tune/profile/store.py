@@ -5,10 +5,14 @@ Every write is atomic, so an interrupted profile leaves a valid folder that a re
 
 from __future__ import annotations
 
+import fcntl
 import io
+import os
+import platform
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -61,6 +65,37 @@ class RunFolder:
 
     def exists(self) -> bool:
         return self.meta_path.is_file()
+
+    def lock(self) -> Callable[[], None]:
+        """Take the folder for this process's profile until the returned function is called (or
+        the process ends): two profiles measuring into one folder would time each other and
+        append the same points twice.
+
+        Returns:
+            The release function.
+        Raises:
+            UserError: naming the process that holds it.
+        """
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"--out {self.path} exists and is not a folder")
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise UserError(f"{self.path} is being profiled by {holder}; wait for it to end, or choose a new --out") from None
+        except OSError:  # a file system without locks (some network mounts): profile unguarded, as before
+            pass
+        else:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {platform.node()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+
+        def release() -> None:
+            os.close(fd)  # closing the descriptor drops the lock
+
+        return release
 
     def read_meta(self) -> dict[str, Any]:
         meta = v.mapping(read_yaml(self.meta_path, "run metadata"), f"{self.meta_path}")
