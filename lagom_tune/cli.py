@@ -17,6 +17,7 @@ from lagom_tune.artifact_io import check_writable, read_yaml
 from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.backends.registry import backend_help
 from lagom_tune.errors import RunError, UserError
+from lagom_tune.model.contention import read_model_file
 from lagom_tune.plan.schema import Plan, load_plan
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.profile.store import open_run
@@ -277,7 +278,7 @@ def show(
     if path.is_dir():
         run = open_run(path)
         meta = run.read_meta()
-        model = read_yaml(run.model_path, "model file") if run.model_path.is_file() else None
+        model = read_model_file(run.model_path) if run.model_path.is_file() else None
         df, health = run.read()
         if collectives:
             table = collective_summary(df)

@@ -100,7 +100,7 @@ def prediction_table(plan: Plan) -> Table:
     base = it.get("default")
     for name, ms in it.items():
         t.add_row(name, f"{ms:.2f}", f"{base / ms:.3f}×" if base and ms else "")
-    if "bound_ms" in plan.predicted:
+    if plan.predicted.get("bound_ms") is not None:
         t.add_row("contention-free bound", f"{plan.predicted['bound_ms']:.2f}", "")
     if plan.validated:
         kind = "simulated" if plan.validated.get("simulated") else "measured"

@@ -44,7 +44,8 @@ def seq(value: Any, path: str) -> list:
     return value
 
 
-def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., *, minimum: float | None = None) -> Any:
+def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., *, minimum: float | None = None,
+          finite: bool = True) -> Any:
     """Return ``d[key]`` checked against ``kind`` (bool is never accepted as a number).
 
     Args:
@@ -54,6 +55,8 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
         kind: the accepted type or types (an int is accepted, as a float, where float is).
         default: the value of a missing or null field; ``...`` makes the field required.
         minimum: the smallest accepted value, for numbers.
+        finite: refuse NaN and infinities (False where NaN is a recorded "undefined", e.g. a
+            rank correlation of constant values).
     Returns:
         The value (or the default).
     Raises:
@@ -71,10 +74,31 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
         names = "/".join(k.__name__ for k in kinds)
         raise UserError(f"{path}.{key}: expected {names}, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):  # YAML's .nan passes every comparison
-        raise UserError(f"{path}.{key}: expected a finite number, got {value!r}")
+        if finite:
+            raise UserError(f"{path}.{key}: expected a finite number, got {value!r}")
+        return value
     if minimum is not None and value < minimum:
         raise UserError(f"{path}.{key}: must be >= {minimum}, got {value!r}")
     return value
+
+
+def number_map(value: Any, path: str, *, minimum: float | None = None) -> dict[str, float]:
+    """``value`` if it maps names to finite numbers (each at least ``minimum``).
+
+    Args:
+        value: loaded data.
+        path: its field path, for the error.
+        minimum: the smallest accepted number.
+    Returns:
+        The mapping, its numbers as floats.
+    Raises:
+        UserError: naming the first bad key or number.
+    """
+    d = mapping(value, path)
+    for k in d:
+        if not isinstance(k, str):
+            raise UserError(f"{path}: key {k!r} is not a name")
+    return {k: field(d, k, path, float, minimum=minimum) for k in d}
 
 
 def schema_version(d: dict, path: str, reads: int, default: Any = ...) -> int:

@@ -148,20 +148,28 @@ def test_trace_importer(tmp_path_factory, data):
     assert Workload.from_dict(w.to_dict()) == w  # what it builds is a workload its own loader accepts
 
 
-def _show_and_search(run_src, meta: dict, run) -> None:
-    """``show`` and ``search`` on a copy of ``run_src`` whose meta.yaml is ``meta``: each must end
-    well or with a user error (a one-line message, exit 2), never an internal one."""
-    import shutil
-
+def _ends_well_or_says_why(*args) -> None:
+    """The CLI run in process ends well or with a user error (main() turns it into one line and
+    exit 2), never an internal one."""
     from typer.testing import CliRunner
 
     from lagom_tune.cli import app
 
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    assert r.exit_code == 0 or isinstance(r.exception, UserError), (args, r.exception)
+
+
+def _show_and_search(run_src, meta: dict, run, model: dict | None = None) -> None:
+    """``show`` and ``search`` on a copy of ``run_src`` whose meta.yaml is ``meta`` (and model.yaml
+    ``model``, when given)."""
+    import shutil
+
     shutil.copytree(run_src, run)
     (run / "meta.yaml").write_text(yaml.safe_dump(meta))
-    for args in (["show", str(run)], ["search", str(run), "--optimizer", "default", "--out", str(run / "plan.yaml")]):
-        r = CliRunner().invoke(app, args)  # in process: a UserError reaches here as the exception main() turns into exit 2
-        assert r.exit_code == 0 or isinstance(r.exception, UserError), (args, r.exception)
+    if model is not None:
+        (run / "model.yaml").write_text(yaml.safe_dump(model))
+    _ends_well_or_says_why("show", run)
+    _ends_well_or_says_why("search", run, "--optimizer", "default", "--out", run / "plan.yaml")
 
 
 @pytest.mark.parametrize("key, value", [("ranks", {}), ("cores", "two"), ("backend", [1]), (None, None)])
@@ -180,3 +188,44 @@ def test_run_metadata_edited_by_hand(tiny_run, tmp_path, key, value):
 def test_show_and_search_on_a_fuzzed_run_folder(tiny_run, tmp_path_factory, data):
     meta = mutate(yaml.safe_load((tiny_run / "meta.yaml").read_text()), data)
     _show_and_search(tiny_run, meta, tmp_path_factory.mktemp("fuzzed") / "run")
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: m["accuracy"].update(mape=[]),  # show iterated it as a mapping
+    lambda m: m["accuracy"]["mape"].update(gemm="12%"),
+    lambda m: m["accuracy"].update(ranking={"shapes": [{"shape": "g", "spearman": "high"}]}),
+])
+def test_a_model_file_edited_by_hand(tiny_run, tmp_path, edit):
+    model = yaml.safe_load((tiny_run / "model.yaml").read_text())
+    edit(model)
+    _show_and_search(tiny_run, yaml.safe_load((tiny_run / "meta.yaml").read_text()), tmp_path / "run", model)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_show_and_search_with_a_fuzzed_model_file(tiny_run, tmp_path_factory, data):
+    model = mutate(yaml.safe_load((tiny_run / "model.yaml").read_text()), data)
+    _show_and_search(tiny_run, yaml.safe_load((tiny_run / "meta.yaml").read_text()), tmp_path_factory.mktemp("fuzzed") / "run", model)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda p: p["predicted"]["iteration_ms"].update(plan=[]),  # show formatted each as a number
+    lambda p: p["predicted"].update(iteration_ms=None),
+    lambda p: p["predicted"].update(bound_ms=None),
+    lambda p: p["model"].update(mape=[]),
+])
+def test_a_plan_edited_by_hand_is_shown_or_refused(tmp_path, edit):
+    plan = yaml.safe_load((ROOT / "plans" / "demo-cpu.yaml").read_text())
+    edit(plan)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
+    _ends_well_or_says_why("show", tmp_path / "p.yaml")
+    _ends_well_or_says_why("apply", tmp_path / "p.yaml", "--dry-run")
+
+
+@FUZZ
+@given(st.data())
+def test_show_of_a_fuzzed_plan(tmp_path_factory, data):
+    plan = mutate(yaml.safe_load((ROOT / "plans" / "demo-cpu.yaml").read_text()), data)
+    path = tmp_path_factory.mktemp("plan") / "p.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    _ends_well_or_says_why("show", path)

@@ -226,6 +226,55 @@ def model_from_dict(d: Any, path: str = "model") -> CostModel:
     return FAMILIES[family].from_dict(d, path)
 
 
+def accuracy_record(d: Any, path: str) -> dict[str, Any]:
+    """A ``model.yaml``'s ``accuracy`` section, checked: what ``show``, ``search`` and the plan
+    read from it (``FitResult.to_dict`` writes it).
+
+    Args:
+        d: the loaded section (None: absent).
+        path: its field path, for errors.
+    Returns:
+        The section ({} when absent).
+    Raises:
+        UserError: naming the first bad field.
+    """
+    acc = v.mapping(d if d is not None else {}, path)
+    mape = v.number_map(v.field(acc, "mape", path, dict, {}), f"{path}.mape", minimum=0.0)
+    warnings = v.field(acc, "warnings", path, list, [])
+    for i, line in enumerate(warnings):
+        if not isinstance(line, str):
+            raise UserError(f"{path}.warnings[{i}]: expected str, got {line!r}")
+    ranking = v.field(acc, "ranking", path, dict, {})
+    v.field(ranking, "method", f"{path}.ranking", str, "")
+    for key in ("median_spearman", "median_best_gap", "worst_best_gap"):  # NaN: undefined (constant predictions)
+        v.field(ranking, key, f"{path}.ranking", float, None, finite=False)
+    shapes = v.field(ranking, "shapes", f"{path}.ranking", list, [])
+    for i, shape in enumerate(shapes):
+        where = f"{path}.ranking.shapes[{i}]"
+        shape = v.mapping(shape, where)
+        v.field(shape, "shape", where, str)
+        v.field(shape, "spearman", where, float, finite=False)
+        v.field(shape, "best_gap", where, float, finite=False)
+        v.field(shape, "points", where, int, minimum=0)
+    return {**acc, "mape": mape, "method": v.field(acc, "method", path, str, ""), "warnings": warnings,
+            "ranking": {**ranking, "shapes": shapes} if ranking else {}}
+
+
+def read_model_file(path: str | Path) -> dict[str, Any]:
+    """``model.yaml`` as loaded, once its model and accuracy sections are checked.
+
+    Args:
+        path: the model file.
+    Returns:
+        The document.
+    Raises:
+        UserError: for a file that is missing, not YAML, or has a bad field.
+    """
+    d = read_yaml(path, "model file")
+    model_from_dict(d, str(path))
+    return {**d, "accuracy": accuracy_record(d.get("accuracy"), f"{path}.accuracy")}
+
+
 def load_model(path: str | Path) -> tuple[CostModel, dict[str, Any]]:
     """The model and its accuracy record from ``model.yaml``.
 
@@ -236,4 +285,4 @@ def load_model(path: str | Path) -> tuple[CostModel, dict[str, Any]]:
     """
     d = read_yaml(path, "model file")
     model = model_from_dict(d, str(path))
-    return model, v.mapping(d.get("accuracy") or {}, f"{path}.accuracy")
+    return model, accuracy_record(d.get("accuracy"), f"{path}.accuracy")

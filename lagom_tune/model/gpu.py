@@ -330,11 +330,16 @@ class CommFit:
     def from_dict(cls, d: Mapping[str, Any]) -> "CommFit":
         """Reads both curves; files written before the L2 terms existed have no ``warm_gain`` (no
         warm speed-up), before the step curve no ``curve`` (exp-pipeline)."""
-        curve = str(d.get("curve", CURVE_EXP))
-        sensitivity = float(d.get("sensitivity", 1.0))
+        d = v.mapping(d, "comm")
+        curve = v.one_of(v.field(d, "curve", "comm", str, CURVE_EXP), (CURVE_EXP, CURVE_STEPS), "comm.curve")
+
+        def param(name: str, default: Any = ...) -> float:  # every parameter is fitted positive (log-parameters)
+            return v.field(d, name, "comm", float, default, minimum=0.0)
+
+        sensitivity = param("sensitivity", 1.0)
         if curve == CURVE_STEPS:
-            return cls(**{n: float(d[n]) for n in STEP_PARAMS}, pipeline_bytes=0.0, curve=CURVE_STEPS, sensitivity=sensitivity)
-        return cls(**{n: float(d[n]) for n in COMM_PARAMS[:5]}, **{n: float(d.get(n, 0.0)) for n in COMM_PARAMS[5:]},
+            return cls(**{n: param(n) for n in STEP_PARAMS}, pipeline_bytes=0.0, curve=CURVE_STEPS, sensitivity=sensitivity)
+        return cls(**{n: param(n) for n in COMM_PARAMS[:5]}, **{n: param(n, 0.0) for n in COMM_PARAMS[5:]},
                    sensitivity=sensitivity)
 
 
@@ -577,10 +582,7 @@ class LagomGpuModel:
                                         kappa_traffic=v.field(p, "kappa_traffic", pp, float, 0.0))
             return cls(
                 sms=v.field(dev, "sms", f"{path}.device", int), hbm=v.field(dev, "hbm_GBps", f"{path}.device", float) * 1e9,
-                gemms={k: GemmFit(float(x["theta"]), float(x["dbytes"]), int(x.get("ctas", 0)) or blocks(gemm_of_key(k)),
-                                  float(x.get("corun", 0.0)), float(x.get("drag", 0.0)), bool(x.get("own_drag", False)),
-                                  float(x.get("alone_s", 0.0)))
-                       for k, x in gemms.items()},
+                gemms={k: _gemm_fit(k, x, f"{pp}.gemms.{k}") for k, x in gemms.items()},
                 new_shapes=ShapeRegression(v.field(p, "theta_per_kflop", pp, float), v.field(p, "d_per_block_byte", pp, float, 0.0),
                                            v.field(p, "d_per_tile_byte", pp, float, 0.0), v.field(p, "launch_s", pp, float, 0.0),
                                            v.field(p, "corun", pp, float, 0.0), v.field(p, "d_per_min_byte", pp, float, 0.0),
@@ -591,6 +593,15 @@ class LagomGpuModel:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise UserError(f"{pp}: malformed GPU model parameters ({e})") from None
+
+
+def _gemm_fit(key: str, d: Any, path: str) -> GemmFit:
+    """A measured shape's terms as ``LagomGpuModel.to_dict`` writes them, checked."""
+    d = v.mapping(d, path)
+    return GemmFit(v.field(d, "theta", path, float, minimum=0.0), v.field(d, "dbytes", path, float, minimum=0.0),
+                   v.field(d, "ctas", path, int, 0, minimum=0) or blocks(gemm_of_key(key)),
+                   v.field(d, "corun", path, float, 0.0), v.field(d, "drag", path, float, 0.0),
+                   v.field(d, "own_drag", path, bool, False), v.field(d, "alone_s", path, float, 0.0, minimum=0.0))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ class Plan:
         group_ranks = _group_ranks(target, {str(k): int(val) for k, val in groups.items()}, world_size, f"{path}.target")
         validated = d.get("validated")
         if validated is not None:
-            v.mapping(validated, f"{path}.validated")
+            validated = _times_record(validated, f"{path}.validated")
         return cls(
             backend=backend,
             world_size=world_size,
@@ -151,13 +151,35 @@ class Plan:
             settings=Settings(process, comms, {}),
             rules=tuple(rules),
             workload=v.mapping(v.field(d, "workload", path, dict, {}), f"{path}.workload"),
-            model=v.mapping(v.field(d, "model", path, dict, {}), f"{path}.model"),
+            model=_model_record(v.field(d, "model", path, dict, {}), f"{path}.model"),
             search=v.mapping(v.field(d, "search", path, dict, {}), f"{path}.search"),
-            predicted=v.mapping(v.field(d, "predicted", path, dict, {}), f"{path}.predicted"),
+            predicted=_times_record(v.field(d, "predicted", path, dict, {}), f"{path}.predicted"),
             validated=validated,
             groups={str(k): int(val) for k, val in groups.items()},
             group_ranks=group_ranks,
         )
+
+
+def _model_record(d: dict, path: str) -> dict[str, Any]:
+    """The plan's ``model`` section (which fit it came from, and its held-out MAPE), checked."""
+    d = v.mapping(d, path)
+    v.field(d, "run", path, str, "")
+    v.field(d, "family", path, str, "")
+    if "mape" not in d:
+        return d
+    return {**d, "mape": v.number_map(v.field(d, "mape", path, dict, {}), f"{path}.mape", minimum=0.0)}
+
+
+def _times_record(d: Any, path: str) -> dict[str, Any]:
+    """The plan's ``predicted`` or ``validated`` section: iteration times by settings (ms), and the
+    numbers beside them, checked as ``show`` reads them."""
+    d = v.mapping(d, path)
+    for key in ("bound_ms", "speedup"):
+        v.field(d, key, path, float, None, minimum=0.0)
+    v.field(d, "simulated", path, bool, False)
+    if "iteration_ms" not in d:  # a plan written in code may have no predictions: loaded as it was saved
+        return d
+    return {**d, "iteration_ms": v.number_map(v.field(d, "iteration_ms", path, dict, {}), f"{path}.iteration_ms", minimum=0.0)}
 
 
 def _group_ranks(target: dict[str, Any], groups: dict[str, int], world_size: int, path: str
