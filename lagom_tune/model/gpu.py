@@ -327,14 +327,15 @@ class CommFit:
         return {"curve": self.curve, **{n: float(getattr(self, n)) for n in names}, "sensitivity": self.sensitivity}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "CommFit":
+    def from_dict(cls, d: Mapping[str, Any], path: str = "comm") -> "CommFit":
         """Reads both curves; files written before the L2 terms existed have no ``warm_gain`` (no
-        warm speed-up), before the step curve no ``curve`` (exp-pipeline)."""
-        d = v.mapping(d, "comm")
-        curve = v.one_of(v.field(d, "curve", "comm", str, CURVE_EXP), (CURVE_EXP, CURVE_STEPS), "comm.curve")
+        warm speed-up), before the step curve no ``curve`` (exp-pipeline). ``path`` names the
+        record in errors."""
+        d = v.mapping(d, path)
+        curve = v.one_of(v.field(d, "curve", path, str, CURVE_EXP), (CURVE_EXP, CURVE_STEPS), f"{path}.curve")
 
         def param(name: str, default: Any = ...) -> float:  # every parameter is fitted positive (log-parameters)
-            return v.field(d, name, "comm", float, default, minimum=0.0)
+            return v.field(d, name, path, float, default, minimum=0.0)
 
         sensitivity = param("sensitivity", 1.0)
         if curve == CURVE_STEPS:
@@ -588,7 +589,7 @@ class LagomGpuModel:
                                            v.field(p, "corun", pp, float, 0.0), v.field(p, "d_per_min_byte", pp, float, 0.0),
                                            v.field(p, "d_per_reread_byte", pp, float, 0.0),
                                            v.field(p, "kernel_choice", pp, bool, False)),
-                comm={k: CommFit.from_dict(val) for k, val in v.field(p, "comm", pp, dict).items()},
+                comm={k: CommFit.from_dict(val, f"{pp}.comm.{k}") for k, val in v.field(p, "comm", pp, dict).items()},
                 contention=contention, simulated=bool(d.get("simulated", False)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
