@@ -149,3 +149,22 @@ def test_a_timeline_refuses_a_non_finite_time_instead_of_spinning():
                      lambda g, c: (float("nan"), 1.0))
     finally:
         signal.alarm(0)
+
+
+def test_a_sharp_fitted_knee_predicts_without_overflow():
+    """A standin profile once fitted a thread knee so sharp that 8.0 ** 2000 overflowed during the
+    k-fold predictions (OverflowError, an internal error in CI); the soft minimum is computed in
+    logs, and below the knee a channel copies at its rate times threads / knee."""
+    import numpy as np
+
+    from lagom_tune.model.gpu import CURVE_STEPS, CommFit, step_bandwidth
+
+    f = CommFit(latency_us=10, link_GBps=300, per_channel_GBps=20, threads_exp=2000.0, pipeline_bytes=0.0, curve=CURVE_STEPS,
+                threads_knee=512, saturation=3000.0, handshake_us=0.0)
+    assert f.bandwidth(8, 64, 4 << 20) == pytest.approx(8 * 20e9 * 64 / 512)
+    assert f.bandwidth(64, 512, 4 << 20) == pytest.approx(300e9, rel=1e-3)  # 64 x 20 GB/s offered, the link carries 300
+    # where the direct form does not overflow, the same number
+    link, per, knee, sharp, sat, hand, ch, th, bs = 300, 20, 256, 4.0, 2.0, 1.0, 8, 128, 4 << 20
+    rate = per * 1e9 / (1 + (knee / th) ** sharp) ** (1 / sharp)
+    carried = ch * rate / (1 + (ch * rate / (link * 1e9)) ** sat) ** (1 / sat)
+    assert step_bandwidth(np, link, per, knee, sharp, sat, hand, ch, th, bs) == pytest.approx(1 / (1 / carried + hand * 1e-6 / (ch * bs / 8)))

@@ -621,11 +621,19 @@ def step_bandwidth(xp, link, per_ch, knee, sharpness, saturation, handshake_us, 
     has ``knee`` threads (a soft minimum of the given sharpness), the channels' sum meets the link
     as a soft minimum of power ``saturation``, and every step of ``buffsize / 8`` bytes pays a
     handshake. ``xp`` is numpy (predictions) or torch (the fit's gradients)."""
-    rate = per_ch * 1e9 / (1 + (knee / threads) ** sharpness) ** (1 / sharpness)
+    rate = per_ch * 1e9 * _soft_cap(xp, knee / threads, sharpness)
     offered = channels * rate
-    carried = offered / (1 + (offered / (link * 1e9)) ** saturation) ** (1 / saturation)
+    carried = offered * _soft_cap(xp, offered / (link * 1e9), saturation)
     step_bytes = channels * buffsize / STEPS_PER_BUFFER  # bus bytes moved per round of steps
     return 1 / (1 / carried + handshake_us * 1e-6 / step_bytes)
+
+
+def _soft_cap(xp, ratio, power):
+    """``(1 + ratio ** power) ** (-1 / power)``, the factor of a soft minimum, computed in logs: a
+    sharp knee (a large fitted power) overflowed the direct form (``8.0 ** 2000``: OverflowError
+    in a prediction) where the factor itself is simply ``1 / ratio``."""
+    z = power * xp.log(ratio)
+    return xp.exp(-xp.logaddexp(z * 0, z) / power)
 
 
 def l2_hit_share(xp, l2_bytes, nbytes, channels, buffsize):
