@@ -150,6 +150,7 @@ def fit(run_dir: Path = typer.Argument(..., help="A run folder with measurements
 
 @app.command()
 def search(
+    ctx: typer.Context,
     run_dir: Path = typer.Argument(..., help="A profiled run folder."),
     optimizer: str = typer.Option("lagom", help="lagom, optuna, autoccl, default or exhaustive."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Plan YAML to write."),
@@ -169,7 +170,16 @@ def search(
     """Search the fitted model for the settings that finish an iteration first; write a plan."""
     # local: the search imports optuna; other verbs start without it
     from lagom_tune.planning import load_search_inputs, plan_from_run
-    from lagom_tune.search.run import OPTIMIZERS, compare as compare_all, taken_options
+    from lagom_tune.search.run import OPTIMIZERS, compare as compare_all, option_names, taken_options
+
+    if not compare:  # a flag the chosen optimizer does not take would be silently ignored
+        # (ParameterSource by name: typer >= 0.2x vendors click's enum, older typer uses click's own)
+        given = [p for p in ("n_trials", "timeout", "seed", "storage", "study_name", "multi_objective")
+                 if getattr(ctx.get_parameter_source(p), "name", "") == "COMMANDLINE" and p not in option_names(optimizer)]
+        if given:
+            flags = ", ".join("--" + p.replace("_", "-") for p in given)
+            raise UserError(f"{flags}: not taken by --optimizer {optimizer} (it would be ignored); "
+                            f"taken by {', '.join(n for n in OPTIMIZERS if set(given) <= option_names(n))}")
 
     bar = _progress()
     trials = bar.add_task("optuna trials", total=n_trials, visible=False)

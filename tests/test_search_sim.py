@@ -53,11 +53,20 @@ def test_search_over_100_collectives_scales_with_the_collectives_not_their_produ
 def test_plans_from_every_optimizer_pass_apply_dry_run(phi2, optimizer, tmp_path):
     run_dir = phi2[0]
     plan = tmp_path / f"{optimizer}.yaml"
-    cli("search", run_dir, "--optimizer", optimizer, "--n-trials", "30", "--out", plan, check=True)
+    trials = ("--n-trials", "30") if optimizer == "optuna" else ()
+    cli("search", run_dir, "--optimizer", optimizer, *trials, "--out", plan, check=True)
     d = yaml.safe_load(plan.read_text())
     assert d["search"]["optimizer"] == optimizer and d["target"]["simulated"] is True
     r = cli("apply", plan, "--dry-run", check=True)
     assert "NCCL tuner plugin" in r.stdout and "simulated plan" in r.stdout
+
+
+def test_a_flag_the_optimizer_does_not_take_is_refused_not_ignored(phi2, tmp_path):
+    for optimizer, flags in (("lagom", ("--n-trials", "30")), ("autoccl", ("--seed", "3", "--timeout", "5"))):
+        r = cli("search", phi2[0], "--optimizer", optimizer, *flags, "--out", tmp_path / "p.yaml")
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert f"not taken by --optimizer {optimizer}" in r.stderr and "taken by optuna" in r.stderr, r.stderr
+        assert not (tmp_path / "p.yaml").exists()
 
 
 def test_lagom_is_within_2_percent_of_exhaustive_ground_truth(phi2):
