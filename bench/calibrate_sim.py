@@ -34,6 +34,16 @@ its best (in_wave_reuse 4.87, cross_wave_hits 0.586, evicted_misses 1.64, evicti
 48 and 64 blocks): 17 of 18 cells, mpt-7b's 48 blocks +0.30. Seeds 0, 1, 2 and 4 of the first
 stage also ended at 16 of 18 (48 blocks +0.18 to +0.23, and Llama-3-8B's 2 blocks -0.10 to -0.14
 or mpt-7b's 64 -0.22).
+
+Tried on 2026-12-01 (ninth session), not kept: Hopper's GPCs are uneven (8 GPCs, 66 TPCs; an
+H100 cluster sweep in accel-sim/gpu-app-collection PR #87 fits GPCs of 18, 18, 18, 18, 18, 18, 16
+and 8 SMs: 15 clusters of 8 co-resident on 120 SMs), and channel blocks dispatched to the GPC
+with the most free SMs, or the largest free fraction, leave 32 TPC pairs at 64 blocks (3 rounds
+for the 65-cluster kernels, the step the data show) and 39-41 at 48. Re-studied (2,500-6,000
+trials, seeds 0-4): 16 of 18 cells either way (most free: 64 blocks -0.21 to -0.24, Llama-3-8B's 32
++0.19; largest fraction: mpt-7b's 48/64 blocks +0.10/-0.13 and Llama-3-8B's 2 blocks -0.13),
+largest error 0.13 instead of 0.30. Seven even GPCs: 16 of 18 (64 blocks +0.35 to +0.41). The
+dispatch order is a guess either way; ``gpu_check``'s placement table measures it.
 """
 
 from __future__ import annotations
