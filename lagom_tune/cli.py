@@ -128,7 +128,7 @@ def profile(
         fitting = bar.add_task("fit model (k-fold)", total=None)
         fit = fit_run(run, progress=lambda done, total: bar.update(fitting, completed=done, total=total))
     render.console.print(f"[green]profiled[/] {run.path}{render.simulated_tag(b.simulated)} · model MAPE "
-                         + ", ".join(f"{k} {v:.1%}" for k, v in fit.mape.items()))
+                         + render.mape_text(fit.mape))
 
 
 @app.command()

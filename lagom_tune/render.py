@@ -32,6 +32,29 @@ def simulated_tag(simulated: bool) -> str:
     return " [bold magenta](simulated)[/]" if simulated else ""
 
 
+def percent(value: float) -> str:
+    """A fraction as a percentage with one decimal (a held-out MAPE of 0.1% is not 0%), "n/a" for
+    NaN (a quantity with no points to hold out).
+
+    Args:
+        value: a fraction, e.g. 0.025.
+    Returns:
+        ``"2.5%"``, or ``"n/a"``.
+    """
+    return "n/a" if value != value else f"{value:.1%}"
+
+
+def mape_text(mape: dict[str, float]) -> str:
+    """A model's held-out MAPE on one line: ``collective 2.5%, gemm 0.1%, ...``.
+
+    Args:
+        mape: quantity -> fraction.
+    Returns:
+        The line.
+    """
+    return ", ".join(f"{k} {percent(v)}" for k, v in mape.items())
+
+
 def _fmt_bytes(n: float) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
@@ -93,7 +116,7 @@ def prediction_table(plan: Plan) -> Table:
     """
     it = plan.predicted.get("iteration_ms", {})
     t = Table(title="predicted iteration time" + simulated_tag(plan.simulated) + " (model MAPE "
-              + ", ".join(f"{k} {val:.0%}" for k, val in plan.model.get("mape", {}).items()) + ")", title_justify="left")
+              + mape_text(plan.model.get("mape", {})) + ")", title_justify="left")
     t.add_column("settings")
     t.add_column("iteration ms", justify="right")
     t.add_column("vs default", justify="right")
@@ -242,7 +265,7 @@ def model_tables(model: dict[str, Any]) -> list[Any]:
     m.add_column("quantity")
     m.add_column("MAPE", justify="right")
     for name, val in acc.get("mape", {}).items():
-        m.add_row(name, f"{val:.1%}")
+        m.add_row(name, percent(val))
     out.append(m)
     ranking = acc.get("ranking")
     if ranking and ranking.get("shapes"):

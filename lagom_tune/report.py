@@ -19,6 +19,7 @@ from lagom_tune.knobs import Settings
 from lagom_tune.model.contention import load_model
 from lagom_tune.plan.schema import Plan, knob_space_for
 from lagom_tune.profile.store import open_run
+from lagom_tune.render import percent
 from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
 from lagom_tune.search.space import default_assignment, variables
 
@@ -113,7 +114,7 @@ def build_report(target: str | Path) -> str:
     mape = model_doc.get("accuracy", {}).get("mape", {})
     if mape:
         parts.append("<h2>Model accuracy (held-out)</h2><table><tr><th>quantity</th><th>MAPE</th></tr>"
-                     + "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.1%}</td></tr>" for k, v in mape.items()) + "</table>"
+                     + "".join(f"<tr><td>{html.escape(k)}</td><td>{percent(v)}</td></tr>" for k, v in mape.items()) + "</table>"
                      + f"<p>{html.escape(model_doc.get('accuracy', {}).get('method', ''))}</p>")
     parts += _ranking_html(model_doc.get("accuracy", {}))
     for name, alt in (("fit.png", "measured vs predicted"), ("slowdown.png", "computation slowdown vs communication resources")):

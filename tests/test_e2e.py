@@ -60,3 +60,23 @@ def test_show_renders_run_plan_and_workload(tiny_run):
     r = cli("show", tiny_run, check=True)
     assert "MAPE" in r.stdout and "gloo" in r.stdout
     assert "group backward" in cli("show", "cpu-demo", check=True).stdout
+
+
+def test_model_mape_is_shown_to_one_decimal_everywhere():
+    """A held-out MAPE of 0.1% read "gemm 0%" under a plan's prediction (as if the model were
+    exact) while the profile's line said 0.1%; one format now, NaN (nothing to hold out) as n/a."""
+    import io
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from lagom_tune import render
+    from lagom_tune.plan.schema import load_plan
+
+    assert render.mape_text({"gemm": 0.0012, "collective": float("nan"), "overlap_window": 0.0529}) == \
+        "gemm 0.1%, collective n/a, overlap_window 5.3%"
+    plan = load_plan(ROOT / "plans" / "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml")
+    plan = replace(plan, model={**plan.model, "mape": {"gemm": 0.0012, "collective": float("nan")}})
+    out = Console(width=300, record=True, file=io.StringIO())
+    out.print(render.prediction_table(plan))
+    assert "(model MAPE gemm 0.1%, collective n/a)" in " ".join(out.export_text().split())  # the title wraps
