@@ -172,12 +172,15 @@ def _show_and_search(run_src, meta: dict, run, model: dict | None = None) -> Non
     _ends_well_or_says_why("search", run, "--optimizer", "default", "--out", run / "plan.yaml")
 
 
-@pytest.mark.parametrize("key, value", [("ranks", {}), ("cores", "two"), ("backend", [1]), (None, None)])
+@pytest.mark.parametrize("key, value", [("ranks", {}), ("cores", "two"), ("backend", [1]), (None, None), ("backend", "DELETE")])
 def test_run_metadata_edited_by_hand(tiny_run, tmp_path, key, value):
-    """Each crashed show or search before the fingerprint was checked on load (None: the workload erased)."""
+    """Each crashed show or search before the fingerprint was checked on load (None: the workload
+    erased; a fingerprint without its backend: search's KeyError, found by the fuzz test below)."""
     meta = yaml.safe_load((tiny_run / "meta.yaml").read_text())
     if key is None:
         meta["workload"] = None
+    elif value == "DELETE":
+        del meta["fingerprint"][key]
     else:
         meta["fingerprint"][key] = value
     _show_and_search(tiny_run, meta, tmp_path / "run")

@@ -103,8 +103,8 @@ class RunFolder:
         fp = v.field(meta, "fingerprint", str(self.meta_path), dict)
         for key, kind in FINGERPRINT_NUMBERS.items():  # what fit, search and apply compute with
             v.field(fp, key, f"{self.meta_path}.fingerprint", kind, None, minimum=0)
-        for key in FINGERPRINT_NAMES:
-            v.field(fp, key, f"{self.meta_path}.fingerprint", str, None)
+        for key in FINGERPRINT_NAMES:  # every backend records which it is; the rest where they apply
+            v.field(fp, key, f"{self.meta_path}.fingerprint", str, ... if key == "backend" else None)
         return meta
 
     def unfinished(self) -> str | None:
