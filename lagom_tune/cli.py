@@ -172,9 +172,12 @@ def search(
     from lagom_tune.planning import load_search_inputs, plan_from_run
     from lagom_tune.search.run import OPTIMIZERS, compare as compare_all, option_names, taken_options
 
+    # The optimizers' flags, offered whichever optimizer runs; each optimizer gets the ones it takes.
+    flag_options = dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name,
+                        multi_objective=multi_objective)
     if not compare:  # a flag the chosen optimizer does not take would be silently ignored
         # (ParameterSource by name: typer >= 0.2x vendors click's enum, older typer uses click's own)
-        given = [p for p in ("n_trials", "timeout", "seed", "storage", "study_name", "multi_objective")
+        given = [p for p in flag_options
                  if getattr(ctx.get_parameter_source(p), "name", "") == "COMMANDLINE" and p not in option_names(optimizer)]
         if given:
             flags = ", ".join("--" + p.replace("_", "-") for p in given)
@@ -187,10 +190,8 @@ def search(
     def on_trial(done: int, total: int) -> None:
         bar.update(trials, completed=min(done, total), visible=True)
 
-    # Every optimizer's flags are offered; each optimizer gets the ones it takes.
     opts = taken_options(list(OPTIMIZERS) if compare else ["default", "autoccl", optimizer],
-                         dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name,
-                              multi_objective=multi_objective, on_trial=None if as_json else on_trial))
+                         {**flag_options, "on_trial": None if as_json else on_trial})
     if compare:
         inputs = load_search_inputs(run_dir)
         with bar:
