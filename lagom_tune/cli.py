@@ -372,7 +372,7 @@ def workload_import(
     trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (export_chrome_trace, record_shapes=True)."),
     out: Path = typer.Option(..., "--out", "-o", help="Workload YAML to write."),
     name: Optional[str] = typer.Option(None, help="Workload name (default: the trace's file name)."),
-    ranks: Optional[int] = typer.Option(None, min=1, help="World size of the collectives (default: from the trace)."),
+    ranks: Optional[int] = typer.Option(None, min=2, help="World size of the collectives (default: from the trace)."),
 ) -> None:
     """Build a workload from a trace: where GEMMs overlap collectives, and what runs alone."""
     w = import_trace(trace, name=name, ranks=ranks)

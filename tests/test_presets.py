@@ -75,6 +75,14 @@ def test_bad_parallel_specs(spec):
         parse_parallel(spec)
 
 
+@pytest.mark.parametrize("spec", ["fsdp=1", "ddp=1", "ep=1", "tp=1,dp=8"])
+def test_one_rank_runs_no_collective(spec):
+    """fsdp=1 hung the sim's fit and ddp=1 crashed it (ZeroDivisionError): a collective over one
+    rank moves nothing, so there is nothing to tune."""
+    with pytest.raises(UserError, match="runs no collective"):
+        parse_parallel(spec)
+
+
 def test_wrong_parallel_for_the_model():
     with pytest.raises(UserError, match="MoE"):
         build_preset("olmoe-1b-7b", parallel="tp=8", mbs=2)

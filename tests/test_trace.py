@@ -53,3 +53,6 @@ def test_bad_traces(tmp_path):
         import_trace(p)
     with pytest.raises(UserError, match="trace not found"):
         import_trace(tmp_path / "missing.json")
+    p.write_text(json.dumps({"distributedInfo": {"world_size": 1}, "traceEvents": []}))
+    with pytest.raises(UserError, match="one rank runs no collective"):
+        import_trace(p)

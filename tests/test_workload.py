@@ -52,6 +52,7 @@ def test_yaml_round_trip(tmp_path):
     (lambda d: d["groups"][0]["compute"][2].update(m=-1), "groups[0].compute[2].m"),
     (lambda d: d["groups"][1]["comm"][3].update(after=10_000), "groups[1].comm[3].after"),
     (lambda d: d.update(schema_version=9), "schema_version"),
+    (lambda d: d["groups"][1]["comm"][0].update(ranks=1), "groups[1].comm[0].ranks: must be >= 2"),
     (lambda d: d["groups"][0].pop("name"), "groups[0].name"),
     (lambda d: d.update(exposed_ms=float("nan")), "exposed_ms: expected a finite number"),  # NaN passes every comparison
     (lambda d: d.update(exposed_ms=float("inf")), "exposed_ms: expected a finite number"),

@@ -452,6 +452,9 @@ def parse_parallel(spec: str) -> dict[str, int]:
         raise UserError(f"--parallel {spec!r}: name exactly one of fsdp, tp, ep, ddp")
     if "dp" in out and "tp" not in out:
         raise UserError(f"--parallel {spec!r}: dp= goes with tp=")
+    family = families.pop()
+    if out[family] < 2:  # a collective over one rank moves nothing: there is no overlap to tune
+        raise UserError(f"--parallel {spec!r}: {family}={out[family]} runs no collective; give {family}=2 or more")
     return out
 
 

@@ -187,7 +187,7 @@ def _collective(x: Any, path: str, n_compute: int) -> Collective:
         op=v.one_of(v.field(x, "op", path, str), OPS, f"{path}.op"),
         nbytes=v.field(x, "nbytes", path, int, minimum=1),
         group=v.field(x, "group", path, str, "dp"),
-        ranks=v.field(x, "ranks", path, int, 2, minimum=1),
+        ranks=v.field(x, "ranks", path, int, 2, minimum=2),  # over one rank a collective moves nothing
         nodes=v.field(x, "nodes", path, int, 1, minimum=1),
         after=after,
     )

@@ -264,6 +264,8 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
     world = ranks or (info.get("world_size", 2) if isinstance(info, dict) else 2)
     if not (_count(world) and world >= 1):
         raise UserError(f"{path}: distributedInfo.world_size is {world!r}, not a number of ranks; give --ranks")
+    if world < 2:  # over one rank a collective moves nothing: there is no overlap to tune
+        raise UserError(f"{path}: a trace of one rank runs no collective; give --ranks with the job's world size (2 or more)")
     gemms, colls, gpu_kernels = _timed_ops(spans, world)
     if not gemms:
         raise UserError(f"{path}: no GEMMs with shapes found (record the trace with record_shapes=True)")
