@@ -37,3 +37,22 @@ def test_bad_numbers_exit_2_with_one_line_and_write_nothing(args, request, tmp_p
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lagom-tune: error:") and "Traceback" not in r.stderr, r.stderr
     assert snapshot(tmp_path, run, ROOT / "plans") == before
+
+
+@pytest.mark.parametrize("time_us", ["inf", "nan", "-5", "0"])
+def test_a_time_in_measurements_csv_that_is_no_time_is_refused(tiny_run, tmp_path, time_us):
+    """A hand-edited or corrupted time reached the fit: inf was written into model.yaml (which
+    search then refused), and NaN, negative and zero times were fitted without a word."""
+    import shutil
+
+    import pandas as pd
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    df = pd.read_csv(run / "measurements.csv")
+    df.loc[3, "time_us"] = float(time_us)
+    df.to_csv(run / "measurements.csv", index=False)
+    before = snapshot(run)
+    r = cli("fit", run)
+    assert r.returncode == 2 and "not a positive time" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert snapshot(run) == before

@@ -62,6 +62,16 @@ def test_plan_loader(data):
     only_user_errors(Plan.from_dict, mutate(BASE.to_dict(), data))
 
 
+@pytest.mark.parametrize("value", [{"\n": False}, {"\n": None}])
+def test_a_name_with_a_line_break_is_one_line_in_the_error(value):
+    """Drawn by the fuzz test above: a role named "\\n" made a two-line error."""
+    d = BASE.to_dict()
+    d["target"]["groups"] = value
+    with pytest.raises(UserError) as e:
+        Plan.from_dict(d)
+    assert "\n" not in str(e.value) and "\\n" in str(e.value)
+
+
 @FUZZ
 @given(st.data())
 def test_workload_loader(data):
@@ -172,10 +182,12 @@ def _show_and_search(run_src, meta: dict, run, model: dict | None = None) -> Non
     _ends_well_or_says_why("search", run, "--optimizer", "default", "--out", run / "plan.yaml")
 
 
-@pytest.mark.parametrize("key, value", [("ranks", {}), ("cores", "two"), ("backend", [1]), (None, None), ("backend", "DELETE")])
+@pytest.mark.parametrize("key, value", [("ranks", {}), ("cores", "two"), ("backend", [1]), (None, None), ("backend", "DELETE"),
+                                        ("ranks", None), ("nodes", None)])
 def test_run_metadata_edited_by_hand(tiny_run, tmp_path, key, value):
     """Each crashed show or search before the fingerprint was checked on load (None: the workload
-    erased; a fingerprint without its backend: search's KeyError, found by the fuzz test below)."""
+    erased; a fingerprint without its backend: search's KeyError; ``ranks: null``: a TypeError;
+    both found by the fuzz test below)."""
     meta = yaml.safe_load((tiny_run / "meta.yaml").read_text())
     if key is None:
         meta["workload"] = None

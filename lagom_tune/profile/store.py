@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, read_yaml, write_yaml
 from lagom_tune.errors import UserError
-from lagom_tune.measurements import KNOB_COLUMNS, NUMERIC_COLUMNS, REQUIRED_COLUMNS
+from lagom_tune.measurements import KNOB_COLUMNS, NUMERIC_COLUMNS, REQUIRED_COLUMNS, TIMED_COLUMNS
 from lagom_tune.workload.spec import Workload
 
 SCHEMA_VERSION = 1
@@ -105,6 +106,9 @@ class RunFolder:
             v.field(fp, key, f"{self.meta_path}.fingerprint", kind, None, minimum=0)
         for key in FINGERPRINT_NAMES:  # every backend records which it is; the rest where they apply
             v.field(fp, key, f"{self.meta_path}.fingerprint", str, ... if key == "backend" else None)
+        # a null field is a missing one (as everywhere a file is read): readers take their default,
+        # never None (``ranks: null`` crashed search with a TypeError)
+        meta["fingerprint"] = {k: val for k, val in fp.items() if val is not None}
         return meta
 
     def unfinished(self) -> str | None:
@@ -146,6 +150,13 @@ class RunFolder:
                 if converted.isna().sum() > df[col].isna().sum():
                     raise UserError(f"{self.csv_path}: column {col!r} holds non-numeric values")
                 df[col] = converted
+        for col in TIMED_COLUMNS:  # a time is positive and finite; only time_us is in every row
+            if col in df.columns:
+                times = df[col] if col == "time_us" else df[col].dropna()
+                bad = times[~(np.isfinite(times) & (times > 0))]
+                if not bad.empty:
+                    raise UserError(f"{self.csv_path}: {col} of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, "
+                                    f"not a positive time ({len(bad)} such row(s))")
         return df, partial
 
     def _repeats(self) -> int | None:
