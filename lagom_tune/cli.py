@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Optional
@@ -16,7 +18,7 @@ from lagom_tune import __version__, render
 from lagom_tune.artifact_io import check_writable, read_yaml
 from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.backends.registry import backend_help
-from lagom_tune.errors import RunError, UserError
+from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_signals, stop_signal
 from lagom_tune.model.contention import read_model_file
 from lagom_tune.plan.schema import Plan, load_plan
 from lagom_tune.profile.campaign import run_profile
@@ -382,23 +384,32 @@ def workload_import(
                          f"groups cover {s['groups_ms']:.1f} of {s['traced_step_ms']:.1f} traced ms, {s['exposed_ms']:.1f} ms exposed")
 
 
+def _interrupted(e: BaseException | None) -> None:
+    """Exit as a shell reports a stop by a signal: 128 + its number (Ctrl-C: 130, SIGTERM: 143)."""
+    signum = e.signum if isinstance(e, Interrupted) else stop_signal()
+    by = f" by {signal.Signals(signum).name}" if signum != signal.SIGINT else ""
+    print(f"lagom-tune: interrupted{by}; rerun the same command to resume", file=sys.stderr)
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: one-line errors (exit 2 for bad input, 1 for runtime failures).
 
     Args:
         argv: the arguments (default: ``sys.argv[1:]``).
     """
+    if threading.current_thread() is threading.main_thread():
+        raise_on_stop_signals()
     try:
         code = app(args=_take_verbose(list(sys.argv[1:] if argv is None else argv)), standalone_mode=False)  # an Exit raised inside a command comes back as its code
-        if code == 130:  # typer turns Ctrl-C into Exit(130)
-            raise KeyboardInterrupt
+        if code == 130:  # typer turns an interrupt into Exit(130)
+            _interrupted(None)
         if isinstance(code, int) and code:
             sys.exit(code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except typer.Abort:
-        print("lagom-tune: interrupted; rerun the same command to resume", file=sys.stderr)
-        sys.exit(130)
+    except typer.Abort as e:  # click wraps the interrupt
+        _interrupted(e.__cause__ or e.__context__)
     except _usage_error_types() as e:
         message = e.format_message()
         if message:  # empty when help was shown for a bare command
@@ -414,9 +425,8 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         print(f"lagom-tune: failed: {e}" + (f" (hint: {e.hint})" if e.hint else ""), file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
-        print("lagom-tune: interrupted; rerun the same command to resume", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        _interrupted(e)
     except Exception as e:  # a bug: still one line unless --verbose
         if _state["verbose"]:
             traceback.print_exc()

@@ -1,4 +1,7 @@
-"""The two kinds of failure the CLI distinguishes: bad input (exit 2) and runtime failure (exit 1)."""
+"""The two kinds of failure the CLI distinguishes: bad input (exit 2) and runtime failure (exit 1);
+and a stop asked for by a signal."""
+
+import signal
 
 
 def one_line(text: str) -> str:
@@ -24,3 +27,34 @@ class RunError(Exception):
     def __init__(self, message: str, hint: str = ""):
         super().__init__(one_line(str(message)))
         self.hint = hint
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # a scheduler's stop, a closed terminal
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a scheduler's stop, a closed terminal) raised as Ctrl-C is, so that the
+    same clean-up runs: spawned ranks stopped, a profile left to resume. Exit code 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_received: list[int] = []
+
+
+def stop_signal() -> int:
+    """The signal that stopped this process: the last of :data:`STOP_SIGNALS` received, else SIGINT."""
+    return _received[-1] if _received else signal.SIGINT
+
+
+def raise_on_stop_signals() -> None:
+    """Turn SIGTERM and SIGHUP into :class:`Interrupted` in this (the main) thread."""
+
+    def stop(signum: int, _frame) -> None:
+        _received.append(signum)  # typer returns an interrupt as exit code 130, whatever stopped it
+        raise Interrupted(signum)
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, stop)

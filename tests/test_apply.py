@@ -111,6 +111,29 @@ def test_the_commands_exit_code_passes_through(tmp_path):
     assert r.returncode == 3
     r = cli("apply", plan, "--", "no-such-program-xyz")
     assert r.returncode == 2 and "command not found" in r.stderr
+    r = cli("apply", plan, "--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert r.returncode == 128 + 9, r.returncode  # as a shell says it (was 247: -9 passed to sys.exit)
+
+
+def test_a_stop_signal_to_apply_reaches_the_command(tmp_path):
+    """SIGTERM to apply alone (a scheduler's stop) ended apply and left the command running."""
+    import signal
+    import time
+
+    plan = BASE.save(tmp_path / "p.yaml")
+    marker = tmp_path / "started"
+    script = (f"import pathlib, signal, sys, time; pathlib.Path({str(marker)!r}).touch(); "
+              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); time.sleep(60)")
+    proc = subprocess.Popen([str(BIN / "lagom-tune"), "apply", str(plan), "--", sys.executable, "-c", script],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    started = time.time()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 7 and time.time() - started < 20, proc.returncode  # the command's own exit, promptly
 
 
 @pytest.mark.slow

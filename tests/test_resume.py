@@ -70,6 +70,28 @@ def test_ctrl_c_then_resume(tmp_path):
     assert_complete_without_duplicates(run)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_the_parent_stops_the_ranks_too(tmp_path, sig):
+    """SIGTERM (a scheduler's stop) or SIGHUP (a closed terminal) to lagom-tune alone killed it and
+    left both spawned ranks running; now it stops them as Ctrl-C does, exits 128 + the signal and
+    the profile resumes."""
+    run = tmp_path / "run"
+    proc = start_profile(WORKLOAD, run)
+    wait_for_points(run, 4, proc)
+    ranks = rank_pids(proc.pid)
+    assert ranks
+    proc.send_signal(sig)  # the parent only, not its process group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, (proc.returncode, err)
+    assert err.strip().splitlines() == [f"lagom-tune: interrupted by {sig.name}; rerun the same command to resume"], err
+    deadline = time.time() + 30
+    while any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z" for p in ranks):
+        assert time.time() < deadline, "a rank outlived the profile"
+        time.sleep(0.2)
+    cli("profile", "--workload", WORKLOAD, "--ranks", 2, "--out", run, "--repeats", 3, check=True)
+    assert_complete_without_duplicates(run)
+
+
 def test_a_killed_rank_ends_the_run_and_a_rerun_resumes(tmp_path):
     run = tmp_path / "run"
     proc = start_profile(WORKLOAD, run)

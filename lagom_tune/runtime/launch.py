@@ -17,7 +17,7 @@ from typing import Callable
 
 from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads_per_rank, usable_cores
-from lagom_tune.errors import UserError
+from lagom_tune.errors import Interrupted, UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
 from lagom_tune.runtime.nccl import RULES_ENV, TunerRule, TunerRules, ambiguous_roles, communicator_configs, tuner_rules
 from lagom_tune.runtime.tuner_build import PluginBuild, ensure_plugin, rules_path
@@ -339,16 +339,21 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> int:
-    """Run the command; on Ctrl-C (which the command's process group also receives) wait for it to end."""
+    """Run the command and return its exit status as a shell reports it (killed by signal N:
+    128 + N). On Ctrl-C, which its process group also receives, wait for it to end; a stop signal
+    sent to lagom-tune alone (SIGTERM, SIGHUP) is passed on to it first."""
     proc = subprocess.Popen(cmd, env=env)
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
+        code = proc.wait()
+    except KeyboardInterrupt as e:
+        if isinstance(e, Interrupted):
+            proc.send_signal(e.signum)
         try:
-            return proc.wait(timeout=30)
+            code = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            return proc.wait()
+            code = proc.wait()
+    return code if code >= 0 else 128 - code
 
 
 def export_lines(env: dict[str, str]) -> str:
