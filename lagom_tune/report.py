@@ -80,6 +80,19 @@ def _ranking_html(accuracy: dict[str, Any]) -> list[str]:
     return out
 
 
+def _plan_run_folder(plan: Plan, path: Path) -> Path:
+    """The run folder a plan was searched from: as the plan records it (relative to where search
+    ran), else the same path from the plan's folder, else the plan's own folder (where README's
+    layout puts it); a folder found by the last two must hold the plan's workload."""
+    recorded = Path(plan.model.get("run", ""))
+    if (recorded / "meta.yaml").is_file():
+        return recorded
+    for candidate in (path.parent / recorded, path.parent):
+        if (candidate / "meta.yaml").is_file() and open_run(candidate).workload().digest == plan.workload.get("digest"):
+            return candidate
+    raise UserError(f"{path}: its run folder {recorded} is not here (nor beside the plan); the report needs the plan's run folder")
+
+
 def build_report(target: str | Path) -> str:
     """The HTML page for a run folder or a plan file.
 
@@ -95,9 +108,7 @@ def build_report(target: str | Path) -> str:
     if path.is_file():
         data = read_yaml(path, "plan file")
         plan = Plan.from_dict(data, str(path))
-        run_dir = Path(plan.model.get("run", ""))
-        if not (run_dir / "meta.yaml").is_file():
-            raise UserError(f"{path}: its run folder {run_dir} is not here; the report needs the plan's run folder")
+        run_dir = _plan_run_folder(plan, path)
     else:
         run_dir = path
     run = open_run(run_dir)

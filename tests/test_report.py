@@ -53,3 +53,21 @@ def test_report_needs_the_plans_run_folder(tmp_path):
     plan = BASE.save(tmp_path / "p.yaml")
     r = cli("report", plan, "--out", tmp_path / "r.html")
     assert r.returncode == 2 and "run folder" in r.stderr and not (tmp_path / "r.html").exists()
+
+
+def test_report_finds_the_run_folder_from_the_plans_folder(sim_plan, tmp_path):
+    """A plan records its run folder relative to where search ran: `report runs/r/plan.yaml` from
+    any other folder said the run folder "is not here", though it held the plan."""
+    import yaml
+
+    work = tmp_path / "work"
+    shutil.copytree(sim_plan / "run", work / "runs" / "r")
+    plan = yaml.safe_load((sim_plan / "plan.yaml").read_text())
+    plan["model"]["run"] = "runs/r"  # as `search runs/r` from work/ writes it
+    for where in (work / "plan.yaml", work / "runs" / "r" / "plan.yaml"):  # beside runs/, or in the run folder
+        where.write_text(yaml.safe_dump(plan))
+        cli("report", where, "--out", tmp_path / "r.html", check=True)  # run from the repository, not work/
+    plan["workload"]["digest"] = "0" * 16  # a folder beside the plan that is not its run folder is not taken
+    (work / "runs" / "r" / "plan.yaml").write_text(yaml.safe_dump(plan))
+    r = cli("report", work / "runs" / "r" / "plan.yaml", "--out", tmp_path / "other.html")
+    assert r.returncode == 2 and "run folder runs/r is not here" in r.stderr and not (tmp_path / "other.html").exists()
