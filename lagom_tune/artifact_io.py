@@ -5,19 +5,21 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
 from lagom_tune.errors import UserError
 
 
-def check_writable(path: str | os.PathLike, what: str = "output") -> Path:
-    """Refuse, before any work starts, an output path that cannot be written.
+def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """Refuse, before any work starts, an output path that cannot be written, or that is one of
+    the command's inputs (``search RUN --out RUN/meta.yaml`` replaced the profile's record).
 
     Args:
         path: the file to be written later (its folder may not exist yet).
         what: what the file is, for the message.
+        inputs: files the command reads.
 
     Returns:
         The path. Raises ``UserError`` naming the reason.
@@ -25,6 +27,9 @@ def check_writable(path: str | os.PathLike, what: str = "output") -> Path:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a folder; give a file name")
+    clash = next((Path(i) for i in inputs if path.exists() and Path(i).exists() and os.path.samefile(path, i)), None)
+    if clash is not None:
+        raise UserError(f"{what} {path} is {clash}, which this command reads; give another file")
     folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or folder.resolve().parts[:2] in (("/", "proc"), ("/", "sys")):
         raise UserError(f"cannot write {what} {path}: {folder} is not a writable folder")

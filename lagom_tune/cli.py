@@ -160,7 +160,7 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     n_trials: int = typer.Option(200, min=1, help="Optuna trial budget."),
     timeout: Optional[float] = typer.Option(None, min=0.1, help="Optuna time budget in seconds."),
-    seed: int = typer.Option(0, help="Optuna sampler seed."),
+    seed: int = typer.Option(0, min=0, help="Optuna sampler seed."),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL, e.g. sqlite:///study.db (resumable)."),
     study_name: Optional[str] = typer.Option(None, help="Optuna study name (resume with the same name)."),
     multi_objective: bool = typer.Option(False, "--multi-objective",
@@ -177,14 +177,19 @@ def search(
     # The optimizers' flags, offered whichever optimizer runs; each optimizer gets the ones it takes.
     flag_options = dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name,
                         multi_objective=multi_objective)
-    if not compare:  # a flag the chosen optimizer does not take would be silently ignored
+    def given(name: str) -> bool:  # on the command line, not by default
         # (ParameterSource by name: typer >= 0.2x vendors click's enum, older typer uses click's own)
-        given = [p for p in flag_options
-                 if getattr(ctx.get_parameter_source(p), "name", "") == "COMMANDLINE" and p not in option_names(optimizer)]
-        if given:
-            flags = ", ".join("--" + p.replace("_", "-") for p in given)
+        return getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
+
+    if compare and (out is not None or given("optimizer")):  # --compare writes no plan and runs every optimizer
+        raise UserError(f"{'--out' if out is not None else '--optimizer'}: not taken by --compare (it prints every optimizer side by side "
+                        "and writes no plan); run search without --compare to write one")
+    if not compare:  # a flag the chosen optimizer does not take would be silently ignored
+        ignored = [p for p in flag_options if given(p) and p not in option_names(optimizer)]
+        if ignored:
+            flags = ", ".join("--" + p.replace("_", "-") for p in ignored)
             raise UserError(f"{flags}: not taken by --optimizer {optimizer} (it would be ignored); "
-                            f"taken by {', '.join(n for n in OPTIMIZERS if set(given) <= option_names(n))}")
+                            f"taken by {', '.join(n for n in OPTIMIZERS if set(ignored) <= option_names(n))}")
 
     bar = _progress()
     trials = bar.add_task("optuna trials", total=n_trials, visible=False)
@@ -205,7 +210,7 @@ def search(
         return
     if out is None:
         raise UserError("--out PLAN.yaml is required (or use --compare)")
-    check_writable(out, "plan")
+    check_writable(out, "plan", open_run(run_dir).files)
     if not 0 <= min_gain < 1:
         raise UserError("--min-gain must be a fraction in [0, 1), e.g. 0.02")
     with bar:

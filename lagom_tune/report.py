@@ -13,7 +13,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from lagom_tune.artifact_io import atomic_write_text, read_yaml
+from lagom_tune.artifact_io import atomic_write_text, check_writable, read_yaml
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
 from lagom_tune.model.contention import load_model
@@ -161,4 +161,6 @@ def write_report(target: str | Path, out: str | Path) -> Path:
     Returns:
         The written path.
     """
-    return atomic_write_text(out, build_report(target))
+    target = Path(target)
+    inputs = [target, *(open_run(target).files if target.is_dir() else ())]
+    return atomic_write_text(check_writable(out, "report", inputs), build_report(target))

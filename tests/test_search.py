@@ -76,6 +76,19 @@ def test_optuna_finds_the_optimum_of_a_small_space_and_resumes(demo, tmp_path):
     assert again.evaluation.iteration_s == pytest.approx(best.evaluation.iteration_s)
 
 
+def test_a_study_of_another_space_is_refused_not_resumed(demo, tmp_path):
+    """The same --storage and --study-name on another run's space failed inside Optuna (exit 1,
+    'CategoricalDistribution does not support dynamic value space')."""
+    from lagom_tune.errors import UserError
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna_search(ModelEvaluator(demo, TRUE), variables(demo, SPACE), n_trials=3, storage=storage, study_name="s")
+    wider = variables(demo, gloo_knob_space(cores=8))
+    assert [v.domain for v in wider] != [v.domain for v in variables(demo, SPACE)]
+    with pytest.raises(UserError, match="searched another space"):
+        optuna_search(ModelEvaluator(demo, TRUE), wider, n_trials=3, storage=storage, study_name="s")
+
+
 @pytest.mark.parametrize("storage, said", [("bogus://x", "Can't load plugin"), ("sqlite:////proc/study.db", "unable to open")])
 def test_a_storage_optuna_cannot_open_is_a_one_line_user_error(demo, storage, said):
     from lagom_tune.errors import UserError

@@ -69,6 +69,36 @@ def test_a_flag_the_optimizer_does_not_take_is_refused_not_ignored(phi2, tmp_pat
         assert not (tmp_path / "p.yaml").exists()
 
 
+def test_compare_refuses_what_it_would_ignore(phi2, tmp_path):
+    """--compare writes no plan and runs every optimizer: --out was accepted (exit 0, nothing
+    written) and so was --optimizer."""
+    for flags, said in ((("--out", tmp_path / "p.yaml"), "--out: not taken by --compare"),
+                        (("--optimizer", "optuna"), "--optimizer: not taken by --compare")):
+        r = cli("search", phi2[0], "--compare", *flags)
+        assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_an_output_that_is_an_input_is_refused(phi2, tmp_path):
+    """`search RUN --out RUN/meta.yaml` replaced the profile's record with the plan (every later
+    search failed); `report PLAN --out PLAN` replaced the plan; `report --out FOLDER` crashed."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(phi2[0], run)
+    before = {p: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    for out in ("meta.yaml", "measurements.csv", "model.yaml"):
+        r = cli("search", run, "--out", run / out)
+        assert r.returncode == 2 and "which this command reads" in r.stderr, r.stderr
+    cli("search", run, "--out", run / "plan.yaml", check=True)
+    plan = (run / "plan.yaml").read_bytes()
+    for target, out in ((run / "plan.yaml", run / "plan.yaml"), (run, run / "meta.yaml")):
+        r = cli("report", target, "--out", out)
+        assert r.returncode == 2 and "which this command reads" in r.stderr, r.stderr
+    r = cli("report", run, "--out", tmp_path)
+    assert r.returncode == 2 and "is a folder" in r.stderr, r.stderr
+    assert {p: p.read_bytes() for p in before} == before and (run / "plan.yaml").read_bytes() == plan
+
+
 def test_lagom_is_within_2_percent_of_exhaustive_ground_truth(phi2):
     _, w, model, space = phi2
     res = {r.optimizer: r for r in compare(w, model, space, ["lagom", "exhaustive"])}

@@ -64,6 +64,11 @@ class RunFolder:
     def model_path(self) -> Path:
         return self.path / "model.yaml"
 
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """The files the profile and its fit keep here (a command that reads them must not write over them)."""
+        return self.meta_path, self.csv_path, self.model_path
+
     def exists(self) -> bool:
         return self.meta_path.is_file()
 

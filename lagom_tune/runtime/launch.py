@@ -321,7 +321,7 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
         raise UserError("nothing to run: give the command after `--`, e.g. `lagom-tune apply plan.yaml -- torchrun ...`")
     check_fit(plan, cmd, dict(os.environ))
     # checked before the run, not after it: a record that cannot be written must not end a long job with an error
-    applied_json = check_writable(applied_json or plan_path.with_name("applied.json"), "--applied record")
+    applied_json = check_writable(applied_json or plan_path.with_name("applied.json"), "--applied record", [plan_path])
     tuner = prepare_tuner(plan)
     for line in tuner.warnings() if tuner else []:
         if on_warning:

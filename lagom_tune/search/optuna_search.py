@@ -68,6 +68,7 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
     except (ValueError, ImportError, optuna.exceptions.OptunaError, sqlalchemy.exc.SQLAlchemyError) as e:
         # an unknown URL scheme, a database that cannot be opened: one line, the first of the driver's message
         raise UserError(f"cannot open the Optuna storage {storage!r}: {str(e).splitlines()[0]}") from None
+    _check_resumed(study, vars_, 2 if multi_objective else 1, study_name)
     if not study.trials:  # a resumed study already holds its seeds
         study.enqueue_trial(default_assignment(vars_))
         if enqueue_lagom:
@@ -91,6 +92,20 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
         params = study.best_params
     best = Settings.from_assignment({v.key: params[v.key] for v in vars_}, vars_)
     return SearchResult("optuna", best, evaluate(best), evaluate.evaluations - start, time.perf_counter() - t0, extra)
+
+
+def _check_resumed(study: optuna.Study, vars_: list[Var], objectives: int, name: str | None) -> None:
+    """Refuse to resume a study that searched something else: another objective count, or other
+    knobs or domains (another run's search space), which Optuna fails on mid-search."""
+    if len(study.directions) != objectives:
+        raise UserError(f"the Optuna study {name!r} has {len(study.directions)} objective(s), this search {objectives} "
+                        "(--multi-objective differs): give another --study-name")
+    domains = {v.key: tuple(v.domain) for v in vars_}
+    for trial in study.trials:
+        for key, dist in trial.distributions.items():
+            if tuple(getattr(dist, "choices", ())) != domains.get(key):
+                raise UserError(f"the Optuna study {name!r} searched another space ({key}: {getattr(dist, 'choices', dist)}), "
+                                "another run's or workload's: give another --study-name")
 
 
 def _assignment_of(settings: Settings, vars_: list[Var]) -> dict:
