@@ -85,3 +85,29 @@ def test_small_things_a_new_user_meets(tmp_path):
     assert folder.returncode == 2 and "is a folder, not a plan file" in folder.stderr
     passthrough = cli("apply", tmp_path / "nowhere.yaml", "--", "echo", "-v")  # the user's -v is theirs
     assert passthrough.returncode == 2 and "Traceback" not in passthrough.stderr
+
+
+def test_a_collective_the_backend_does_not_measure_is_refused_before_measuring(tmp_path):
+    """gloo times every collective as an all-reduce: an FSDP-style all-gather workload was
+    measured whole, then the fit failed ("no fit for all_reduce") and wrote model.yaml anyway."""
+    w = tmp_path / "w.yaml"
+    w.write_text("schema_version: 1\nname: ag\ngroups:\n- name: g\n  compute: [{name: a, m: 64, n: 64, k: 64}]\n"
+                 "  comm: [{name: c, op: all_gather, nbytes: 65536, ranks: 2}]\n")
+    r = cli("profile", "--backend", "gloo", "--workload", w, "--out", tmp_path / "run")
+    assert_one_line_error(r, "the gloo backend measures all_reduce only, not the workload's all_gather")
+    assert "--backend nccl or sim" in r.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path):
+    import shutil
+
+    import pandas as pd
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    (run / "model.yaml").unlink()
+    df = pd.read_csv(run / "measurements.csv")
+    df.loc[df["kind"] == "collective", "op"] = "all_gather"  # as gloo labelled them: no all-reduce curve for the pairs
+    df.to_csv(run / "measurements.csv", index=False)
+    assert_one_line_error(cli("fit", run), "the model has no fit for all_reduce")
+    assert not (run / "model.yaml").exists()

@@ -86,6 +86,8 @@ class BackendInfo:
         summary: one line for ``--backend``'s help.
         setup: the fingerprint's fields that make two measurements comparable (the machine, its
             software, the simulated physics); a profile resumes only where they all match.
+        ops: the collectives it measures (None: every op a workload may hold); ``profile``
+            refuses a workload with others before measuring.
     """
 
     name: str
@@ -98,6 +100,21 @@ class BackendInfo:
     replays_locally: bool = True
     summary: str = ""
     setup: tuple[str, ...] = ()
+    ops: frozenset[str] | None = None  # the collectives it measures (None: every op a workload may hold)
+
+    def check_ops(self, ops: set[str]) -> None:
+        """Refuse collectives this backend does not measure (it would time them as another op).
+
+        Args:
+            ops: the workload's collective ops.
+        Raises:
+            UserError: naming them and the backends that measure them.
+        """
+        missing = sorted(ops - self.ops) if self.ops is not None else []
+        if missing:
+            able = [n for n in backend_names() if backend_info(n).ops is None or ops <= backend_info(n).ops]
+            raise UserError(f"the {self.name} backend measures {', '.join(sorted(self.ops or ()))} only, not the workload's "
+                            f"{', '.join(missing)}; profile it with --backend {' or '.join(able)}")
 
     def setup_change(self, before: dict[str, Any], now: dict[str, Any]) -> str | None:
         """What differs between two fingerprints in :attr:`setup`, or None.
@@ -232,7 +249,7 @@ def backend_help() -> str:
 register_backend(BackendInfo(
     "gloo", "lagom_tune.backends.gloo:GlooBackend", "lagom_tune.backends.gloo_knobs:knob_space_from_fingerprint",
     CPU_FAMILY, frozenset({THREAD_COUNT, DDP_BUCKET_CAP, CHUNKED_ALL_REDUCE}), summary="real CPU ranks",
-    setup=("host", "device", "processor", "cores", "ranks", "torch")))
+    setup=("host", "device", "processor", "cores", "ranks", "torch"), ops=frozenset({"all_reduce"})))
 register_backend(BackendInfo(
     "nccl", "lagom_tune.backends.nccl:NcclBackend", "lagom_tune.backends.nccl_knobs:knob_space_from_fingerprint",
     GPU_FAMILY, frozenset({NCCL_ENVIRONMENT, NCCL_COMMUNICATOR_OPTIONS, NCCL_TUNER_RULES}), needs_cuda=True,

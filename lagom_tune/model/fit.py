@@ -284,8 +284,8 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     info = backend_info(fp["backend"]) if fp.get("backend") in backend_names() else None
     device = {"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]} if info is not None and info.gpu_model else None
     result = fit_model(df, device=device, simulated=simulated, progress=progress)
-    write_yaml(run.model_path, result.to_dict(len(df), simulated))
-    pts = point_medians(df)
+    pts = point_medians(df)  # every point predicted before anything is written: a model that cannot is not written
     predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for _, r in pts.iterrows()], index=pts.index)
+    write_yaml(run.model_path, result.to_dict(len(df), simulated))
     write_fit_plots(run.path, pts, predicted, simulated)
     return result

@@ -172,6 +172,7 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
     if repeats < 1:
         raise UserError("--repeats must be at least 1")
     run = RunFolder(Path(out))
+    backend.info.check_ops({c.op for c in workload.collectives()})
     points = backend.plan_points(workload)  # first: a simulated backend sizes its cluster to the workload
     fingerprint = backend.fingerprint()  # on every process: a distributed backend gathers it from all ranks
     check_memory(points, fingerprint)  # every process alike: refused before the folder is touched
