@@ -125,8 +125,12 @@ def test_points_a_rank_cannot_hold_are_refused_before_the_folder_is_touched(tmp_
     g = Gemm("g", 1 << 15, 1 << 15, 1 << 15, "bf16")  # A, B and C of 2 GiB each
     assert rank_bytes(Point("overlap", (), gemm=g, op="all_reduce", nbytes=1 << 30)) == 7 << 30
     check_memory([Point("gemm", (), gemm=g)], {"rank_memory_GiB": 6.0})
-    with pytest.raises(UserError, match=r"the GEMM 1x32768x32768x32768:bf16 needs 6.0 GiB on each rank, at least; a rank here has 5.9 GiB"):
+    with pytest.raises(UserError, match=r"the GEMM 1x32768x32768x32768:bf16 \(6.0 GiB\) needs 6.0 GiB on each rank, at least; a rank here has 5.9 GiB"):
         check_memory([Point("collective", (), op="all_reduce", nbytes=1), Point("gemm", (), gemm=g)], {"rank_memory_GiB": 5.9})
+    # an overlapped point names both halves (a 100 TB all-gather was blamed on its GEMM)
+    small = Gemm("s", 64, 64, 64, "bf16")
+    with pytest.raises(UserError, match=r"the GEMM 1x64x64x64:bf16 \(0.0 GiB\) beside the all_gather of 1099511627776 bytes \(1024.0 GiB\)"):
+        check_memory([Point("overlap", (), gemm=small, op="all_gather", nbytes=1 << 40)], {"rank_memory_GiB": 80.0})
     check_memory([Point("gemm", (), gemm=g)], {})  # a backend that does not say: nothing is checked
     r = cli("profile", "--workload", "llama3-8b-fsdp8", "--backend", "sim", "--hardware", "a40-pcie", "--mbs", "100000",
             "--out", tmp_path / "r")

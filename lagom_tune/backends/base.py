@@ -76,8 +76,9 @@ def check_memory(points: list[Point], fingerprint: dict[str, Any]) -> None:
     big = max(points, key=rank_bytes)
     need = rank_bytes(big) / GIB
     if need > have:
-        what = (f"an iteration of {big.workload.name}" if big.workload is not None
-                else f"the GEMM {big.gemm.shape_key}" if big.gemm is not None else f"the {big.op} of {big.nbytes} bytes")
+        parts = ([f"the GEMM {big.gemm.shape_key} ({big.gemm.nbytes / GIB:.1f} GiB)"] if big.gemm is not None else []) + \
+                ([f"the {big.op} of {big.nbytes} bytes ({big.nbytes / GIB:.1f} GiB)"] if big.nbytes else [])
+        what = f"an iteration of {big.workload.name}" if big.workload is not None else " beside ".join(parts)
         raise UserError(f"{what} needs {need:.1f} GiB on each rank, at least; a rank here has {have:.1f} GiB")
 
 
