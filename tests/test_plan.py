@@ -7,6 +7,8 @@ from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import Plan, load_plan
 
+from conftest import ROOT
+
 BASE = Plan(backend="gloo", world_size=2, hardware={"device": "cpu", "cores": 2},
             settings=Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 8}}),
             workload={"name": "cpu-demo", "digest": "sha256:0"},
@@ -33,6 +35,31 @@ def test_round_trip(tmp_path):
 ])
 def test_bad_plans_are_refused_with_the_field(mutate, message):
     d = copy.deepcopy(BASE.to_dict())
+    mutate(d)
+    with pytest.raises(UserError, match=message):
+        Plan.from_dict(d)
+
+
+def _nccl_plan() -> dict:
+    return yaml.safe_load((ROOT / "plans" / "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml").read_text())
+
+
+def _set_rule(d: dict, **match) -> None:
+    d["collectives"][0]["match"].update(match)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: _set_rule(d, min_bytes=1 << 40, max_bytes=1 << 20), "min_bytes 1099511627776 is above max_bytes 1048576; the rule matches nothing"),
+    (lambda d: (_set_rule(d, op="all_gather"), d["collectives"][0]["set"].update(algo="tree")), "'tree' does not apply to all_gather"),
+    (lambda d: _set_rule(d, group="pp"), r"match.group: no role 'pp' in plan.target.groups \(tp, dp\)"),
+    (lambda d: d["communicators"].update(pp={}), "communicators.pp: no role 'pp'"),
+    (lambda d: d["target"]["groups"].update(dp=32), "groups.dp: 32 ranks, more than the world size 16"),
+])
+def test_plans_that_cannot_mean_what_they_say_are_refused(mutate, message):
+    """Each was accepted by show and apply --dry-run: a rule that matches nothing, NCCL's tree on
+    an all-gather, a setting for a role the target does not have, a role larger than the world."""
+    d = _nccl_plan()
+    Plan.from_dict(d)
     mutate(d)
     with pytest.raises(UserError, match=message):
         Plan.from_dict(d)

@@ -126,18 +126,34 @@ class Plan:
             rp = f"{path}.collectives[{i}]"
             r = v.mapping(r, rp)
             m = v.mapping(v.field(r, "match", rp, dict), f"{rp}.match")
-            rules.append(CollectiveRule(
+            rule = CollectiveRule(
                 op=v.one_of(v.field(m, "op", f"{rp}.match", str), OPS, f"{rp}.match.op"),
                 group=v.field(m, "group", f"{rp}.match", str, "*"),
                 min_bytes=v.field(m, "min_bytes", f"{rp}.match", int, 0, minimum=0),
                 max_bytes=v.field(m, "max_bytes", f"{rp}.match", int, 1 << 62, minimum=0),
                 set=knobs(v.field(r, "set", rp, dict), f"{rp}.set", "collective"),
-            ))
+            )
+            if rule.min_bytes > rule.max_bytes:
+                raise UserError(f"{rp}.match: min_bytes {rule.min_bytes} is above max_bytes {rule.max_bytes}; the rule matches nothing")
+            for name, value in rule.set.items():  # e.g. NCCL's tree algorithm is all-reduce only
+                if value not in space[name].domain_for({rule.op}):
+                    raise UserError(f"{rp}.set.{name}: {value!r} does not apply to {rule.op} "
+                                    f"(valid: {', '.join(map(str, space[name].domain_for({rule.op})))})")
+            rules.append(rule)
         hardware = v.mapping(v.field(target, "hardware", f"{path}.target", dict, {}), f"{path}.target.hardware")
         groups = v.mapping(v.field(target, "groups", f"{path}.target", dict, {}), f"{path}.target.groups")
         for role in groups:
             v.field(groups, role, f"{path}.target.groups", int, minimum=1)
         world_size = v.field(target, "world_size", f"{path}.target", int, minimum=1)
+        for role, size in groups.items():
+            if size > world_size:
+                raise UserError(f"{path}.target.groups.{role}: {size} ranks, more than the world size {world_size}")
+        if groups:  # roles named by settings must be the target's (plans written in code may name none)
+            named = [(f"{path}.communicators.{c}", c) for c in comms] + \
+                    [(f"{path}.collectives[{i}].match.group", r.group) for i, r in enumerate(rules) if r.group != "*"]
+            for where, role in named:
+                if role not in groups:
+                    raise UserError(f"{where}: no role {role!r} in {path}.target.groups ({', '.join(map(str, groups))})")
         group_ranks = _group_ranks(target, {str(k): int(val) for k, val in groups.items()}, world_size, f"{path}.target")
         validated = d.get("validated")
         if validated is not None:
