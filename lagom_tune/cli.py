@@ -240,6 +240,9 @@ def apply(
     the system C compiler on first use (`NCCL_TUNER_PLUGIN`, `LAGOM_TUNE_TUNER_RULES`).
     """
     cmd = list(ctx.args)
+    if print_env and (dry_run or cmd):  # it prints settings for a job started elsewhere: it runs and checks nothing here
+        raise UserError(f"--print-env takes no {'--dry-run' if dry_run else 'command'}: it prints export lines for a job "
+                        "you start yourself (eval them, then launch)")
     plan = load_plan(plan_file)
 
     def warn(line: str) -> None:

@@ -80,6 +80,9 @@ def test_dry_run_prints_what_it_would_set(tmp_path):
     assert "LAGOM_TUNE_APPLIED_DIR" not in r.stdout and "<" not in r.stdout  # once a literal '<temporary folder>'
     evaluated = subprocess.run(["bash", "-c", r.stdout + '\necho "$LAGOM_TUNE_PLAN"'], capture_output=True, text=True, cwd=tmp_path)
     assert evaluated.stdout.strip() == str(plan.resolve()) and not list(tmp_path.glob("<*"))
+    for extra, said in ((["--", sys.executable, "-c", "print('ran')"], "takes no command"), (["--dry-run"], "takes no --dry-run")):
+        r = cli("apply", plan, "--print-env", *extra)  # the command was silently not run (exit 0)
+        assert r.returncode == 2 and said in r.stderr and "ran" not in r.stdout and r.stdout == "", (r.stdout, r.stderr)
 
 
 def run_under_plan(plan_obj, script: str, tmp_path):
