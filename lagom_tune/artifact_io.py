@@ -94,8 +94,10 @@ def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path} is a folder, not a {what}")
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{what} not found: {path}")
+    if not path.is_file():  # /dev/null, a pipe, a socket
+        raise UserError(f"{what} {path} is not a regular file")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:

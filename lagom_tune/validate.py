@@ -7,9 +7,12 @@ as ``plan.collectives[2].set.chunk_bytes: expected an integer, got 'x'`` and nev
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from lagom_tune.errors import UserError
+
+_EXPONENT_TEXT = re.compile(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+")  # 1e9, 1.0e9: numbers to Python, text to YAML 1.1 (which needs 1.0e+9)
 
 
 def mapping(value: Any, path: str) -> dict:
@@ -72,7 +75,9 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
         value = float(value)
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
         names = "/".join(k.__name__ for k in kinds)
-        raise UserError(f"{path}.{key}: expected {names}, got {value!r}")
+        hint = (" (YAML 1.1 reads this as text: write the exponent with a dot and a sign, 1.0e+9, or the digits)"
+                if (float in kinds or int in kinds) and isinstance(value, str) and _EXPONENT_TEXT.fullmatch(value.strip()) else "")
+        raise UserError(f"{path}.{key}: expected {names}, got {value!r}{hint}")
     if isinstance(value, float) and not math.isfinite(value):  # YAML's .nan passes every comparison
         if finite:
             raise UserError(f"{path}.{key}: expected a finite number, got {value!r}")

@@ -47,6 +47,8 @@ def test_bad_workload_file(tmp_path):
     (["profile", "--ranks", "100000", "--out", "x"], "--ranks 100000 exceeds the"),
     (["search", "not-a-run-folder", "--out", "p.yaml"], "run folder not found"),
     (["show", "missing.yaml"], "file not found"),
+    (["show", "/dev/null"], "/dev/null is not a regular file"),  # was "file not found"
+    (["profile", "--workload", "", "--out", "x"], "--workload is empty"),  # was ". is a folder"
 ])
 def test_bad_flags_and_arguments(args, fragment):
     assert_one_line_error(cli(*args), fragment)

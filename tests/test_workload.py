@@ -77,3 +77,11 @@ def test_bucketing_follows_ddp_rules():
     assert [b.nbytes for b in buckets] == [FIRST_BUCKET_BYTES, 2 * mib, mib]
     assert [b.after for b in buckets] == [1, 5, 7]
     assert sum(b.nbytes for b in buckets) == sum(c.nbytes for c in comm)
+
+
+def test_an_exponent_yaml_reads_as_text_says_how_to_write_it():
+    """`nbytes: 1e9` is a string to YAML 1.1: "expected int, got '1e9'" left the user guessing."""
+    d = build_preset("cpu-demo").to_dict()
+    d["groups"][1]["comm"][0]["nbytes"] = "1e9"
+    with pytest.raises(UserError, match=r"got '1e9' \(YAML 1.1 reads this as text: write the exponent with a dot and a sign, 1.0e\+9"):
+        Workload.from_dict(d)

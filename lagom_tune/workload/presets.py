@@ -558,6 +558,8 @@ def resolve_workload(name_or_file: str, **shape: Any) -> Workload:
     Raises:
         UserError: for a name that is neither.
     """
+    if not name_or_file.strip():  # Path("") is the current folder
+        raise UserError("--workload is empty: give a preset (see `lagom-tune workload list`) or a workload file")
     if name_or_file in PRESETS:
         return build_preset(name_or_file, **shape)
     if Path(name_or_file).suffix in (".yaml", ".yml") or Path(name_or_file).exists():
