@@ -291,6 +291,12 @@ class ProbeShapedBackend:
 
     name, simulated, writer = "nccl", False, True
 
+    @property
+    def info(self):
+        from lagom_tune.backends.registry import backend_info
+
+        return backend_info("nccl")
+
     def __init__(self):
         from lagom_tune.backends.sim import CLUSTERS, SimCluster
 
