@@ -27,7 +27,7 @@ def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterab
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a folder; give a file name")
-    clash = next((Path(i) for i in inputs if path.exists() and Path(i).exists() and os.path.samefile(path, i)), None)
+    clash = next((Path(i) for i in inputs if Path(i).exists() and os.path.samefile(path, i)), None) if path.exists() else None
     if clash is not None:
         raise UserError(f"{what} {path} is {clash}, which this command reads; give another file")
     folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))

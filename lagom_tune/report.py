@@ -18,7 +18,7 @@ from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
 from lagom_tune.model.contention import load_model
 from lagom_tune.plan.schema import Plan, knob_space_for
-from lagom_tune.profile.store import open_run
+from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.render import percent
 from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
 from lagom_tune.search.space import default_assignment, variables
@@ -93,6 +93,18 @@ def _plan_run_folder(plan: Plan, path: Path) -> Path:
     raise UserError(f"{path}: its run folder {recorded} is not here (nor beside the plan); the report needs the plan's run folder")
 
 
+def _sources(target: Path) -> tuple[Plan | None, RunFolder]:
+    """What a report reads: the plan (None for a run folder) and the run folder.
+
+    Raises:
+        UserError: for a plan whose run folder is missing.
+    """
+    if not target.is_file():
+        return None, open_run(target)
+    plan = Plan.from_dict(read_yaml(target, "plan file"), str(target))
+    return plan, open_run(_plan_run_folder(plan, target))
+
+
 def build_report(target: str | Path) -> str:
     """The HTML page for a run folder or a plan file.
 
@@ -103,15 +115,11 @@ def build_report(target: str | Path) -> str:
     Raises:
         UserError: for a plan whose run folder is missing.
     """
-    path = Path(target)
-    plan = None
-    if path.is_file():
-        data = read_yaml(path, "plan file")
-        plan = Plan.from_dict(data, str(path))
-        run_dir = _plan_run_folder(plan, path)
-    else:
-        run_dir = path
-    run = open_run(run_dir)
+    return _page(*_sources(Path(target)))
+
+
+def _page(plan: Plan | None, run: RunFolder) -> str:
+    """The HTML page for ``run``, and for ``plan`` when given."""
     meta = run.read_meta()
     simulated = bool(meta.get("simulated"))
     model_doc: dict[str, Any] = read_yaml(run.model_path, "model file") if run.model_path.is_file() else {}
@@ -161,6 +169,5 @@ def write_report(target: str | Path, out: str | Path) -> Path:
     Returns:
         The written path.
     """
-    target = Path(target)
-    inputs = [target, *(open_run(target).files if target.is_dir() else ())]
-    return atomic_write_text(check_writable(out, "report", inputs), build_report(target))
+    plan, run = _sources(Path(target))
+    return atomic_write_text(check_writable(out, "report", [Path(target), *run.files]), _page(plan, run))

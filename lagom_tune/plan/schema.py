@@ -136,9 +136,9 @@ class Plan:
             if rule.min_bytes > rule.max_bytes:
                 raise UserError(f"{rp}.match: min_bytes {rule.min_bytes} is above max_bytes {rule.max_bytes}; the rule matches nothing")
             for name, value in rule.set.items():  # e.g. NCCL's tree algorithm is all-reduce only
-                if value not in space[name].domain_for({rule.op}):
-                    raise UserError(f"{rp}.set.{name}: {value!r} does not apply to {rule.op} "
-                                    f"(valid: {', '.join(map(str, space[name].domain_for({rule.op})))})")
+                valid = space[name].domain_for({rule.op})
+                if value not in valid:
+                    raise UserError(f"{rp}.set.{name}: {value!r} does not apply to {rule.op} (valid: {', '.join(map(str, valid))})")
             rules.append(rule)
         hardware = v.mapping(v.field(target, "hardware", f"{path}.target", dict, {}), f"{path}.target.hardware")
         groups = v.mapping(v.field(target, "groups", f"{path}.target", dict, {}), f"{path}.target.groups")
