@@ -2,6 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lagom_tune.errors import UserError
 from lagom_tune.model.contention import CpuPairwiseModel, Linear, model_from_dict
 from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.fit import fit_model
@@ -168,3 +169,11 @@ def test_a_sharp_fitted_knee_predicts_without_overflow():
     rate = per * 1e9 / (1 + (knee / th) ** sharp) ** (1 / sharp)
     carried = ch * rate / (1 + (ch * rate / (link * 1e9)) ** sat) ** (1 / sat)
     assert step_bandwidth(np, link, per, knee, sharp, sat, hand, ch, th, bs) == pytest.approx(1 / (1 / carried + hand * 1e-6 / (ch * bs / 8)))
+
+
+def test_a_cpu_model_refuses_an_op_it_has_no_fit_for():
+    """gloo's fit holds a curve per op it measured (all_reduce); an all-gather's time used to come
+    from the all-reduce curve, a guess the search then trusted."""
+    assert TRUE.comm_time(Collective("ar", "all_reduce", 1 << 20), {}) > 0
+    with pytest.raises(UserError, match=r"no fit for all_gather \(fitted: all_reduce\)"):
+        TRUE.comm_time(Collective("ag", "all_gather", 1 << 20), {})

@@ -142,9 +142,9 @@ class CpuPairwiseModel:
         return max(self.compute[t](**gemm_features(gemm)), 1.0) / 1e6
 
     def comm_time(self, coll: Collective, settings: Mapping[str, Any]) -> float:
-        fit = self.comm.get(coll.op) or self.comm.get("all_reduce")
-        if fit is None:
-            raise UserError(f"the model has no fit for {coll.op}")
+        fit = self.comm.get(coll.op)
+        if fit is None:  # another op's curve would be a guess: gloo times each op as itself or not at all
+            raise UserError(f"the model has no fit for {coll.op} (fitted: {', '.join(sorted(self.comm)) or 'none'})")
         return max(fit(**comm_features(coll.nbytes, int(settings.get("chunk_bytes", 0)))), 1.0) / 1e6
 
     def compute_slowdown(self, gemm: Gemm, coll: Collective, settings: Mapping[str, Any]) -> float:
