@@ -83,9 +83,12 @@ def _take_verbose(argv: list[str]) -> list[str]:
     return head + argv[cut:]
 
 
-def _progress() -> Progress:
+def _progress(transient: bool = False) -> Progress:
+    """A progress bar; ``transient``: gone once done (it only says the work goes on), so off where
+    output is not a terminal (there it would leave nothing but a blank line)."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("eta"), TimeRemainingColumn(), console=render.console, transient=False)
+                    TextColumn("eta"), TimeRemainingColumn(), console=render.console, transient=transient,
+                    disable=transient and not render.console.is_terminal)
 
 
 @app.command()
@@ -191,7 +194,7 @@ def search(
             raise UserError(f"{flags}: not taken by --optimizer {optimizer} (it would be ignored); "
                             f"taken by {', '.join(n for n in OPTIMIZERS if set(ignored) <= option_names(n))}")
 
-    bar = _progress()
+    bar = _progress(transient=True)  # the plan's table says what the trials found
     trials = bar.add_task("optuna trials", total=n_trials, visible=False)
 
     def on_trial(done: int, total: int) -> None:

@@ -31,6 +31,7 @@ def test_search_apply_train(tiny_run, tmp_path):
     plan_path = tmp_path / "plan.yaml"
     r = cli("search", tiny_run, "--optimizer", "lagom", "--out", plan_path, check=True)
     assert "predicted iteration time" in r.stdout
+    assert r.stdout.splitlines()[0].strip(), "the output starts with the plan, not a blank line (an empty progress bar)"
     plan = load_plan(plan_path)
     assert plan.backend == "gloo" and plan.world_size == 2
     assert plan.search["optimizer"] == "lagom" and plan.search["evaluations"] >= 1
