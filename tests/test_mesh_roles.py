@@ -14,7 +14,7 @@ from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
 from lagom_tune.runtime import nccl
 from lagom_tune.runtime.launch import check_roles
 from lagom_tune.runtime.nccl import GroupIdentity, Role, match_role
-from lagom_tune.runtime.shim import Shim
+from lagom_tune.runtime.shim import Shim, rank_reports
 
 from conftest import BIN, ROOT, cli
 
@@ -204,7 +204,7 @@ def test_a_2x2_mesh_on_gloo_gets_each_dims_settings(tmp_path):
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     for rank in range(4):
-        comms = json.loads((applied / f"rank-{rank}.json").read_text())["communicators"]
+        comms = rank_reports(applied)[str(rank)]["communicators"]
         seen = [(c["via"], c["ranks"], c["mesh_dim"], c["role"], c["matched_by"], c["applied"]) for c in comms]
         shard, tp = [rank % 2, rank % 2 + 2], [rank // 2 * 2, rank // 2 * 2 + 1]
         assert seen[:3] == [
@@ -255,7 +255,7 @@ def test_a_late_install_records_earlier_groups_and_reaches_early_imports(tmp_pat
     r = subprocess.run([sys.executable, str(script), str(plan), str(tmp_path), str(port)], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
-    comms = json.loads((tmp_path / "rank-0.json").read_text())["communicators"]
+    comms = rank_reports(tmp_path)["0"]["communicators"]
     before = [c for c in comms if c["via"] == "made before the plan was installed"]
     after = [c for c in comms if c["via"] != "made before the plan was installed"]
     # The world group (which the 1-rank mesh reused for tp) was made before the plan.

@@ -9,7 +9,7 @@ import pytest
 from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
 from lagom_tune.runtime import nccl
-from lagom_tune.runtime.shim import Shim
+from lagom_tune.runtime.shim import Shim, rank_reports
 
 from conftest import cli
 
@@ -192,13 +192,11 @@ def test_apply_reaches_a_real_nccl_communicator(tmp_path):
 def test_a_process_that_joins_a_group_itself_is_recorded_as_a_rank(tmp_path, monkeypatch):
     """No torchrun (a plain script, mpirun): init_process_group(rank=...) makes the process a rank,
     so applied.json records it (seen empty on the H200 before)."""
-    import json
-
     for var in ("RANK", "NCCL_MAX_CTAS", "NCCL_MIN_CTAS"):
         monkeypatch.delenv(var, raising=False)
     shim = Shim(PLAN, str(tmp_path / "p.yaml"), str(tmp_path))
     c10d = fake_c10d()
     shim.on_c10d(c10d)
     c10d.init_process_group("nccl", world_size=16, rank=3)
-    (rec,) = json.loads((tmp_path / "rank-3.json").read_text())["records"]
+    (rec,) = rank_reports(tmp_path)["3"]["records"]
     assert rec["setting"] == "ctas[dp]" and rec["applied"]

@@ -20,6 +20,7 @@ from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads
 from lagom_tune.errors import Interrupted, UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
 from lagom_tune.runtime.nccl import RULES_ENV, TunerRule, TunerRules, ambiguous_roles, communicator_configs, tuner_rules
+from lagom_tune.runtime.shim import rank_reports
 from lagom_tune.runtime.tuner_build import PluginBuild, ensure_plugin, rules_path
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
@@ -288,18 +289,12 @@ def merge_applied(applied_dir: str, out: Path) -> dict[str, dict]:
     any rank started), ``out`` keeps the last run's record rather than becoming empty.
 
     Args:
-        applied_dir: the folder the ranks wrote ``rank-N.json`` to.
+        applied_dir: the folder the ranks wrote their reports to.
         out: ``applied.json``.
     Returns:
         The ranks' records, by rank.
     """
-    ranks = {}
-    for f in sorted(Path(applied_dir).glob("rank-*.json")):
-        try:
-            data = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        ranks[str(data.get("rank"))] = data
+    ranks = rank_reports(applied_dir)
     if ranks:
         atomic_write_text(out, json.dumps({"ranks": ranks}, indent=1))
     return ranks

@@ -3,7 +3,9 @@
 It imports nothing heavy at start-up. Settings are applied when the module they concern is
 imported (a post-import hook on ``torch`` and on DDP's module), so processes that never use
 torch (launchers, tools) pay nothing. Each rank logs every setting it applied and every one it
-could not apply, with the reason, to stderr and to ``rank-N.json`` in the applied folder.
+could not apply, with the reason, to stderr and to ``rank-N.PID.json`` in the applied folder
+(:func:`rank_reports` reads them back: a rank's helper processes, which inherit its ``RANK``, write
+their own files and never pass for the rank).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import inspect
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from lagom_tune.artifact_io import atomic_write_text
@@ -146,6 +150,7 @@ class Shim:
         self.overridden: list[str] = []
         self.built_ddp = False
         self.joined_rank: int | None = None  # the rank this process gave init_process_group itself
+        self.started = time.time()
         self.ddp_role = next((r for r in DDP_ROLES if r in plan.settings.communicators), DDP_ROLE)
         self.pending = {}
         for knob in ("bucket_cap_mb", "chunk_bytes"):
@@ -165,9 +170,15 @@ class Shim:
 
     @property
     def is_rank(self) -> bool:
-        """A training rank (launched by torchrun, joined a process group itself, was in one when the
-        shim was installed late, or built a DDP model), not a launcher or helper."""
-        return "RANK" in os.environ or self.joined_rank is not None or self.built_ddp or self._my_rank() is not None
+        """A training rank (launched by torchrun, or took part, :attr:`took_part`), not a launcher;
+        possibly a rank's helper (a DataLoader worker, a tool it runs), which inherits its ``RANK``."""
+        return "RANK" in os.environ or self.took_part
+
+    @property
+    def took_part(self) -> bool:
+        """Joined a process group itself, was in one when the shim was installed late, or built a
+        DDP model: what a rank does and its helpers do not."""
+        return self.joined_rank is not None or self.built_ddp or self._my_rank() is not None
 
     def record(self, setting: str, value: Any, applied: bool, how: str) -> None:
         self.records.append({"setting": setting, "value": value, "applied": applied, "how": how})
@@ -187,9 +198,9 @@ class Shim:
         self.logged_communicators = len(self.communicators)
         if not self.applied_dir:
             return
-        out = {"rank": self.rank, "pid": os.getpid(), "plan": self.plan_path, "records": self.records,
-               "communicators": [asdict(c) for c in self.communicators]}
-        atomic_write_text(os.path.join(self.applied_dir, f"rank-{self.rank}.json"), json.dumps(out, indent=1))
+        out = {"rank": self.rank, "pid": os.getpid(), "started": self.started, "took_part": self.took_part,
+               "plan": self.plan_path, "records": self.records, "communicators": [asdict(c) for c in self.communicators]}
+        atomic_write_text(os.path.join(self.applied_dir, f"rank-{self.rank}.{os.getpid()}.json"), json.dumps(out, indent=1))
 
     def at_exit(self) -> None:
         if self.is_rank:
@@ -564,6 +575,31 @@ class Shim:
             return None
 
 
+def rank_reports(applied_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """Each rank's report, from the files its processes wrote to ``applied_dir``: of the processes
+    that claimed a rank, the last started of those that took part (a restarted rank's last attempt),
+    else the first started (the rank itself, which starts its helpers). Unreadable files are skipped
+    (a process killed mid-write leaves none: files are written atomically).
+
+    Args:
+        applied_dir: the folder given to :func:`install`.
+    Returns:
+        The reports by rank (as written by :meth:`Shim.flush`).
+    """
+    claims: dict[str, list[dict[str, Any]]] = {}
+    for f in Path(applied_dir).glob("rank-*.json"):
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        claims.setdefault(str(data.get("rank")), []).append(data)
+    out = {}
+    for rank, reports in sorted(claims.items()):
+        took_part = [r for r in reports if r.get("took_part")]
+        out[rank] = max(took_part, key=lambda r: r.get("started", 0)) if took_part else min(reports, key=lambda r: r.get("started", 0))
+    return out
+
+
 def _is_nccl(backend: str) -> bool:
     """Whether a group of this backend (``nccl``, ``cuda:nccl,cpu:gloo``, ...) takes NCCL Options."""
     return any(b in backend.lower() for b in NCCL_BACKENDS)
@@ -657,7 +693,8 @@ def install(plan_path: str, applied_dir: str | None = None) -> Shim:
 
     Args:
         plan_path: the plan file.
-        applied_dir: where each rank writes ``rank-N.json`` (None: only log to stderr).
+        applied_dir: where each rank writes its report (None: only log to stderr; read back with
+            :func:`rank_reports`).
     Returns:
         The shim (its ``records`` and ``communicators`` say what happened).
     Raises:
