@@ -6,6 +6,7 @@ as ``plan.collectives[2].set.chunk_bytes: expected an integer, got 'x'`` and nev
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from typing import Any
@@ -29,6 +30,27 @@ def mapping(value: Any, path: str) -> dict:
     if not isinstance(value, dict):
         raise UserError(f"{path}: expected a mapping, got {type(value).__name__}")
     return value
+
+
+def known_keys(d: dict, allowed: tuple[str, ...], path: str) -> dict:
+    """``d`` if every key is one of ``allowed``: a misspelt section (``communicator:``) would
+    otherwise be read as absent, and what it holds silently never applied.
+
+    Args:
+        d: the mapping.
+        allowed: the keys its schema defines.
+        path: its field path, for the error.
+    Returns:
+        The dict.
+    Raises:
+        UserError: naming the first unknown key, and the closest allowed one.
+    """
+    for key in d:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UserError(f"{path}.{key}: unknown field ({hint}known: {', '.join(allowed)})")
+    return d
 
 
 def seq(value: Any, path: str) -> list:

@@ -20,6 +20,7 @@ NCCL_PLAN = textwrap.dedent("""\
     kind: lagom-plan
     target: {backend: nccl, world_size: 2, groups: {dp: 2}}
     process: {threads: 256, buffsize: 2097152}
+    communicators: {}
     collectives:
       - match: {op: all_reduce, group: dp, min_bytes: 0, max_bytes: 1048576}
         set: {algo: ring, proto: simple, channels: 4}

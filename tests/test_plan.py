@@ -52,6 +52,11 @@ def _set_rule(d: dict, **match) -> None:
     (lambda d: _set_rule(d, min_bytes=1 << 40, max_bytes=1 << 20), "min_bytes 1099511627776 is above max_bytes 1048576; the rule matches nothing"),
     (lambda d: (_set_rule(d, op="all_gather"), d["collectives"][0]["set"].update(algo="tree")), "'tree' does not apply to all_gather"),
     (lambda d: _set_rule(d, group="pp"), r"match.group: no role 'pp' in plan.target.groups \(tp, dp\)"),
+    # a misspelt or missing section read as absent: nothing applied, nothing said (a file cut short too)
+    (lambda d: d.update(communicator=d.pop("communicators")), r"plan.communicator: unknown field \(did you mean 'communicators'\?"),
+    (lambda d: d.pop("collectives"), "plan.collectives: required field is missing"),
+    (lambda d: d["target"].update(world=16), r"plan.target.world: unknown field \(did you mean 'world_size'\?"),
+    (lambda d: _set_rule(d, max_byte=1), r"match.max_byte: unknown field \(did you mean 'max_bytes'\?"),
     (lambda d: d["communicators"].update(pp={}), "communicators.pp: no role 'pp'"),
     (lambda d: d["target"]["groups"].update(dp=32), "groups.dp: 32 ranks, more than the world size 16"),
 ])

@@ -21,6 +21,11 @@ from lagom_tune.workload.spec import OPS
 
 SCHEMA_VERSION = 1
 KIND = "lagom-plan"
+# The fields a plan file may hold (what Plan.to_dict writes); any other is refused by name.
+SECTIONS = ("schema_version", "kind", "tool", "target", "workload", "model", "search", "process", "communicators",
+            "collectives", "predicted", "validated")
+TARGET_FIELDS = ("backend", "simulated", "hardware", "world_size", "nodes", "groups", "group_ranks")
+MATCH_FIELDS = ("op", "group", "min_bytes", "max_bytes")
 
 
 def knob_space_for(backend: str, fingerprint: dict[str, Any] | None = None) -> KnobSpace:
@@ -103,7 +108,8 @@ class Plan:
         if kind != KIND:
             raise UserError(f"{path}.kind: expected {KIND!r}, got {kind!r} (is this a plan file?)")
         v.schema_version(d, path, SCHEMA_VERSION)
-        target = v.mapping(v.field(d, "target", path, dict), f"{path}.target")
+        v.known_keys(d, SECTIONS, path)
+        target = v.known_keys(v.mapping(v.field(d, "target", path, dict), f"{path}.target"), TARGET_FIELDS, f"{path}.target")
         backend = v.field(target, "backend", f"{path}.target", str)
         space = knob_space_for(backend)
 
@@ -118,14 +124,16 @@ class Plan:
                 knob.check(value, f"{where}.{name}")
             return dict(values)
 
-        process = knobs(v.field(d, "process", path, dict, {}), f"{path}.process", "process")
+        # The three settings sections are required (empty when they set nothing): a file cut short
+        # or a section misspelt must not read as a plan that sets nothing.
+        process = knobs(v.field(d, "process", path, dict), f"{path}.process", "process")
         comms = {name: knobs(val, f"{path}.communicators.{name}", "communicator")
-                 for name, val in v.mapping(v.field(d, "communicators", path, dict, {}), f"{path}.communicators").items()}
+                 for name, val in v.mapping(v.field(d, "communicators", path, dict), f"{path}.communicators").items()}
         rules = []
-        for i, r in enumerate(v.field(d, "collectives", path, list, [])):
+        for i, r in enumerate(v.field(d, "collectives", path, list)):
             rp = f"{path}.collectives[{i}]"
-            r = v.mapping(r, rp)
-            m = v.mapping(v.field(r, "match", rp, dict), f"{rp}.match")
+            r = v.known_keys(v.mapping(r, rp), ("match", "set"), rp)
+            m = v.known_keys(v.mapping(v.field(r, "match", rp, dict), f"{rp}.match"), MATCH_FIELDS, f"{rp}.match")
             rule = CollectiveRule(
                 op=v.one_of(v.field(m, "op", f"{rp}.match", str), OPS, f"{rp}.match.op"),
                 group=v.field(m, "group", f"{rp}.match", str, "*"),
