@@ -153,6 +153,37 @@ def test_chunking_is_applied_to_ddp_and_to_direct_all_reduce(tmp_path):
     assert {"chunk_bytes", "chunk_bytes[all_reduce]", "threads"} <= settings
 
 
+def test_ddp_settings_reach_only_a_ddp_model_of_their_role(tmp_path):
+    """A DDP model over a group of no role of the plan (here one rank) got the data-parallel
+    role's bucket cap and was recorded as applied."""
+    import dataclasses
+
+    plan_obj = dataclasses.replace(BASE, groups={"dp": 2})
+    _, reports = run_under_plan(plan_obj, "ddp_two_groups.py", tmp_path)
+    for seen in reports:
+        assert seen == {"world": 8 * 1024 * 1024, "own": 25 * 1024 * 1024}  # the plan's cap, DDP's default
+    applied = json.loads((tmp_path / "applied.json").read_text())
+    caps = [(r["applied"], r["how"]) for r in applied["ranks"]["0"]["records"] if r["setting"] == "bucket_cap_mb"]
+    assert caps[0][0] and not caps[1][0] and "has 1 ranks; the plan's dp has 2" in caps[1][1], caps
+
+
+def test_ddp_settings_of_another_role_are_reported_not_applied(tmp_path, monkeypatch):
+    """A gloo plan's DDP knobs on a role other than DDP's were never applied, and nothing said so."""
+    import dataclasses
+
+    from lagom_tune.runtime.shim import Shim, rank_reports
+
+    monkeypatch.setenv("RANK", "0")
+    plan = dataclasses.replace(BASE, groups={"dp": 2, "dp_shard": 1},
+                               settings=Settings({}, {"dp": {"bucket_cap_mb": 8}, "dp_shard": {"bucket_cap_mb": 4, "chunk_bytes": 1 << 20}}))
+    shim = Shim(plan, "p.yaml", str(tmp_path))
+    shim.at_exit()
+    records = {r["setting"]: r for r in rank_reports(tmp_path)["0"]["records"]}
+    assert not records["bucket_cap_mb[dp_shard]"]["applied"] and not records["chunk_bytes[dp_shard]"]["applied"]
+    assert "no way to set it on dp_shard's communicators" in records["bucket_cap_mb[dp_shard]"]["how"]
+    assert not records["bucket_cap_mb"]["applied"]  # no DDP model was built in this process
+
+
 def test_a_command_that_fails_before_any_rank_keeps_the_last_applied_record(tmp_path):
     plan = BASE.save(tmp_path / "p.yaml")
     record = tmp_path / "applied.json"

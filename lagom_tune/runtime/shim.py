@@ -38,6 +38,7 @@ MESH_MODULE = "torch.distributed.device_mesh"
 # replicated data-parallel dimension, or "dp" in plans made before roles were named so.
 DDP_ROLES = ("dp_replicate", "dp")
 DDP_ROLE = DDP_ROLES[0]
+DDP_KNOBS = ("bucket_cap_mb", "chunk_bytes")  # the per-communicator knobs the runtime sets through DDP
 # Group-making functions the shim wraps, in c10d and wherever a module imported them by name.
 GROUP_MAKERS = ("init_process_group", "new_group", "split_group", "new_subgroups", "new_subgroups_by_enumeration")
 # torch process-group backends (not lagom-tune backends) whose groups take ProcessGroupNCCL.Options
@@ -153,9 +154,14 @@ class Shim:
         self.started = time.time()
         self.ddp_role = next((r for r in DDP_ROLES if r in plan.settings.communicators), DDP_ROLE)
         self.pending = {}
-        for knob in ("bucket_cap_mb", "chunk_bytes"):
+        for knob in DDP_KNOBS:
             if plan.settings.communicators.get(self.ddp_role, {}).get(knob):
                 self.pending[knob] = "no DistributedDataParallel model was built in this process"
+        for role, knobs in plan.settings.communicators.items():  # DDP's knobs reach DDP's communicator alone
+            for knob in (k for k in DDP_KNOBS if knobs.get(k) and role != self.ddp_role):
+                self.records.append({"setting": f"{knob}[{role}]", "value": knobs[knob], "applied": False,
+                                     "how": f"set on DistributedDataParallel, whose gradients the {self.ddp_role} role "
+                                            f"reduces: the runtime has no way to set it on {role}'s communicators"})
 
     @property
     def rank(self) -> str:
@@ -206,6 +212,7 @@ class Shim:
         if self.is_rank:
             for setting, why in list(self.pending.items()):
                 self.record(setting, self.plan.settings.communicators.get(self.ddp_role, {}).get(setting), False, why)
+            self.flush()  # records made before any flush (settings no applier reaches)
 
     def appliers(self) -> list[tuple[str, Callable[[Any], None]]]:
         """What to run when each module is imported, from what the runtime deploys for the plan's
@@ -248,6 +255,14 @@ class Shim:
 
         def __init__(self, *args, **kwargs):
             bound = signature.bind_partial(self, *args, **kwargs)
+            elsewhere = shim._not_ddp_role(bound.arguments.get("process_group"))
+            if elsewhere:  # a DDP model on another communicator: the script's settings stand
+                original(self, *args, **kwargs)
+                shim.built_ddp = True
+                for knob, value in (("bucket_cap_mb", cap), ("chunk_bytes", chunk)):
+                    if value:
+                        shim.record(knob, value, False, elsewhere)
+                return
             previous = bound.arguments.get("bucket_cap_mb")
             if cap is not None:
                 bound.arguments["bucket_cap_mb"] = cap
@@ -267,6 +282,23 @@ class Shim:
         __init__.__wrapped__ = original
         ddp.__init__ = __init__
 
+
+    def _not_ddp_role(self, group: Any) -> str:
+        """Why a DDP model reducing over ``group`` (None: the default group) is not the plan's DDP
+        role's, or "" when it is (or the plan names no roles to tell by)."""
+        c10d = self.c10d or sys.modules.get(C10D_MODULE)
+        if not self.plan.groups or c10d is None:
+            return ""
+        try:
+            group = group if group is not None else c10d._get_default_group()
+            size = int(c10d.get_world_size(group))
+        except Exception:  # a fake or an uninitialised default group: DDP itself will say
+            return ""
+        rec = self.by_group.get(str(getattr(group, "group_name", None)))
+        if rec is not None and rec.role is not None:
+            return "" if rec.role == self.ddp_role else f"DDP's process group plays role {rec.role}, not {self.ddp_role}"
+        want = self.plan.groups.get(self.ddp_role, self.plan.world_size)  # a group of no one role: by its size
+        return "" if size == want else f"DDP's process group has {size} ranks; the plan's {self.ddp_role} has {want}"
 
     def on_c10d_gloo(self, c10d) -> None:
         """Chunk synchronous ``all_reduce`` calls on the plan's communicator (its size matches)."""
