@@ -83,13 +83,20 @@ def _ranking_html(accuracy: dict[str, Any]) -> list[str]:
 def _plan_run_folder(plan: Plan, path: Path) -> Path:
     """The run folder a plan was searched from: as the plan records it (relative to where search
     ran), else the same path from the plan's folder, else the plan's own folder (where README's
-    layout puts it); a folder found by the last two must hold the plan's workload."""
+    layout puts it); the first that holds the plan's workload (a folder of the same name here may
+    hold another profile)."""
     recorded = Path(plan.model.get("run", ""))
-    if (recorded / "meta.yaml").is_file():
-        return recorded
-    for candidate in (path.parent / recorded, path.parent):
-        if (candidate / "meta.yaml").is_file() and open_run(candidate).workload().digest == plan.workload.get("digest"):
+    digest = plan.workload.get("digest")
+    other = None
+    for candidate in (recorded, path.parent / recorded, path.parent):
+        if not (candidate / "meta.yaml").is_file():
+            continue
+        if digest is None or open_run(candidate).workload().digest == digest:  # a plan written in code records none
             return candidate
+        other = other or candidate
+    if other is not None:
+        raise UserError(f"{path}: {other} holds another workload than the plan's (digest {digest}): not the profile "
+                        "the plan was searched from")
     raise UserError(f"{path}: its run folder {recorded} is not here (nor beside the plan); the report needs the plan's run folder")
 
 
@@ -136,8 +143,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
                      + "".join(f"<tr><td>{html.escape(k)}</td><td>{percent(v)}</td></tr>" for k, v in mape.items()) + "</table>"
                      + f"<p>{html.escape(model_doc.get('accuracy', {}).get('method', ''))}</p>")
     parts += _ranking_html(model_doc.get("accuracy", {}))
-    for name, alt in (("fit.png", "measured vs predicted"), ("slowdown.png", "computation slowdown vs communication resources")):
-        f = run.path / name
+    for f, alt in ((run.fit_plot_path, "measured vs predicted"), (run.slowdown_plot_path, "computation slowdown vs communication resources")):
         if f.is_file():
             parts.append(f"<h2>{html.escape(alt.capitalize())}</h2>" + _img(base64.b64encode(f.read_bytes()).decode(), alt))
     if plan is not None:

@@ -70,4 +70,21 @@ def test_report_finds_the_run_folder_from_the_plans_folder(sim_plan, tmp_path):
     plan["workload"]["digest"] = "0" * 16  # a folder beside the plan that is not its run folder is not taken
     (work / "runs" / "r" / "plan.yaml").write_text(yaml.safe_dump(plan))
     r = cli("report", work / "runs" / "r" / "plan.yaml", "--out", tmp_path / "other.html")
-    assert r.returncode == 2 and "run folder runs/r is not here" in r.stderr and not (tmp_path / "other.html").exists()
+    assert r.returncode == 2 and "holds another workload than the plan's" in r.stderr and not (tmp_path / "other.html").exists()
+
+
+def test_report_refuses_a_run_folder_of_another_workload_and_keeps_its_pictures(sim_plan, tmp_path):
+    """The folder the plan records (relative to where search ran, or absolute) was taken without
+    the workload check the other places get: a fresh profile of another workload at that path gave
+    a wrong before/after. And `report RUN --out RUN/fit.png` wrote HTML over the fit's picture."""
+    import yaml
+
+    plan = yaml.safe_load((sim_plan / "plan.yaml").read_text())
+    assert (sim_plan / "run" / "meta.yaml").is_file() and plan["model"]["run"] == str(sim_plan / "run")
+    plan["workload"]["digest"] = "0" * 16
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+    r = cli("report", tmp_path / "plan.yaml", "--out", tmp_path / "r.html")
+    assert r.returncode == 2 and "holds another workload" in r.stderr and not (tmp_path / "r.html").exists()
+    picture = (sim_plan / "run" / "fit.png").read_bytes()
+    r = cli("report", sim_plan / "run", "--out", sim_plan / "run" / "fit.png")
+    assert r.returncode == 2 and (sim_plan / "run" / "fit.png").read_bytes() == picture

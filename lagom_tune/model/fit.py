@@ -287,5 +287,5 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     pts = point_medians(df)  # every point predicted before anything is written: a model that cannot is not written
     predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for _, r in pts.iterrows()], index=pts.index)
     write_yaml(run.model_path, result.to_dict(len(df), simulated))
-    write_fit_plots(run.path, pts, predicted, simulated)
+    write_fit_plots(run, pts, predicted, simulated)
     return result

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from lagom_tune.model.rows import compute_slowdowns
+from lagom_tune.profile.store import RunFolder
 
 
 def plotted_column(kind: str) -> str:
@@ -20,11 +21,11 @@ def plotted_column(kind: str) -> str:
     return "window_us" if kind == "overlap" else "time_us"
 
 
-def write_fit_plots(run_dir: Path, pts: pd.DataFrame, predicted: pd.Series, simulated: bool) -> list[Path]:
-    """Write ``fit.png`` (measured vs predicted) and ``slowdown.png`` into ``run_dir``.
+def write_fit_plots(run: RunFolder, pts: pd.DataFrame, predicted: pd.Series, simulated: bool) -> list[Path]:
+    """Write ``fit.png`` (measured vs predicted) and ``slowdown.png`` into the run folder.
 
     Args:
-        run_dir: where the pictures go.
+        run: where the pictures go.
         pts: point medians (``rows.point_medians``).
         predicted: the model's prediction of each point's :func:`plotted_column`, indexed like ``pts``.
         simulated: label every picture SIMULATED.
@@ -48,7 +49,7 @@ def write_fit_plots(run_dir: Path, pts: pd.DataFrame, predicted: pd.Series, simu
     ax.set(xscale="log", yscale="log", xlabel="measured µs", ylabel="predicted µs", title=f"fit: measured vs predicted{tag}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = run_dir / "fit.png"
+    path = run.fit_plot_path
     fig.savefig(path, dpi=110)
     plt.close(fig)
     out.append(path)
@@ -64,7 +65,7 @@ def write_fit_plots(run_dir: Path, pts: pd.DataFrame, predicted: pd.Series, simu
         ax.set(xlabel=x_col, ylabel="GEMM stream time, overlapped / alone", title=f"computation slowdown beside a collective{tag}")
         ax.legend(fontsize=6, ncol=2)
         fig.tight_layout()
-        path = run_dir / "slowdown.png"
+        path = run.slowdown_plot_path
         fig.savefig(path, dpi=110)
         plt.close(fig)
         out.append(path)

@@ -65,9 +65,17 @@ class RunFolder:
         return self.path / "model.yaml"
 
     @property
+    def fit_plot_path(self) -> Path:
+        return self.path / "fit.png"
+
+    @property
+    def slowdown_plot_path(self) -> Path:
+        return self.path / "slowdown.png"
+
+    @property
     def files(self) -> tuple[Path, ...]:
         """The files the profile and its fit keep here (a command that reads them must not write over them)."""
-        return self.meta_path, self.csv_path, self.model_path
+        return self.meta_path, self.csv_path, self.model_path, self.fit_plot_path, self.slowdown_plot_path
 
     def exists(self) -> bool:
         return self.meta_path.is_file()
