@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from lagom_tune import __version__, render
@@ -279,15 +280,15 @@ def apply(
     applied_n = sum(r["applied"] for rank in result.ranks.values() for r in rank["records"])
     missed = [f"rank {k}: {r['setting']} ({r['how']})" for k, rank in result.ranks.items() for r in rank["records"] if not r["applied"]]
     if result.ranks:
-        render.console.print(f"[lagom-tune] {len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; see {result.applied_json}",
-                             style="dim", highlight=False)
+        summary = f"{len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; see {result.applied_json}"
     elif result.applied_json.exists():
-        render.console.print(f"[lagom-tune] no rank reported; {result.applied_json} keeps the last run's record", style="dim", highlight=False)
+        summary = f"no rank reported; {result.applied_json} keeps the last run's record"
     else:
-        render.console.print(f"[lagom-tune] no rank reported; nothing written to {result.applied_json}", style="dim", highlight=False)
+        summary = f"no rank reported; nothing written to {result.applied_json}"
+    render.console.print(f"[lagom-tune] {summary}", style="dim", highlight=False, markup=False)  # "[...]" is text here
     for m in missed:
-        render.console.print(f"[yellow]not applied[/] {m}")
-    raise typer.Exit(result.exit_code)
+        render.console.print(f"[yellow]not applied[/] {escape(m)}")
+    sys.exit(result.exit_code)  # not typer.Exit: typer returns an interrupt as Exit(130), and this 130 is the command's
 
 
 @app.command()

@@ -112,6 +112,9 @@ def test_the_commands_exit_code_passes_through(tmp_path):
     plan = BASE.save(tmp_path / "p.yaml")
     r = cli("apply", plan, "--", sys.executable, "-c", "import sys; sys.exit(3)")
     assert r.returncode == 3
+    assert "[lagom-tune] no rank reported" in r.stdout  # the prefix is text, not markup
+    r = cli("apply", plan, "--", sys.executable, "-c", "import sys; sys.exit(130)")
+    assert r.returncode == 130 and "interrupted" not in r.stderr, r.stderr  # the command's 130, not a Ctrl-C to lagom-tune
     r = cli("apply", plan, "--", "no-such-program-xyz")
     assert r.returncode == 2 and "command not found" in r.stderr
     r = cli("apply", plan, "--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
