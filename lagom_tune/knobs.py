@@ -72,7 +72,8 @@ class Knob:
         Raises:
             UserError: one line naming the domain, for a value outside it.
         """
-        if value not in self.domain:
+        # by type too: 2.0 and True equal 2 and 1, but deploy as OMP_NUM_THREADS=2.0 and =True
+        if not any(type(value) is type(d) and value == d for d in self.domain):
             raise UserError(f"{path}: {value!r} is outside {self.name}'s domain {list(self.domain)}")
         return value
 

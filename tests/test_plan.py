@@ -27,6 +27,8 @@ def test_round_trip(tmp_path):
     (lambda d: d.update(kind="lagom-workload"), "is this a plan file"),
     (lambda d: d["target"].update(backend="mpi"), "unknown backend"),
     (lambda d: d["process"].update(threads=3), r"process.threads: 3 is outside"),
+    (lambda d: d["process"].update(threads=2.0), r"process.threads: 2.0 is outside"),  # was exported as OMP_NUM_THREADS=2.0
+    (lambda d: d["process"].update(threads=True), r"process.threads: True is outside"),
     (lambda d: d["communicators"]["dp"].update(bucket_cap_mb="big"), "outside bucket_cap_mb"),
     (lambda d: d["process"].update(bucket_cap_mb=8), "deploys per communicator"),
     (lambda d: d["communicators"]["dp"].update(warp_speed=9), "communicators.dp.warp_speed: unknown knob"),
