@@ -80,6 +80,29 @@ def write_yaml(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, mark: Any):
+        super().__init__(f"key {key!r} given twice")
+        self.key, self.problem_mark = key, mark
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, refusing a key given twice in one mapping: YAML requires unique keys and
+    PyYAML silently keeps the last (``{threads: 1, threads: 4}`` read as 4). Keys a merge (``<<``)
+    brings in may still be overridden, as YAML allows."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
     """Load a YAML file, turning every failure into a one-line ``UserError``.
 
@@ -103,8 +126,12 @@ def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read {what} {path}: {e}") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as e:
+        raise UserError(f"{what} {path}: key {e.key!r} is given twice in one mapping (line {e.problem_mark.line + 1})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         raise UserError(f"{what} {path} is not valid YAML{where}") from None
+    except RecursionError:  # thousands of nested brackets
+        raise UserError(f"{what} {path} is nested too deeply to be read") from None

@@ -80,3 +80,9 @@ def test_garbled_yaml_is_a_user_error(tmp_path):
     p.write_text(yaml.safe_dump(["a", "list"]))
     with pytest.raises(UserError, match="expected a mapping"):
         load_plan(p)
+    p.write_text(BASE.save(tmp_path / "ok.yaml").read_text().replace("process: {threads: 1}", "process: {threads: 1, threads: 4}"))
+    with pytest.raises(UserError, match=r"key 'threads' is given twice in one mapping \(line \d+\)"):  # PyYAML kept the last
+        load_plan(p)
+    p.write_text("[" * 5000 + "]" * 5000)
+    with pytest.raises(UserError, match="nested too deeply"):  # was RecursionError, exit 1
+        load_plan(p)
