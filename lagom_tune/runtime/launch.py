@@ -6,6 +6,10 @@ Every Python process the command starts (torchrun's workers included) loads the 
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import importlib
+import io
 import json
 import os
 import shlex
@@ -14,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads_per_rank, usable_cores
@@ -27,7 +32,6 @@ SITE_DIR = Path(__file__).resolve().parent / "site"
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 
-TORCHRUN_FLAGS = {"standalone", "no-python", "module", "run-path", "m"}  # options that take no value
 
 
 @dataclass(frozen=True)
@@ -52,13 +56,13 @@ def launcher_layout(cmd: list[str], env: dict[str, str]) -> LaunchLayout | None:
     Returns:
         The layout, or None.
     """
-    start = None
+    start, launcher = None, TORCHRUN_MODULES[0]  # the torchrun command runs torch.distributed.run
     if cmd and Path(cmd[0]).name == "torchrun":
         start = 1
     else:
         for i in range(len(cmd) - 1):
             if cmd[i] == "-m" and cmd[i + 1] in TORCHRUN_MODULES:
-                start = i + 2
+                start, launcher = i + 2, cmd[i + 1]
                 break
     if start is None:
         world, local = env.get("WORLD_SIZE", ""), env.get("LOCAL_WORLD_SIZE", "")
@@ -66,21 +70,26 @@ def launcher_layout(cmd: list[str], env: dict[str, str]) -> LaunchLayout | None:
             return None
         per_node = int(local) if local.isdigit() and int(local) > 0 and int(world) % int(local) == 0 else int(world)
         return LaunchLayout(per_node, int(world) // per_node)
-    opts: dict[str, str] = {}
-    i = start
-    while i < len(cmd) and cmd[i].startswith("-"):  # the first positional is the training script
-        name, eq, value = cmd[i].lstrip("-").partition("=")
-        name = name.replace("_", "-")
-        if not eq and name not in TORCHRUN_FLAGS and i + 1 < len(cmd):
-            value = cmd[i + 1]
-            i += 1
-        opts[name] = value
-        i += 1
-    nproc = opts.get("nproc-per-node", "1")
-    nnodes = opts.get("nnodes", "1").split(":")[-1]
-    if not (nproc.isdigit() and nnodes.isdigit()):
+    args = _torchrun_arguments(launcher, cmd[start:], env)
+    if args is None:
+        return None
+    nproc, nnodes = str(args.nproc_per_node), str(args.nnodes).split(":")[-1]  # nnodes "1:2": at most 2
+    if not (nproc.isdigit() and nnodes.isdigit()):  # "gpu", "auto": known only where it runs
         return None
     return LaunchLayout(int(nproc), int(nnodes))
+
+
+def _torchrun_arguments(launcher: str, argv: list[str], env: dict[str, str]) -> argparse.Namespace | None:
+    """The launcher module's arguments as it reads them itself (its ``parse_args``: every flag it
+    has, and its ``PET_*`` environment defaults, which Kubeflow's PyTorchJob sets); None for a
+    command line it would refuse."""
+    module = importlib.import_module(launcher)  # at run time: torch takes a second to import; only a launch needs it
+    # The parser reads its defaults from the environment, and on a bad command line prints its usage and exits.
+    with mock.patch.dict(os.environ, env, clear=True), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return module.parse_args(argv)
+        except SystemExit:
+            return None
 
 
 def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
