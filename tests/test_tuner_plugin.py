@@ -441,3 +441,18 @@ def test_without_a_compiler_apply_says_so_and_falls_back_to_cta_bounds(tmp_path)
     assert "config.min_ctas=2, config.max_ctas=4" in out  # the fallback still reaches every communicator
     r = cli("apply", plan, "--print-env", env={"XDG_CACHE_HOME": str(tmp_path), "CC": "/nonexistent/cc"}, check=True)
     assert r.stdout.startswith("export ") and "NCCL_TUNER_PLUGIN" not in r.stdout and "no C compiler" in r.stderr
+
+
+def test_rules_the_plugin_would_refuse_are_refused_before_the_run(tmp_path):
+    """A rule's max_bytes beyond int64 passed every check, then the plugin refused the whole rules
+    file when NCCL loaded it: the run went on with none of the plan's rules."""
+    import dataclasses
+
+    from lagom_tune.errors import UserError
+    from lagom_tune.runtime.launch import prepare_tuner
+
+    plan = PLANS["sim-h100-nvlink-mpt-7b-tp8-dp2.yaml"]
+    assert prepare_tuner(plan, cache=tmp_path).deployed
+    huge = dataclasses.replace(plan, rules=(dataclasses.replace(plan.rules[0], max_bytes=10 ** 23),) + plan.rules[1:])
+    with pytest.raises(UserError, match=r"would refuse the plan's rules and NCCL would use none of them: line \d+: bad maxBytes"):
+        prepare_tuner(huge, cache=tmp_path)

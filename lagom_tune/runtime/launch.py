@@ -249,7 +249,11 @@ def prepare_tuner(plan: Plan, cache: Path | None = None) -> TunerDeployment | No
             atomic_write_text(path, text)
         except OSError as e:
             raise UserError(f"cannot write the tuner rules file {path}: {e.strerror}") from None
-    return TunerDeployment(rules, path, ensure_plugin(cache), rules_needing_plugin(plan, rules))
+    plugin = ensure_plugin(cache)
+    refusal = plugin.refusal(path) if plugin.ok else ""
+    if refusal:  # NCCL would load the plugin, which would then drop every rule
+        raise UserError(f"the tuner plugin would refuse the plan's rules and NCCL would use none of them: {refusal} of {path}")
+    return TunerDeployment(rules, path, plugin, rules_needing_plugin(plan, rules))
 
 
 def _holds(path: Path, text: str) -> bool:

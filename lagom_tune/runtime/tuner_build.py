@@ -9,6 +9,7 @@ declares the few NCCL types it uses itself.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -45,6 +46,22 @@ class PluginBuild:
     @property
     def ok(self) -> bool:
         return self.path is not None
+
+    def refusal(self, rules_file: Path) -> str:
+        """Why the built plugin would refuse ``rules_file`` when NCCL loads it (it then keeps no
+        rule at all), as its own parser says; "" when it takes it.
+
+        Args:
+            rules_file: a rules file (``TunerRules.text``).
+        Returns:
+            The parser's one-line error, or "".
+        """
+        assert self.path is not None, "no plugin was built"
+        err = ctypes.create_string_buffer(256)
+        lib = ctypes.CDLL(str(self.path))
+        lib.lagom_tuner_check_file.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t)
+        n = lib.lagom_tuner_check_file(str(rules_file).encode(), err, len(err))
+        return err.value.decode(errors="replace") if n < 0 else ""
 
 
 def cache_root(env: dict[str, str] | None = None) -> Path:
