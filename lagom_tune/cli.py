@@ -279,7 +279,9 @@ def apply(
     result = launch.apply(plan, plan_file, cmd, applied, on_warning=warn)
     applied_n = sum(r["applied"] for rank in result.ranks.values() for r in rank["records"])
     missed = [f"rank {k}: {r['setting']} ({r['how']})" for k, rank in result.ranks.items() for r in rank["records"] if not r["applied"]]
-    if result.ranks:
+    if result.unwritten:
+        summary = f"{len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; not recorded: {result.unwritten}"
+    elif result.ranks:
         summary = f"{len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; see {result.applied_json}"
     elif result.applied_json.exists():
         summary = f"no rank reported; {result.applied_json} keeps the last run's record"

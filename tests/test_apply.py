@@ -209,3 +209,9 @@ def test_a_record_that_cannot_be_written_is_refused_before_the_command_runs(tmp_
     assert not marker.exists()  # a long job is never run only to fail at the end
     r = cli("apply", plan, "--applied", tmp_path / "new" / "applied.json", "--", "true")
     assert r.returncode == 0 and "nothing written to" in r.stdout
+    # the record's folder replaced by a file during the run: the command's exit code still comes back
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    r = cli("apply", plan, "--applied", gone / "applied.json", "--", "sh", "-c",
+            f"RANK=0 {sys.executable} -c 'import torch' && rm -r {gone} && touch {gone} && exit 5")
+    assert r.returncode == 5 and "1 rank(s) reported" in r.stdout and "not recorded: cannot write" in r.stdout, (r.stdout, r.stderr)

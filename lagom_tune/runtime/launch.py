@@ -295,6 +295,7 @@ class ApplyResult:
     exit_code: int
     applied_json: Path
     ranks: dict[str, dict]
+    unwritten: str = ""  # why applied_json could not be written after the run ("" when it was, or nothing was due)
 
 
 def merge_applied(applied_dir: str, out: Path) -> dict[str, dict]:
@@ -342,8 +343,11 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
             raise UserError(f"command not found: {cmd[0]}") from None
         except PermissionError:
             raise UserError(f"command not executable: {cmd[0]}") from None
-        ranks = merge_applied(applied_dir, applied_json)
-    return ApplyResult(code, applied_json, ranks)
+        try:
+            ranks, unwritten = merge_applied(applied_dir, applied_json), ""
+        except UserError as e:  # the folder changed during the run: the command's exit code still counts
+            ranks, unwritten = rank_reports(applied_dir), str(e)
+    return ApplyResult(code, applied_json, ranks, unwritten)
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> int:
