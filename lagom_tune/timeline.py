@@ -107,9 +107,10 @@ def simulate(compute: Sequence[Op], y: Sequence[float], comm: Sequence[CommOp], 
             sy, sx = slowdowns(compute[i], comm[j])
         dt_y = left_y * sy if comp_on else float("inf")
         dt_x = left_x * sx if comm_on else float("inf")
+        for on, t in ((comp_on, dt_y), (comm_on, dt_x)):  # min() would pass over a NaN and spin for ever
+            if on and not 0 <= t < float("inf"):
+                raise ValueError(f"op time {t!r} in the timeline: times alone and slowdowns must be positive numbers")
         dt = min(dt_y, dt_x)
-        if not dt >= 0:  # a NaN or negative time would stall the loop for ever
-            raise ValueError(f"op time {dt!r} in the timeline: times alone and slowdowns must be positive numbers")
         now += dt
         if comp_on:
             left_y -= dt / sy

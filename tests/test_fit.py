@@ -1,6 +1,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import CpuPairwiseModel, Linear, model_from_dict
@@ -148,8 +149,22 @@ def test_a_timeline_refuses_a_non_finite_time_instead_of_spinning():
         with pytest.raises(ValueError, match="positive numbers"):
             simulate([Gemm("g", 64, 64, 64)], [1e-3], [Collective("c", "all_reduce", 1 << 20)], [1e-3],
                      lambda g, c: (float("nan"), 1.0))
+        with pytest.raises(ValueError, match="positive numbers"):  # a NaN collective time (link_GBps: 0) spun too
+            simulate([Gemm("g", 64, 64, 64)], [1e-3], [Collective("c", "all_reduce", 1 << 20)], [float("nan")],
+                     lambda g, c: (1.0, 1.0))
     finally:
         signal.alarm(0)
+
+
+@pytest.mark.parametrize("curve, name", [("exp-pipeline", "link_GBps"), ("steps", "per_channel_GBps"), ("steps", "saturation")])
+def test_a_communication_fit_refuses_a_zero_it_divides_by(curve, name):
+    """``link_GBps: 0`` in a hand-edited model.yaml made every time NaN and the search spin."""
+    from lagom_tune.model.gpu import COMM_PARAMS, STEP_PARAMS, CommFit
+
+    d = {"curve": curve, **{n: 1.0 for n in (STEP_PARAMS if curve == "steps" else COMM_PARAMS)}}
+    CommFit.from_dict(d)
+    with pytest.raises(UserError, match=f"comm.{name}: must be > 0, got 0"):
+        CommFit.from_dict({**d, name: 0})
 
 
 def test_a_sharp_fitted_knee_predicts_without_overflow():
@@ -177,3 +192,14 @@ def test_a_cpu_model_refuses_an_op_it_has_no_fit_for():
     assert TRUE.comm_time(Collective("ar", "all_reduce", 1 << 20), {}) > 0
     with pytest.raises(UserError, match=r"no fit for all_gather \(fitted: all_reduce\)"):
         TRUE.comm_time(Collective("ag", "all_gather", 1 << 20), {})
+
+
+def test_a_gpu_model_refuses_a_device_of_no_sms():
+    """``device: {sms: 0}`` in model.yaml was shown, then crashed search (ZeroDivisionError)."""
+    from lagom_tune.model.contention import model_from_dict
+
+    d = yaml.safe_load((ROOT / "bench" / "results" / "gpu_check-mpt-7b-tp8-dp1-run" / "model.yaml").read_text())
+    model_from_dict(d)
+    d["device"]["sms"] = 0
+    with pytest.raises(UserError, match="device.sms: must be >= 1"):
+        model_from_dict(d)

@@ -117,6 +117,8 @@ COMM_PARAMS = ("latency_us", "link_GBps", "per_channel_GBps", "threads_exp", "pi
 STEP_PARAMS = ("latency_us", "link_GBps", "per_channel_GBps", "threads_knee", "threads_exp", "saturation", "handshake_us",
                "warm_gain", "l2_bytes")
 CURVE_EXP, CURVE_STEPS = "exp-pipeline", "steps"
+DIVISORS = ("link_GBps", "per_channel_GBps")  # parameters times are divided by: positive, never 0
+SOFT_CAP_POWERS = ("threads_exp", "saturation")  # ... and, in the steps curve, those a soft minimum divides by
 STEPS_PER_BUFFER = 8  # NCCL moves a channel's buffer in 8 steps
 
 
@@ -335,7 +337,10 @@ class CommFit:
         curve = v.one_of(v.field(d, "curve", path, str, CURVE_EXP), (CURVE_EXP, CURVE_STEPS), f"{path}.curve")
 
         def param(name: str, default: Any = ...) -> float:  # every parameter is fitted positive (log-parameters)
-            return v.field(d, name, path, float, default, minimum=0.0)
+            value = v.field(d, name, path, float, default, minimum=0.0)
+            if value == 0 and name in (DIVISORS + (SOFT_CAP_POWERS if curve == CURVE_STEPS else ())):  # times infinite or NaN
+                raise UserError(f"{path}.{name}: must be > 0, got 0")
+            return value
 
         sensitivity = param("sensitivity", 1.0)
         if curve == CURVE_STEPS:
@@ -582,7 +587,8 @@ class LagomGpuModel:
                                         kappa=v.field(p, "kappa", pp, float), kappa_channel=v.field(p, "kappa_channel", pp, float),
                                         kappa_traffic=v.field(p, "kappa_traffic", pp, float, 0.0))
             return cls(
-                sms=v.field(dev, "sms", f"{path}.device", int), hbm=v.field(dev, "hbm_GBps", f"{path}.device", float) * 1e9,
+                sms=v.field(dev, "sms", f"{path}.device", int, minimum=1),
+                hbm=v.field(dev, "hbm_GBps", f"{path}.device", float, minimum=1e-9) * 1e9,
                 gemms={k: _gemm_fit(k, x, f"{pp}.gemms.{k}") for k, x in gemms.items()},
                 new_shapes=ShapeRegression(v.field(p, "theta_per_kflop", pp, float), v.field(p, "d_per_block_byte", pp, float, 0.0),
                                            v.field(p, "d_per_tile_byte", pp, float, 0.0), v.field(p, "launch_s", pp, float, 0.0),
