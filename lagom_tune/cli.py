@@ -103,7 +103,7 @@ def profile(
                                         "the workload's largest communicator needs)."),
     ib_gbps: int = typer.Option(400, help="sim: InfiniBand speed per GPU, 100 or 400 Gb/s."),
     noise: float = typer.Option(0.0, min=0.0, max=0.5, help="sim: multiplicative noise (sigma), e.g. 0.02."),
-    seed: int = typer.Option(0, help="sim: noise seed."),
+    seed: int = typer.Option(0, min=0, help="sim: noise seed."),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder to create or resume."),
     repeats: int = typer.Option(7, min=1, help="Timed repeats per point (every one is kept)."),
     parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | tp=8,dp=2 | ep=8."),

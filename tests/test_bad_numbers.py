@@ -14,6 +14,7 @@ BAD = [
     ("profile", "--repeats", "0", "--out", "OUT/run"),
     ("profile", "--backend", "sim", "--noise", "-0.5", "--out", "OUT/run"),
     ("profile", "--timeout", "-1", "--out", "OUT/run"),
+    ("profile", "--backend", "sim", "--seed", "-5", "--out", "OUT/run"),  # measured all, then unreadable
     ("profile", "--out", "/proc/lagom-run"),
     ("search", "RUN", "--n-trials", "-5", "--out", "OUT/plan.yaml"),
     ("search", "RUN", "--timeout", "-1", "--out", "OUT/plan.yaml"),
