@@ -69,7 +69,7 @@ def test_scale_presets():
     assert build_preset("gpt3-175b", parallel="tp=8,dp=2", mbs=2).collectives()
 
 
-@pytest.mark.parametrize("spec", ["fsdp", "tp=8,ep=8", "dp=2", "fsdp=0", "zero=3"])
+@pytest.mark.parametrize("spec", ["fsdp", "tp=8,ep=8", "dp=2", "fsdp=0", "zero=3", "fsdp=1000000000000", "tp=8,dp=1000000"])
 def test_bad_parallel_specs(spec):
     with pytest.raises(UserError, match="--parallel"):
         parse_parallel(spec)

@@ -95,6 +95,8 @@ def test_a_simulated_cluster_is_sized_to_the_workload_and_says_its_default(tmp_p
     assert yaml.safe_load(plan.read_text())["target"]["world_size"] == 16
     few = cli("profile", "--backend", "sim", "--workload", "phi-2-fsdp16", "--nodes", "1", "--out", tmp_path / "few")
     assert few.returncode == 2 and "needs 2 nodes" in few.stderr and not (tmp_path / "few" / "measurements.csv").exists()
+    many = cli("profile", "--backend", "sim", "--workload", "phi-2-fsdp16", "--nodes", "1000000", "--out", tmp_path / "many")
+    assert many.returncode == 2 and "--nodes 1000000 is too many" in many.stderr
     default = cli("profile", "--backend", "sim", "--workload", "cpu-demo", "--out", tmp_path / "d", check=True)
     assert "--hardware not given: the default h100-nvlink" in default.stdout
     assert "h100" in cli("profile", "--help", check=True).stdout.replace("\n", " ")

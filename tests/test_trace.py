@@ -56,3 +56,6 @@ def test_bad_traces(tmp_path):
     p.write_text(json.dumps({"distributedInfo": {"world_size": 1}, "traceEvents": []}))
     with pytest.raises(UserError, match="one rank runs no collective"):
         import_trace(p)
+    p.write_text(json.dumps({"distributedInfo": {"world_size": 10 ** 12}, "traceEvents": []}))
+    with pytest.raises(UserError, match="not a number of ranks"):  # measured in full, then a MemoryError
+        import_trace(p)

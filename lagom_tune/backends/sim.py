@@ -200,17 +200,19 @@ class SimBackend(LocalBackend):
         return points
 
     def _fit_layout(self, workload: Workload) -> None:
-        """Nodes of 8 GPUs enough for the workload's communicators: inferred without --nodes,
-        else checked (a 16-rank workload on one simulated node was recorded as 8 ranks)."""
+        """Nodes of 8 GPUs for the workload's communicators: inferred without --nodes, else checked
+        (a 16-rank workload on one simulated node was recorded as 8 ranks, an 8-rank one on a
+        million nodes as 8 million)."""
         colls = workload.collectives()
         needed = max([1] + [max(c.nodes, math.ceil(c.ranks / GPUS_PER_NODE)) for c in colls])
         if self.options.nodes is None:
             if needed != self.nodes:
                 self.nodes = needed
                 self.sim = SimCluster(self.cluster, needed, self.ib_gbps)
-        elif self.options.nodes < needed:
+        elif self.options.nodes != needed:  # more would be recorded as the world size of a plan no job matches
             raise UserError(f"the workload needs {needed} nodes of {GPUS_PER_NODE} GPUs (its largest communicator); "
-                            f"--nodes {self.options.nodes} is too few (leave --nodes out to size the cluster to it)")
+                            f"--nodes {self.options.nodes} is too {'few' if self.options.nodes < needed else 'many'} "
+                            "(leave --nodes out to size the cluster to it)")
 
     def iteration(self, workload: Workload, items) -> float:
         return self.sim.iteration(workload, settings_from_items(items))

@@ -34,13 +34,14 @@ Element-wise ops, norms, the loss and the optimizer step are not modelled.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from lagom_tune.errors import UserError
-from lagom_tune.workload.spec import DTYPES, Collective, Gemm, OverlapGroup, Workload, load_workload
+from lagom_tune.workload.spec import DTYPES, MAX_RANKS, Collective, Gemm, OverlapGroup, Workload, load_workload
 
 GPUS_PER_NODE = 8
 
@@ -453,6 +454,8 @@ def parse_parallel(spec: str) -> dict[str, int]:
     if "dp" in out and "tp" not in out:
         raise UserError(f"--parallel {spec!r}: dp= goes with tp=")
     family = families.pop()
+    if math.prod(out.values()) > MAX_RANKS:
+        raise UserError(f"--parallel {spec!r}: {math.prod(out.values())} ranks, more than {MAX_RANKS}")
     if out[family] < 2:  # a collective over one rank moves nothing: there is no overlap to tune
         raise UserError(f"--parallel {spec!r}: {family}={out[family]} runs no collective; give {family}=2 or more")
     return out

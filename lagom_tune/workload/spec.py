@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,9 @@ from lagom_tune.errors import UserError
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 SCHEMA_VERSION = 1
+MAX_RANKS = 1 << 20  # ranks (and nodes) of a communicator, at most: a million GPUs, beyond any job
+WORKLOAD_FIELDS = ("schema_version", "kind", "name", "exposed_ms", "meta", "groups")
+GROUP_FIELDS = ("name", "repeat", "compute", "comm")
 
 
 @dataclass(frozen=True)
@@ -146,14 +149,27 @@ class Workload:
     def from_dict(cls, data: Any, path: str = "workload") -> "Workload":
         d = v.mapping(data, path)
         v.schema_version(d, path, SCHEMA_VERSION, default=SCHEMA_VERSION)
+        v.known_keys(d, WORKLOAD_FIELDS, path)
         groups = []
+        sizes: dict[str, tuple[int, str]] = {}  # communicator -> its ranks, and where first given
         for i, gd in enumerate(v.seq(v.field(d, "groups", path, list), f"{path}.groups")):
             gp = f"{path}.groups[{i}]"
-            gd = v.mapping(gd, gp)
+            gd = v.known_keys(v.mapping(gd, gp), GROUP_FIELDS, gp)
             compute = tuple(_gemm(x, f"{gp}.compute[{j}]") for j, x in enumerate(v.field(gd, "compute", gp, list, [])))
             comm = tuple(_collective(x, f"{gp}.comm[{j}]", len(compute)) for j, x in enumerate(v.field(gd, "comm", gp, list, [])))
             if not compute and not comm:
                 raise UserError(f"{gp}: a group needs at least one computation or collective")
+            for kind, ops in (("compute", compute), ("comm", comm)):  # a timeline keys each op's settings by name
+                seen: dict[str, int] = {}
+                for j, op in enumerate(ops):
+                    if op.name in seen:
+                        raise UserError(f"{gp}.{kind}[{j}].name: {op.name!r} is also {kind}[{seen[op.name]}]'s; names in a group are unique")
+                    seen[op.name] = j
+            for j, c in enumerate(comm):  # one communicator, one size: a plan's rules and roles are per communicator
+                first = sizes.setdefault(c.group, (c.ranks, f"{gp}.comm[{j}]"))
+                if first[0] != c.ranks:
+                    raise UserError(f"{gp}.comm[{j}].ranks: communicator {c.group!r} has {first[0]} ranks in {first[1]}, "
+                                    f"{c.ranks} here; give communicators of other sizes other names")
             groups.append(OverlapGroup(v.field(gd, "name", gp, str), compute, comm, v.field(gd, "repeat", gp, int, 1, minimum=1)))
         if not groups:
             raise UserError(f"{path}.groups: a workload needs at least one group")
@@ -166,7 +182,7 @@ class Workload:
 
 
 def _gemm(x: Any, path: str) -> Gemm:
-    x = v.mapping(x, path)
+    x = v.known_keys(v.mapping(x, path), tuple(f.name for f in fields(Gemm)), path)
     return Gemm(
         name=v.field(x, "name", path, str),
         m=v.field(x, "m", path, int, minimum=1),
@@ -178,17 +194,23 @@ def _gemm(x: Any, path: str) -> Gemm:
 
 
 def _collective(x: Any, path: str, n_compute: int) -> Collective:
-    x = v.mapping(x, path)
+    x = v.known_keys(v.mapping(x, path), tuple(f.name for f in fields(Collective)), path)
     after = v.field(x, "after", path, int, None, minimum=0)
     if after is not None and after >= n_compute:
         raise UserError(f"{path}.after: {after} names no computation (the group has {n_compute})")
+    ranks = v.field(x, "ranks", path, int, 2, minimum=2)  # over one rank a collective moves nothing
+    nodes = v.field(x, "nodes", path, int, 1, minimum=1)
+    if ranks > MAX_RANKS:
+        raise UserError(f"{path}.ranks: {ranks} ranks, more than {MAX_RANKS}")
+    if nodes > ranks:
+        raise UserError(f"{path}.nodes: {nodes} nodes for {ranks} ranks; a node holds at least one")
     return Collective(
         name=v.field(x, "name", path, str),
         op=v.one_of(v.field(x, "op", path, str), OPS, f"{path}.op"),
         nbytes=v.field(x, "nbytes", path, int, minimum=1),
         group=v.field(x, "group", path, str, "dp"),
-        ranks=v.field(x, "ranks", path, int, 2, minimum=2),  # over one rank a collective moves nothing
-        nodes=v.field(x, "nodes", path, int, 1, minimum=1),
+        ranks=ranks,
+        nodes=nodes,
         after=after,
     )
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lagom_tune.errors import UserError
-from lagom_tune.workload.spec import Collective, Gemm, OverlapGroup, Workload
+from lagom_tune.workload.spec import MAX_RANKS, Collective, Gemm, OverlapGroup, Workload
 
 CPU_GEMMS = {"aten::mm", "aten::addmm", "aten::bmm"}
 GPU_GEMM = re.compile(r"gemm|cutlass|sm\d+_xmma|nvjet", re.I)
@@ -262,8 +262,8 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
     data, spans = _read_spans(path)
     info = data.get("distributedInfo")
     world = ranks or (info.get("world_size", 2) if isinstance(info, dict) else 2)
-    if not (_count(world) and world >= 1):
-        raise UserError(f"{path}: distributedInfo.world_size is {world!r}, not a number of ranks; give --ranks")
+    if not (_count(world) and 1 <= world <= MAX_RANKS):
+        raise UserError(f"{path}: distributedInfo.world_size is {world!r}, not a number of ranks (1 to {MAX_RANKS}); give --ranks")
     if world < 2:  # over one rank a collective moves nothing: there is no overlap to tune
         raise UserError(f"{path}: a trace of one rank runs no collective; give --ranks with the job's world size (2 or more)")
     gemms, colls, gpu_kernels = _timed_ops(spans, world)
