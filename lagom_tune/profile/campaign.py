@@ -172,6 +172,9 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
     if repeats < 1:
         raise UserError("--repeats must be at least 1")
     run = RunFolder(Path(out))
+    if not workload.collectives() or not workload.gemms():  # the fit needs both, and there is no overlap to tune
+        raise UserError(f"workload {workload.name} has no {'collective' if workload.gemms() else 'GEMM'}: "
+                        "nothing overlaps, so there is nothing to measure or tune")
     backend.info.check_ops({c.op for c in workload.collectives()})
     points = backend.plan_points(workload)  # first: a simulated backend sizes its cluster to the workload
     fingerprint = backend.fingerprint()  # on every process: a distributed backend gathers it from all ranks
