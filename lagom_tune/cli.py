@@ -309,8 +309,8 @@ def show(
         df, health = run.read()
         if collectives:
             table = collective_summary(df)
-            if as_json:
-                print(table.to_json(orient="records", indent=1))
+            if as_json:  # each record says it is simulated, as search --compare --json's do
+                print(table.assign(simulated=bool(meta.get("simulated", False))).to_json(orient="records", indent=1))
             else:
                 render.console.print(render.frame_table(table, f"collectives{render.simulated_tag(meta.get('simulated', False))}"))
             return

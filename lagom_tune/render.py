@@ -261,7 +261,8 @@ def model_tables(model: dict[str, Any]) -> list[Any]:
     acc = model.get("accuracy", {})
     out: list[Any] = []
     form = f" · form {model['form']}" if model.get("form") else ""
-    m = Table(title=f"model {model.get('family')}{form} · held-out accuracy ({acc.get('method', '')})", title_justify="left")
+    tag = simulated_tag(bool(model.get("simulated")))
+    m = Table(title=f"model {model.get('family')}{form} · held-out accuracy ({acc.get('method', '')}){tag}", title_justify="left")
     m.add_column("quantity")
     m.add_column("MAPE", justify="right")
     for name, val in acc.get("mape", {}).items():
@@ -270,7 +271,7 @@ def model_tables(model: dict[str, Any]) -> list[Any]:
     ranking = acc.get("ranking")
     if ranking and ranking.get("shapes"):
         r = Table(title=f"ranking of settings per GEMM shape ({ranking.get('method', '')}) · median-shape Spearman "
-                        f"{ranking.get('median_spearman', float('nan')):.2f}", title_justify="left")
+                        f"{ranking.get('median_spearman', float('nan')):.2f}{tag}", title_justify="left")
         for col in ("GEMM shape", "Spearman (channels)", "best-setting gap", "points"):
             r.add_column(col, justify="left" if col == "GEMM shape" else "right")
         for row in ranking["shapes"]:

@@ -1,6 +1,8 @@
 """The simulated cluster as a backend: labelled, deterministic, sized to the workload (its physics
 against published observations: tests/test_sim_observations.py)."""
 
+import shutil
+
 import pytest
 import yaml
 
@@ -62,6 +64,12 @@ def test_every_sim_artifact_says_simulated(llama_sim, tmp_path):
     header, first = (llama_sim / "measurements.csv").read_text().splitlines()[:2]
     assert first.split(",")[header.split(",").index("simulated")] == "True"
     assert "simulated" in cli("show", llama_sim, check=True).stdout
+    for args in ((), ("--json",)):  # fit's tables and show's collectives as JSON said nothing of it
+        assert "simulated" in cli("show", llama_sim, "--collectives", *args, check=True).stdout.lower()
+    refit = tmp_path / "refit"
+    shutil.copytree(llama_sim, refit)
+    fitted = cli("fit", refit, check=True).stdout
+    assert fitted.lower().count("simulated") >= 2, fitted  # the accuracy and ranking tables
     plan = tmp_path / "p.yaml"
     out = cli("search", llama_sim, "--out", plan, check=True).stdout
     assert "simulated" in out and yaml.safe_load(plan.read_text())["target"]["simulated"] is True
