@@ -185,9 +185,14 @@ def search(
         # (ParameterSource by name: typer >= 0.2x vendors click's enum, older typer uses click's own)
         return getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
 
-    if compare and (out is not None or given("optimizer")):  # --compare writes no plan and runs every optimizer
-        raise UserError(f"{'--out' if out is not None else '--optimizer'}: not taken by --compare (it prints every optimizer side by side "
-                        "and writes no plan); run search without --compare to write one")
+    if compare:  # --compare writes no plan and runs every optimizer: what shapes or checks a plan has nothing to act on
+        taken = [f for f, on in (("--out", out is not None), ("--optimizer", given("optimizer")), ("--min-gain", given("min_gain")),
+                                 ("--validate", given("validate"))) if on]
+        if taken:
+            raise UserError(f"{', '.join(taken)}: not taken by --compare (it prints every optimizer side by side "
+                            "and writes no plan); run search without --compare to write one")
+    if study_name is not None and storage is None:
+        raise UserError("--study-name names a study in --storage; without one the study lives in memory and the name does nothing")
     if not compare:  # a flag the chosen optimizer does not take would be silently ignored
         ignored = [p for p in flag_options if given(p) and p not in option_names(optimizer)]
         if ignored:

@@ -73,9 +73,13 @@ def test_compare_refuses_what_it_would_ignore(phi2, tmp_path):
     """--compare writes no plan and runs every optimizer: --out was accepted (exit 0, nothing
     written) and so was --optimizer."""
     for flags, said in ((("--out", tmp_path / "p.yaml"), "--out: not taken by --compare"),
-                        (("--optimizer", "optuna"), "--optimizer: not taken by --compare")):
+                        (("--optimizer", "optuna"), "--optimizer: not taken by --compare"),
+                        (("--validate", "5", "--min-gain", "0.9"), "--min-gain, --validate: not taken by --compare")):
         r = cli("search", phi2[0], "--compare", *flags)
         assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # a study name without storage named nothing (the study lived in memory)
+    r = cli("search", phi2[0], "--optimizer", "optuna", "--study-name", "foo", "--out", tmp_path / "p.yaml")
+    assert r.returncode == 2 and "--study-name names a study in --storage" in r.stderr and not (tmp_path / "p.yaml").exists()
 
 
 def test_an_output_that_is_an_input_is_refused(phi2, tmp_path):
