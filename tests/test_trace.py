@@ -59,3 +59,13 @@ def test_bad_traces(tmp_path):
     p.write_text(json.dumps({"distributedInfo": {"world_size": 10 ** 12}, "traceEvents": []}))
     with pytest.raises(UserError, match="not a number of ranks"):  # measured in full, then a MemoryError
         import_trace(p)
+
+
+@pytest.mark.parametrize("element, dtype", [("c10::Half", "fp16"), ("c10::BFloat16", "bf16"), ("float", "fp32")])
+def test_a_gemms_element_type_is_kept(tmp_path, element, dtype):
+    """fp16 GEMMs were imported as bf16 (the type was read back from its size)."""
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"distributedInfo": {"world_size": 2}, "traceEvents": [
+        {"ph": "X", "name": "aten::mm", "ts": 0, "dur": 10, "args": {"Input Dims": [[64, 32], [32, 16]], "Input type": [element, element]}}]}))
+    (g,) = import_trace(p).gemms().values()
+    assert (g.m, g.n, g.k, g.dtype) == (64, 16, 32, dtype)

@@ -151,7 +151,7 @@ class RunFolder:
         if partial:
             text = text[:text.rfind("\n") + 1]
         try:
-            df = pd.read_csv(io.StringIO(text))
+            df = pd.read_csv(io.StringIO(text), low_memory=False)  # one type per column, not per chunk (a DtypeWarning on large runs)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
             raise UserError(f"{self.csv_path} is not a valid measurements CSV: {str(e).splitlines()[0]}") from None
         missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]

@@ -29,7 +29,7 @@ COLLECTIVE_OPS = {
     "all_to_all": "all_to_all", "broadcast": "broadcast",
 }
 TYPE_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4}
-DTYPE_NAMES = {4: "fp32", 2: "bf16"}
+GEMM_DTYPES = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16"}  # others are measured as fp32
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,15 @@ def _count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
+def _first_type(types: Any) -> str:
+    """The element type of a trace op's first input ("float" when the trace does not say)."""
+    first = types[0] if isinstance(types, list) and types else "float"
+    return first if isinstance(first, str) else "float"
+
+
 def _type_bytes(types: Any) -> int:
     """Bytes per element of a trace op's first input (4 when the trace does not say)."""
-    first = types[0] if isinstance(types, list) and types else "float"
-    return TYPE_BYTES.get(first, 4) if isinstance(first, str) else 4
+    return TYPE_BYTES.get(_first_type(types), 4)
 
 
 def _gemm_from_dims(name: str, dims: Any, types: Any) -> Gemm | None:
@@ -77,7 +82,7 @@ def _gemm_from_dims(name: str, dims: Any, types: Any) -> Gemm | None:
         return None
     if not all(_count(x) and x > 0 for x in (b, m, n, k)):
         return None
-    return Gemm(name.split("::")[1], m, n, k, DTYPE_NAMES.get(_type_bytes(types), "fp32"), b)
+    return Gemm(name.split("::")[1], m, n, k, GEMM_DTYPES.get(_first_type(types), "fp32"), b)
 
 
 # An op and the event that ran it in the trace.
