@@ -12,6 +12,7 @@ the rest of the traced step (element-wise ops, optimizer...) becomes ``exposed_m
 from __future__ import annotations
 
 import json
+import bisect
 import math
 import re
 from dataclasses import dataclass
@@ -185,17 +186,25 @@ def _overlap_groups(gemms: list[TimedGemm], colls: list[TimedCollective]) -> tup
         GEMMs they took.
     """
     clusters: list[list[TimedCollective]] = []
+    reach = -math.inf  # the latest end in the current cluster
     for item in colls:  # windows merge while they overlap
-        if clusters and item[0].start <= max(e.end for e, _ in clusters[-1]):
+        if clusters and item[0].start <= reach:
             clusters[-1].append(item)
         else:
             clusters.append([item])
+            reach = -math.inf
+        reach = max(reach, item[0].end)
     used: set[int] = set()
     groups: list[OverlapGroup] = []
     traced: dict[str, float] = {}
+    # GEMMs beside a window [lo, hi) start before hi and at most the longest GEMM before lo: a
+    # bisection bounds the scan (a trace of tens of thousands of ops took minutes).
+    starts = [e.start for e, _ in gemms]
+    longest = max((e.dur for e, _ in gemms), default=0.0)
     for ci, cluster in enumerate(clusters):
         lo, hi = min(e.start for e, _ in cluster), max(e.end for e, _ in cluster)
-        idx = [i for i, (e, _) in enumerate(gemms) if e.end > lo and e.start < hi]
+        candidates = range(bisect.bisect_left(starts, lo - longest), bisect.bisect_left(starts, hi))
+        idx = [i for i in candidates if gemms[i][0].end > lo]
         used |= set(idx)
         compute = [replace_name(gemms[i][1], f"g{i}") for i in idx]
         comm = []
@@ -242,11 +251,11 @@ def _compute_groups(gemms: list[TimedGemm], used: set[int], first: int) -> tuple
 
 def _in_trace_order(groups: list[OverlapGroup], gemms: list[TimedGemm], colls: list[TimedCollective]) -> list[OverlapGroup]:
     """The groups ordered by when their first op started in the trace."""
+    start_of = {c.name: e.start for e, c in colls}  # collective names are unique (op.N)
     first_start = {}
     for g in groups:
         idx = [int(op.name.split(".")[0][1:]) for op in g.compute]
-        starts = [gemms[i][0].start for i in idx] + [e.start for e, c in colls if any(c.name == x.name for x in g.comm)]
-        first_start[g.name] = min(starts)
+        first_start[g.name] = min([gemms[i][0].start for i in idx] + [start_of[x.name] for x in g.comm])
     return sorted(groups, key=lambda g: first_start[g.name])
 
 
