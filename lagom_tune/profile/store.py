@@ -20,7 +20,7 @@ import pandas as pd
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, read_yaml, write_yaml
 from lagom_tune.errors import UserError
-from lagom_tune.measurements import KNOB_COLUMNS, NUMERIC_COLUMNS, REQUIRED_COLUMNS, TIMED_COLUMNS
+from lagom_tune.measurements import COUNT_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, REQUIRED_COLUMNS, TIMED_COLUMNS
 from lagom_tune.workload.spec import Workload
 
 SCHEMA_VERSION = 1
@@ -163,6 +163,18 @@ class RunFolder:
                 if converted.isna().sum() > df[col].isna().sum():
                     raise UserError(f"{self.csv_path}: column {col!r} holds non-numeric values")
                 df[col] = converted
+        for col in COUNT_COLUMNS:
+            if col in df.columns:
+                values = df[col].dropna()
+                bad = values[(values < 1) | (values != np.floor(values))]
+                if not bad.empty:
+                    raise UserError(f"{self.csv_path}: {col} of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, "
+                                    f"not a count of at least 1 ({len(bad)} such row(s))")
+        twice = df.duplicated(["point", "repeat"])  # a repeat is written once; resuming never measures it again
+        if twice.any():
+            first = df[twice].iloc[0]
+            raise UserError(f"{self.csv_path}: repeat {first['repeat']} of point {first['point']} appears twice "
+                            f"({int(twice.sum())} such row(s))")
         for col in TIMED_COLUMNS:  # a time is positive and finite; only time_us is in every row
             if col in df.columns:
                 times = df[col] if col == "time_us" else df[col].dropna()
