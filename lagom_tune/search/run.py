@@ -127,7 +127,7 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
     gain = default.evaluation.iteration_s / chosen.evaluation.iteration_s - 1
     if gain <= min_gain and chosen.settings.key != default.settings.key:
         why = (f"{optimizer}'s best was predicted slower than the defaults" if gain < 0 else
-               f"{optimizer}'s best was predicted {gain:.1%} faster, not more than --min-gain {min_gain:.1%}")
+               f"{optimizer}'s best was predicted {gain:.1%} faster, not more than --min-gain {min_gain * 100:g}%")
         chosen = replace(chosen, settings=default.settings, evaluation=default.evaluation,
                          extra={**chosen.extra, "kept_default": why})
     return SearchOutcome(chosen, default, results["autoccl"], bound)
