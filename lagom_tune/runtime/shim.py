@@ -284,10 +284,11 @@ class Shim:
 
 
     def _not_ddp_role(self, group: Any) -> str:
-        """Why a DDP model reducing over ``group`` (None: the default group) is not the plan's DDP
-        role's, or "" when it is (or the plan names no roles to tell by)."""
+        """Why ``group`` (None: the default group) is not a communicator of the plan's DDP role, or
+        "" when it is: by the role its record matched, else by its size (a plan naming no roles: the
+        world's). DDP's knobs, and the chunked all-reduce, reach only the role's communicators."""
         c10d = self.c10d or sys.modules.get(C10D_MODULE)
-        if not self.plan.groups or c10d is None:
+        if c10d is None:
             return ""
         try:
             group = group if group is not None else c10d._get_default_group()
@@ -296,21 +297,21 @@ class Shim:
             return ""
         rec = self.by_group.get(str(getattr(group, "group_name", None)))
         if rec is not None and rec.role is not None:
-            return "" if rec.role == self.ddp_role else f"DDP's process group plays role {rec.role}, not {self.ddp_role}"
+            return "" if rec.role == self.ddp_role else f"the process group plays role {rec.role}, not {self.ddp_role}"
         want = self.plan.groups.get(self.ddp_role, self.plan.world_size)  # a group of no one role: by its size
-        return "" if size == want else f"DDP's process group has {size} ranks; the plan's {self.ddp_role} has {want}"
+        return "" if size == want else f"the process group has {size} ranks; the plan's {self.ddp_role} has {want}"
 
     def on_c10d_gloo(self, c10d) -> None:
-        """Chunk synchronous ``all_reduce`` calls on the plan's communicator (its size matches)."""
+        """Chunk synchronous ``all_reduce`` calls on the DDP role's communicators."""
         chunk = int(self.plan.settings.communicators.get(self.ddp_role, {}).get("chunk_bytes") or 0)
-        size = self.plan.groups.get(self.ddp_role, self.plan.world_size)
         if not chunk:
             return
         original = c10d.all_reduce
+        shim = self
 
         def all_reduce(tensor, op=c10d.ReduceOp.SUM, group=None, async_op=False):
             if (async_op or not tensor.is_contiguous() or tensor.numel() * tensor.element_size() <= chunk
-                    or c10d.get_world_size(group) != size):
+                    or shim._not_ddp_role(group)):
                 return original(tensor, op=op, group=group, async_op=async_op)
             for work in chunked_all_reduce(original, tensor, chunk, op=op, group=group):
                 work.wait()
@@ -319,7 +320,7 @@ class Shim:
         all_reduce.__wrapped__ = original
         c10d.all_reduce = all_reduce
         self.record("chunk_bytes[all_reduce]", chunk, True,
-                    f"dist.all_reduce wrapper: synchronous calls above {chunk} B on groups of {size} ranks, in chunks")
+                    f"dist.all_reduce wrapper: synchronous calls above {chunk} B on the {self.ddp_role} role's groups, in chunks")
 
     # -- NCCL plans: environment, tuner rules, per-communicator Options ------------------------
 
