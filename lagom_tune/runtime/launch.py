@@ -32,8 +32,6 @@ SITE_DIR = Path(__file__).resolve().parent / "site"
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 
-
-
 @dataclass(frozen=True)
 class LaunchLayout:
     """How many ranks a command starts: per node and over how many nodes."""
@@ -298,22 +296,6 @@ class ApplyResult:
     unwritten: str = ""  # why applied_json could not be written after the run ("" when it was, or nothing was due)
 
 
-def merge_applied(applied_dir: str, out: Path) -> dict[str, dict]:
-    """Every rank's record merged into ``out``; with no rank reported (the command failed before
-    any rank started), ``out`` keeps the last run's record rather than becoming empty.
-
-    Args:
-        applied_dir: the folder the ranks wrote their reports to.
-        out: ``applied.json``.
-    Returns:
-        The ranks' records, by rank.
-    """
-    ranks = rank_reports(applied_dir)
-    if ranks:
-        atomic_write_text(out, json.dumps({"ranks": ranks}, indent=1))
-    return ranks
-
-
 def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None = None,
           on_warning: Callable[[str], None] | None = None) -> ApplyResult:
     """Run ``cmd`` with the plan in effect; return its exit code and what each rank applied.
@@ -343,10 +325,12 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
             raise UserError(f"command not found: {cmd[0]}") from None
         except PermissionError:
             raise UserError(f"command not executable: {cmd[0]}") from None
+        ranks, unwritten = rank_reports(applied_dir), ""
+    if ranks:  # none reported (the command failed before any rank started): the last run's record stays
         try:
-            ranks, unwritten = merge_applied(applied_dir, applied_json), ""
+            atomic_write_text(applied_json, json.dumps({"ranks": ranks}, indent=1))
         except UserError as e:  # the folder changed during the run: the command's exit code still counts
-            ranks, unwritten = rank_reports(applied_dir), str(e)
+            unwritten = str(e)
     return ApplyResult(code, applied_json, ranks, unwritten)
 
 
