@@ -159,17 +159,7 @@ class Workload:
             comm = tuple(_collective(x, f"{gp}.comm[{j}]", len(compute)) for j, x in enumerate(v.field(gd, "comm", gp, list, [])))
             if not compute and not comm:
                 raise UserError(f"{gp}: a group needs at least one computation or collective")
-            for kind, ops in (("compute", compute), ("comm", comm)):  # a timeline keys each op's settings by name
-                seen: dict[str, int] = {}
-                for j, op in enumerate(ops):
-                    if op.name in seen:
-                        raise UserError(f"{gp}.{kind}[{j}].name: {op.name!r} is also {kind}[{seen[op.name]}]'s; names in a group are unique")
-                    seen[op.name] = j
-            for j, c in enumerate(comm):  # one communicator, one size: a plan's rules and roles are per communicator
-                first = sizes.setdefault(c.group, (c.ranks, f"{gp}.comm[{j}]"))
-                if first[0] != c.ranks:
-                    raise UserError(f"{gp}.comm[{j}].ranks: communicator {c.group!r} has {first[0]} ranks in {first[1]}, "
-                                    f"{c.ranks} here; give communicators of other sizes other names")
+            _check_group(compute, comm, sizes, gp)
             groups.append(OverlapGroup(v.field(gd, "name", gp, str), compute, comm, v.field(gd, "repeat", gp, int, 1, minimum=1)))
         if not groups:
             raise UserError(f"{path}.groups: a workload needs at least one group")
@@ -179,6 +169,23 @@ class Workload:
             exposed_ms=v.field(d, "exposed_ms", path, float, 0.0, minimum=0.0),
             meta=v.mapping(v.field(d, "meta", path, dict, {}), f"{path}.meta"),
         )
+
+
+def _check_group(compute: tuple[Gemm, ...], comm: tuple[Collective, ...], sizes: dict[str, tuple[int, str]], path: str) -> None:
+    """Refuse two ops of one name in a group (a timeline keys each op's settings by name) and a
+    communicator of two sizes (a plan's rules and roles are per communicator); ``sizes`` holds the
+    communicators met so far, with where each was first given."""
+    for kind, ops in (("compute", compute), ("comm", comm)):
+        seen: dict[str, int] = {}
+        for j, op in enumerate(ops):
+            if op.name in seen:
+                raise UserError(f"{path}.{kind}[{j}].name: {op.name!r} is also {kind}[{seen[op.name]}]'s; names in a group are unique")
+            seen[op.name] = j
+    for j, c in enumerate(comm):
+        first = sizes.setdefault(c.group, (c.ranks, f"{path}.comm[{j}]"))
+        if first[0] != c.ranks:
+            raise UserError(f"{path}.comm[{j}].ranks: communicator {c.group!r} has {first[0]} ranks in {first[1]}, "
+                            f"{c.ranks} here; give communicators of other sizes other names")
 
 
 def _gemm(x: Any, path: str) -> Gemm:
