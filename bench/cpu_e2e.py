@@ -53,12 +53,14 @@ def measure_grid(plan_path: Path, steps: int, ranks: int) -> dict[int, float]:
     from lagom_tune.backends.gloo_knobs import BUCKET_CAPS_MB
     from lagom_tune.knobs import Settings
     from lagom_tune.plan.schema import load_plan
+    from lagom_tune.runtime.shim import ddp_role_of
 
     plan = load_plan(plan_path)
+    role = ddp_role_of(plan)  # dp_replicate, or dp in older plans
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cap in BUCKET_CAPS_MB:
-            variant = dataclasses.replace(plan, settings=Settings(plan.settings.process, {"dp": {"bucket_cap_mb": cap}}))
+            variant = dataclasses.replace(plan, settings=Settings(plan.settings.process, {role: {"bucket_cap_mb": cap}}))
             path = variant.save(Path(tmp) / f"cap{cap}.yaml")
             out[cap] = run_once(path, steps, ranks, {})["median_step_ms"]
             print(f"grid bucket_cap_mb={cap:3d}: {out[cap]:.2f} ms", flush=True)

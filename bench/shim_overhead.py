@@ -54,11 +54,13 @@ def main() -> None:
 
         from lagom_tune.knobs import Settings
         from lagom_tune.plan.schema import load_plan
+        from lagom_tune.runtime.shim import ddp_role_of
 
         base = load_plan(args.plan)
+        role = ddp_role_of(base)  # dp_replicate, or dp in older plans
         # The wrapper is installed only when the plan chunks: measure that case.
-        chunking = dataclasses.replace(base, settings=Settings(base.settings.process, {"dp": {
-            **base.settings.communicators.get("dp", {}), "chunk_bytes": 1 << 20}}))
+        chunking = dataclasses.replace(base, settings=Settings(base.settings.process, {role: {
+            **base.settings.communicators.get(role, {}), "chunk_bytes": 1 << 20}}))
         plan_path = chunking.save(Path(tmp) / "chunking.yaml")
         script = Path(tmp) / "calls.py"
         script.write_text(CALLS)

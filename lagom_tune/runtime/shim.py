@@ -152,7 +152,7 @@ class Shim:
         self.built_ddp = False
         self.joined_rank: int | None = None  # the rank this process gave init_process_group itself
         self.started = time.time()
-        self.ddp_role = next((r for r in DDP_ROLES if r in plan.settings.communicators), DDP_ROLE)
+        self.ddp_role = ddp_role_of(plan)
         self.pending = {}
         for knob in DDP_KNOBS:
             if plan.settings.communicators.get(self.ddp_role, {}).get(knob):
@@ -606,6 +606,18 @@ class Shim:
             return self.c10d._get_default_group().group_name
         except Exception:
             return None
+
+
+def ddp_role_of(plan: Plan) -> str:
+    """The role whose communicators DDP's gradient reduction uses in ``plan``: torchtitan's
+    ``dp_replicate``, or ``dp`` in plans made before roles were named so.
+
+    Args:
+        plan: any plan.
+    Returns:
+        The role's name (``dp_replicate`` when the plan names neither).
+    """
+    return next((r for r in DDP_ROLES if r in plan.settings.communicators or r in plan.groups), DDP_ROLE)
 
 
 def rank_reports(applied_dir: str | Path) -> dict[str, dict[str, Any]]:
