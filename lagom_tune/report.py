@@ -17,7 +17,7 @@ from lagom_tune.artifact_io import atomic_write_text, check_writable, read_yaml
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
 from lagom_tune.model.contention import load_model
-from lagom_tune.plan.schema import Plan, knob_space_for
+from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
 from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.render import percent
 from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
@@ -108,7 +108,7 @@ def _sources(target: Path) -> tuple[Plan | None, RunFolder]:
     """
     if not target.is_file():
         return None, open_run(target)
-    plan = Plan.from_dict(read_yaml(target, "plan file"), str(target))
+    plan = load_plan(target)
     return plan, open_run(_plan_run_folder(plan, target))
 
 
