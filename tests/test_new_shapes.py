@@ -48,13 +48,22 @@ def test_a_real_h200_shape_from_the_others(run):
 
 @pytest.mark.parametrize("name", ["olmoe-1b-7b-ep8", "deepseek-moe-16b-ep8"])
 def test_moe_shapes_on_simulated_a40s_from_the_others(name):
-    """The MoE presets' small and split-K shapes (m or k of 64, deep k): one 128x128 tile for every
-    shape missed them by 14-15% on average; each shape as the cheapest candidate kernel, 6.0%
-    (SIMULATED, noiseless)."""
+    """The MoE presets' small and split-K shapes (m, n or k of 64, deep k): one 128x128 tile for
+    every shape missed them by 14-15% on average; each shape as the cheapest candidate kernel,
+    6.0%; with 64-wide tiles for 64-wide outputs (in the simulated library and among the
+    candidates) and the residuals of the shapes near each, 3.8% and 2.7% (SIMULATED, noiseless)."""
     sim, c = SimCluster(CLUSTERS["a40-nvlink"]), CLUSTERS["a40-nvlink"]
     alone = {g.shape_key: sim.gemm_time(g) for grp in build_preset(name).groups for g in grp.compute}
     error = leave_one_shape_out(alone, c.sms, c.hbm)
-    assert error <= 0.075, error
+    assert error <= 0.05, error
+
+
+def test_a_64_wide_output_may_run_64_wide_tiles():
+    """A router GEMM's 64 experts in a 128-wide tile would compute half zeros: libraries ship
+    128x64 and 64x128 tiles, candidates only where the output is at most 64 wide."""
+    router, square = Gemm("r", 4096, 64, 2048, "bf16"), Gemm("s", 128, 2048, 2048, "bf16", 4)
+    assert {t for t, _ in kernels(router, 132)} >= {(128, 64), (64, 128)}
+    assert not {t for t, _ in kernels(square, 132)} & {(128, 64), (64, 128)}
 
 
 def test_split_k_only_where_the_tiles_leave_sms_idle_and_k_is_deep():

@@ -16,6 +16,7 @@ from lagom_tune.backends.base import BackendOptions, bus_factor, get_backend
 from lagom_tune.backends.nccl_knobs import nccl_knob_space
 from lagom_tune.backends.sim import CLUSTERS, SimCluster
 from lagom_tune.backends.sim_comm import REFERENCE_BUSBW
+from lagom_tune.backends.sim_compute import Kernel, choose_kernel, gemm_run, kernel_run
 from lagom_tune.model.fit import fit_model
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.workload.presets import build_preset
@@ -61,6 +62,16 @@ def test_h200_copy_slowdown_beside_gemms(h200):
 def test_h200_gemm_times_alone(h200):
     """GEMMs alone, from tiles in waves: the median shape within 15% of its measured time."""
     assert (h200["alone_ratio"] - 1).abs().max() <= ALONE_AIM, h200.groupby("workload")["alone_ratio"].first().to_dict()
+
+
+def test_a_skinny_gemm_runs_a_narrow_tile_and_saves_the_wasted_math():
+    """A 64-wide output (a MoE router's experts) runs a 64-wide tile, as cuBLAS's do; a wider one
+    keeps the 128-wide tiles the H200 table was calibrated with."""
+    c = CLUSTERS["a40-nvlink"]
+    router, attention = Gemm("r", 4096, 64, 2048, "bf16"), Gemm("a", 128, 2048, 2048, "bf16", 4)
+    assert 64 in choose_kernel(c, router).tile and 64 not in choose_kernel(CLUSTERS["h200-nvlink"], attention).tile
+    wide = kernel_run(c, router, Kernel((128, 128), 1, 32, 32, True))[0]
+    assert gemm_run(c, router)[0] < 0.9 * wide  # half the 128-wide tile's math was zeros
 
 
 def test_h200_all_reduce_with_ctas_capped():

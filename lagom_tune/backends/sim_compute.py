@@ -8,7 +8,8 @@ no data sheet gives, in ``sim_clusters.MemoryCalibration`` by ``bench/calibrate_
 devices scaled by their SMs, HBM bandwidth and peak TFLOP/s):
 
 * **Kernel choice.** Like cuBLAS, the kernel is chosen once, alone: among tile shapes
-  (:data:`TILES`) and split-K factors, the one with the shortest time on an idle device. NCCL's
+  (:data:`TILES`, and :data:`NARROW_TILES` for an output at most 64 wide) and split-K factors,
+  the one with the shortest time on an idle device. NCCL's
   blocks arriving later do not change that choice, which is where wave quantisation bites.
 * **A persistent grid.** The kernel launches ``min(CTAs, SMs - GRID_SPARE)`` CTAs; CTA ``j`` owns
   tiles ``j, j + grid, ...`` (a static schedule). One CTA fills an SM (registers and shared
@@ -37,7 +38,15 @@ from lagom_tune.backends.sim_clusters import Cluster
 from lagom_tune.workload.spec import DTYPES, Gemm
 
 TILES = ((128, 256), (256, 128), (128, 128))  # cuBLAS's Hopper bf16 tile shapes
-TILE_EFFICIENCY = {(128, 256): 1.0, (256, 128): 1.0, (128, 128): 0.86}  # math rate of a smaller tile (less reuse per load)
+# ... and for an output at most NARROW wide (a 128-wide tile would compute at least half zeros):
+# 64-wide tiles (cuBLAS's kernel names carry the tile: ampere_bf16_s16816gemm_bf16_128x64_...,
+# sm90_..._tilesize128x64x64_...)
+NARROW = 64
+NARROW_TILES = ((128, NARROW), (NARROW, 128))
+# A smaller tile's math rate: it loads more operand bytes per FLOP (tm tn / (tm + tn): 85, 64 and
+# 43 FLOP per element loaded); 128x128's 0.86 is assumed, the narrow tiles' 0.70 follows it (the
+# same power, 0.52, of that ratio).
+TILE_EFFICIENCY = {(128, 256): 1.0, (256, 128): 1.0, (128, 128): 0.86, (128, NARROW): 0.70, (NARROW, 128): 0.70}
 SPLITS = (1, 2, 4)  # split-K factors for short, deep GEMMs
 PERSISTENT_WAVES = 2  # kernels of at most this many waves run a persistent grid; larger ones one CTA per tile
 SPARE_SLOTS = 1  # a persistent grid leaves one slot (a TPC on Hopper) idle
@@ -193,7 +202,7 @@ def choose_kernel(c: Cluster, g: Gemm) -> Kernel:
     """The kernel a library would pick for ``g``: the fastest candidate on an idle device."""
     best: tuple[float, Kernel] | None = None
     persistent_grid = (c.sms // c.cta_cluster - SPARE_SLOTS) * c.cta_cluster
-    for tile in TILES:
+    for tile in TILES + (NARROW_TILES if min(g.m, g.n) <= NARROW else ()):
         out_tiles = _tile_counts(g, tile)
         for split in SPLITS:
             if split > 1 and (out_tiles * split > PERSISTENT_WAVES * persistent_grid or g.k // split < 512):

@@ -15,7 +15,7 @@ Computation ``i`` beside collective ``j`` with ``NC`` channels and buffer ``C``,
     y_ij = g_ij * theta_i * (1 + rho_i [NC > 0]) + mu_i * D_i / (Bbar - V_j),    V_j = v_base + v_per_byte * bw_j(NC, NT, C)
 
 * ``mu_i``, the CTAs the GEMM's kernel runs, is chosen per shape by the fit: a tile count
-  (:data:`CTA_TILES`, split-K :data:`SPLITS`) or a persistent grid of ``lambda - s`` CTAs
+  (:data:`CTA_TILES`, :data:`NARROW_TILES` for an output at most 64 wide, split-K :data:`SPLITS`) or a persistent grid of ``lambda - s`` CTAs
   (:data:`GRID_SPARE`): cuBLAS's Hopper kernels keep a grid of about one CTA per SM, a few SMs
   idle, so the first channels cost nothing and the next push CTAs into a second wave.
 * Math quantises in waves, bytes do not: a short last wave moves only its own CTAs' bytes, so the
@@ -104,6 +104,8 @@ FORM_WAVES = "lagom-waves-v2"
 FORMS = (FORM_EQ46, FORM_WAVES)
 
 CTA_TILES = ((128, 128), (128, 256), (256, 128))  # tile shapes cuBLAS picks for bf16/fp16 GEMMs
+NARROW = 64  # ... and for an output at most this wide, 64-wide tiles (a 128-wide one would compute half zeros)
+NARROW_TILES = ((128, NARROW), (NARROW, 128))
 SPLITS = (1, 2, 4)  # split-K factors: a short, deep GEMM runs more CTAs, each over a part of k
 MIN_SPLIT_K = 2 * TILE  # a split keeps at least two 128-deep steps of k per CTA
 SPLIT_PARTIAL_BYTES = 4  # a split-K partial tile is written and read back in fp32
@@ -158,7 +160,8 @@ def kernels(g: Gemm, sms: int) -> list[tuple[tuple[int, int], int]]:
     unsplit or, where its output tiles leave SMs idle, split-K (:data:`SPLITS`) with at least
     :data:`MIN_SPLIT_K` of k per CTA (splitting adds CTAs only where there are too few to fill the
     device, at the cost of the partials' traffic); Eq. 4's 128x128 tile unsplit first."""
-    return [(tile, s) for tile in CTA_TILES for s in SPLITS
+    tiles = CTA_TILES + (NARROW_TILES if min(g.m, g.n) <= NARROW else ())
+    return [(tile, s) for tile in tiles for s in SPLITS
             if s == 1 or (kernel_ctas(g, tile) < sms and g.k // s >= MIN_SPLIT_K)]
 
 
