@@ -64,10 +64,14 @@ def test_a_time_in_measurements_csv_that_is_no_time_is_refused(tiny_run, tmp_pat
     (lambda df: df.assign(m=df["m"].where(df["kind"] != "gemm", -64)), "m of point gemm|"),
     (lambda df: df.assign(nbytes=df["nbytes"].where(df["kind"] != "collective", 0.5)), "not a count of at least 1"),
     (lambda df: pd.concat([df, df.iloc[[0]]]), "appears twice"),
+    (lambda df: df.assign(chunk_bytes=df["chunk_bytes"].where(df["kind"] != "collective", 12345)), "not one of the gloo backend's"),
+    (lambda df: df.assign(window_us=df["window_us"].where(df["kind"] != "overlap", df["time_us"] / 2)), "before one of its streams ended"),
 ])
 def test_a_shape_or_repeat_in_measurements_csv_that_cannot_be_is_refused(tiny_run, tmp_path, edit, said):
     """A negative GEMM dimension, a fraction of a byte and a repeat written twice were fitted
-    (a MAPE of 78,305,862% was written to model.yaml)."""
+    (a MAPE of 78,305,862% was written to model.yaml); so were a collective at a knob value the
+    backend does not have (fitted as a setting of its own) and an overlapped window that ended
+    before one of its streams."""
     import shutil
 
     run = tmp_path / "run"

@@ -19,6 +19,7 @@ import pandas as pd
 
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, read_yaml, write_yaml
+from lagom_tune.backends.registry import backend_info, backend_names
 from lagom_tune.errors import UserError
 from lagom_tune.measurements import COUNT_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, REQUIRED_COLUMNS, TIMED_COLUMNS
 from lagom_tune.workload.spec import Workload
@@ -135,8 +136,9 @@ class RunFolder:
     def write_meta(self, meta: dict[str, Any]) -> None:
         write_yaml(self.meta_path, {"schema_version": SCHEMA_VERSION, "kind": "lagom-profile", **meta})
 
-    def workload(self) -> Workload:
-        return Workload.from_dict(self.read_meta().get("workload"), f"{self.meta_path}:workload")
+    def workload(self, meta: dict[str, Any] | None = None) -> Workload:
+        """The profiled workload, from ``meta`` (this folder's ``meta.yaml``, read if not given)."""
+        return Workload.from_dict((meta or self.read_meta()).get("workload"), f"{self.meta_path}:workload")
 
     def _read_rows(self) -> tuple[pd.DataFrame, bool]:
         """Every whole row of ``measurements.csv``, and whether a partial last line was dropped
@@ -175,6 +177,11 @@ class RunFolder:
             first = df[twice].iloc[0]
             raise UserError(f"{self.csv_path}: repeat {first['repeat']} of point {first['point']} appears twice "
                             f"({int(twice.sum())} such row(s))")
+        if {"window_us", "comm_us"} <= set(df.columns):  # both streams ended by the end of the window
+            early = df[df["window_us"] < df[["time_us", "comm_us"]].max(axis=1, skipna=False) * (1 - 1e-9)]
+            if not early.empty:
+                raise UserError(f"{self.csv_path}: window_us of point {early.iloc[0]['point']} is {early.iloc[0]['window_us']}, "
+                                f"before one of its streams ended ({len(early)} such row(s))")
         for col in TIMED_COLUMNS:  # a time is positive and finite; only time_us is in every row
             if col in df.columns:
                 times = df[col] if col == "time_us" else df[col].dropna()
@@ -184,18 +191,33 @@ class RunFolder:
                                     f"not a positive time ({len(bad)} such row(s))")
         return df, partial
 
-    def _repeats(self) -> int | None:
-        if not self.meta_path.is_file():
-            return None
-        repeats = self.read_meta().get("repeats")
-        return repeats if isinstance(repeats, int) and repeats > 0 else None
+    def _check_settings(self, df: pd.DataFrame, meta: dict[str, Any]) -> None:
+        """Refuse rows of the workload's collectives taken at a knob value the run's backend does
+        not have on its machine (``algo: bogus``, ``channels: 999`` were fitted as a setting of
+        their own). Instrument rows (the GPU probe's copy kernel) have settings of their own."""
+        fp = meta["fingerprint"]
+        if "op" not in df.columns or fp["backend"] not in backend_names():
+            return
+        space = backend_info(fp["backend"]).knob_space(fp)
+        ours = df[df["op"].isin({c.op for c in self.workload(meta).collectives()})]
+        for col in KNOB_COLUMNS:
+            if col in ours.columns and col in space.names():
+                values = ours[col].dropna()
+                bad = values[~values.isin(space[col].domain)]
+                if not bad.empty:
+                    raise UserError(f"{self.csv_path}: {col} of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, not one of "
+                                    f"the {fp['backend']} backend's {', '.join(map(str, space[col].domain))} ({len(bad)} such row(s))")
 
     def read(self) -> tuple[pd.DataFrame, CsvHealth]:
         """One read of ``measurements.csv``: the rows of every complete point (all its repeats), and
         what was left out (a partial last line, points with fewer rows than repeats; a resumed
         profile measures those again)."""
         df, partial = self._read_rows()
-        repeats = self._repeats()
+        meta = self.read_meta() if self.meta_path.is_file() else None
+        if meta is not None:
+            self._check_settings(df, meta)
+        repeats = meta.get("repeats") if meta is not None else None
+        repeats = repeats if isinstance(repeats, int) and repeats > 0 else None
         counts = df.groupby("point").size() if repeats and not df.empty else pd.Series(dtype=int)
         short = tuple(sorted(str(p) for p, n in counts.items() if n < repeats))
         complete = df[~df["point"].astype(str).isin(short)].reset_index(drop=True) if short else df
