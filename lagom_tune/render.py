@@ -130,6 +130,9 @@ def prediction_table(plan: Plan) -> Table:
         vbase = plan.validated.get("iteration_ms", {}).get("default")
         for name, ms in plan.validated.get("iteration_ms", {}).items():
             t.add_row(f"{kind} {name} (replay)", f"{ms:.2f}", f"{vbase / ms:.3f}×" if vbase and ms else "")
+        if plan.validated.get("same_settings"):
+            t.caption = "the plan keeps the defaults: both replays ran the same settings, so their difference is noise"
+            t.caption_justify = "left"
     return t
 
 

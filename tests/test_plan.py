@@ -53,7 +53,7 @@ def _set_rule(d: dict, **match) -> None:
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: _set_rule(d, min_bytes=1 << 40, max_bytes=1 << 20), "min_bytes 1099511627776 is above max_bytes 1048576; the rule matches nothing"),
     (lambda d: (_set_rule(d, op="all_gather"), d["collectives"][0]["set"].update(algo="tree")), "'tree' does not apply to all_gather"),
-    (lambda d: _set_rule(d, group="pp"), r"match.group: no role 'pp' in plan.target.groups \(tp, dp\)"),
+    (lambda d: _set_rule(d, group="pp"), r"match.group: no role 'pp' in plan.target.groups \(tp, dp_replicate\)"),
     # a misspelt or missing section read as absent: nothing applied, nothing said (a file cut short too)
     (lambda d: d.update(communicator=d.pop("communicators")), r"plan.communicator: unknown field \(did you mean 'communicators'\?"),
     (lambda d: d.pop("collectives"), "plan.collectives: required field is missing"),

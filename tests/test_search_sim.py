@@ -131,6 +131,17 @@ def test_validate_replays_default_and_plan_on_the_simulator(phi2, tmp_path):
     assert v["speedup"] >= 0.98 and v["iteration_ms"]["plan"] > 0
 
 
+def test_a_plan_that_keeps_the_defaults_says_its_replays_ran_the_same_settings(phi2, tmp_path):
+    """A kept-defaults plan replayed on the noisy simulator recorded a 1.03x speedup with nothing
+    to say that both replays ran the same settings."""
+    kept, tuned = tmp_path / "kept.yaml", tmp_path / "tuned.yaml"
+    r = cli("search", phi2[0], "--out", kept, "--validate", "2", "--min-gain", "0.5", check=True)
+    assert yaml.safe_load(kept.read_text())["validated"]["same_settings"] is True
+    assert "both replays ran the same settings" in r.stdout, r.stdout
+    r = cli("search", phi2[0], "--out", tuned, "--validate", "2", "--min-gain", "0", check=True)
+    assert "same_settings" not in yaml.safe_load(tuned.read_text())["validated"] and "same settings" not in r.stdout
+
+
 def test_multi_objective_writes_a_pareto_front(phi2, tmp_path):
     plan = tmp_path / "p.yaml"
     cli("search", phi2[0], "--optimizer", "optuna", "--multi-objective", "--n-trials", "60", "--out", plan, check=True)

@@ -426,7 +426,7 @@ def test_dry_run_names_the_built_plugin(tmp_path):
     rules = next(tmp_path.glob("lagom-tune/tuner-rules/*.rules"))
     out = r.stdout
     assert f"export NCCL_TUNER_PLUGIN={plugin}" in out and f"{RULES_ENV}={rules}" in out
-    assert "allreduce 8 * 16777216 16777216 tree ll128 32" in out and "rules that need the plugin" in out
+    assert "allreduce 8 * 16777216 16777216 tree ll128 64" in out and "rules that need the plugin" in out
     assert rules.read_text() == tuner_rules(PLANS["sim-h100-nvlink-mpt-7b-tp8-dp2.yaml"]).text()
 
 

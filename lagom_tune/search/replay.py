@@ -45,7 +45,8 @@ def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[s
         repeats: rounds; each replays every candidate once.
     Returns:
         The plan's ``validated`` section: method, median and spread per candidate, and the
-        default-over-plan speedup when both are there.
+        default-over-plan speedup when both are there (with ``same_settings`` when the plan keeps
+        the defaults, so that any difference is noise).
     """
     backend = backend_from_fingerprint(fingerprint)
     ranks = workload.world_size
@@ -66,4 +67,6 @@ def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[s
     }
     if "default" in med and "plan" in med and med["plan"] > 0:
         out["speedup"] = round(med["default"] / med["plan"], 4)
+        if settings_items(candidates["default"]) == settings_items(candidates["plan"]):
+            out["same_settings"] = True  # a plan that keeps the defaults: the speedup is the replay's noise
     return out
