@@ -204,11 +204,12 @@ def test_infiniband_bounds_multi_node_collectives():
                                                   ("h200-nvlink", "olmoe-1b-7b-ep8", 0.02)])
 def test_the_model_is_not_the_simulator_and_earns_its_accuracy(tmp_path, hardware, name, noise):
     """Held-out (5-fold) error of the fitted model on the simulator: non-zero for every quantity even
-    without noise (its equations are not the simulator's); every quantity within the 5% aim but
-    isolated GEMM points, within 7.5% (2026-11-30: 6.1% on h200 olmoe, whose attention and router
-    shapes are profiled only alone, so a held-out point is a shape the model never saw; 8.1% before
-    a never-measured shape ran as the cheapest candidate kernel; bench/results/paper_sim.md has
-    every cluster)."""
+    without noise (its equations are not the simulator's); every quantity within the 5% aim.
+    Isolated GEMM points on h200 olmoe, whose attention and router shapes are profiled only alone
+    (a held-out point is a shape the model never saw): 2.3% since 2026-12-01 (64-wide tiles for the
+    router's 64-wide outputs, the residuals of measured shapes near a new one), 6.1% before, 8.1%
+    before a never-measured shape ran as the cheapest candidate kernel; bench/results/paper_sim.md
+    has every cluster."""
     b = get_backend("sim", BackendOptions(hardware=hardware, noise=noise))
     run = run_profile(build_preset(name), b, tmp_path / "run", repeats=1 if noise == 0 else 3)
     fp = run.read_meta()["fingerprint"]
@@ -216,7 +217,7 @@ def test_the_model_is_not_the_simulator_and_earns_its_accuracy(tmp_path, hardwar
     mape = fit.mape
     assert all(c.warm_gain == 0 for c in fit.model.comm.values())  # the simulator times collectives alone cold
     assert all(v > 0.001 for v in mape.values()), mape
-    assert max(v for k, v in mape.items() if k != "gemm") <= 0.05 and mape["gemm"] <= 0.075, mape
+    assert max(mape.values()) <= 0.05, mape
     # the placement of channel blocks is the simulated hardware's: Hopper's 2-CTA GEMMs lose whole
     # TPCs over its 8 GPCs, Ampere's lose one SM per block
     cluster = CLUSTERS[hardware]
