@@ -62,26 +62,61 @@ def _fmt_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+GROUP_TABLES = 12  # a workload of more groups (an imported trace: thousands) is shown as a summary
+
+
 def workload_tables(w: Workload) -> list[Table]:
-    """One table per overlap group: its computations and collectives, in stream order.
+    """One table per overlap group: its computations and collectives, in stream order; for more than
+    :data:`GROUP_TABLES` groups, one summary table instead (its GEMM shapes and collectives, with
+    the groups and repeats they appear in), since thousands of tables hide what a trace holds.
 
     Args:
         w: the workload.
     Returns:
         The tables.
     """
+    if len(w.groups) > GROUP_TABLES:
+        return [_workload_summary(w)]
     tables = []
     for g in w.groups:
         t = Table(title=f"{w.name} · group {g.name} × {g.repeat}", title_justify="left")
         for col in ("stream", "name", "shape / op", "GFLOP / bytes", "after"):
             t.add_column(col)
         for op in g.compute:
-            shape = f"{op.batch}×" if op.batch > 1 else ""
-            t.add_row("compute", op.name, f"{shape}{op.m}×{op.n}×{op.k} {op.dtype}", f"{op.flops / 1e9:.3f}", "")
+            t.add_row("compute", op.name, _shape_text(op), f"{op.flops / 1e9:.3f}", "")
         for c in g.comm:
-            t.add_row("comm", c.name, f"{c.op} on {c.group} ({c.ranks} ranks)", _fmt_bytes(c.nbytes), "" if c.after is None else str(c.after))
+            t.add_row("comm", c.name, _collective_text(c), _fmt_bytes(c.nbytes), "" if c.after is None else str(c.after))
         tables.append(t)
     return tables
+
+
+def _shape_text(op: Any) -> str:
+    return f"{op.batch}×{op.m}×{op.n}×{op.k} {op.dtype}" if op.batch > 1 else f"{op.m}×{op.n}×{op.k} {op.dtype}"
+
+
+def _collective_text(c: Any) -> str:
+    return f"{c.op} on {c.group} ({c.ranks} ranks)"
+
+
+def _workload_summary(w: Workload) -> Table:
+    """Each distinct GEMM shape and collective of ``w`` once: the groups it appears in and how many
+    times an iteration runs it."""
+    rows: dict[tuple[str, str, str], list[int]] = {}  # (stream, shape / op, GFLOP / bytes) -> [groups, runs]
+    for g in w.groups:
+        seen = set()
+        items = [("compute", _shape_text(op), f"{op.flops / 1e9:.3f}") for op in g.compute]
+        items += [("comm", _collective_text(c), _fmt_bytes(c.nbytes)) for c in g.comm]
+        for key in items:
+            count = rows.setdefault(key, [0, 0])
+            count[0] += key not in seen
+            count[1] += g.repeat
+            seen.add(key)
+    t = Table(title=f"{w.name} · {len(w.groups)} groups, summarised (--json lists each)", title_justify="left")
+    for col in ("stream", "shape / op", "GFLOP / bytes", "groups", "runs per iteration"):
+        t.add_column(col, justify="right" if col in ("groups", "runs per iteration") else "left")
+    for (stream, what, size), (groups, runs) in sorted(rows.items(), key=lambda kv: (kv[0][0] != "compute", -kv[1][1])):
+        t.add_row(stream, what, size, str(groups), str(runs))
+    return t
 
 
 def plan_table(plan: Plan) -> Table:

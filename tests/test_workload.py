@@ -8,7 +8,7 @@ from lagom_tune.workload.bucketing import FIRST_BUCKET_BYTES, bucket_collectives
 from lagom_tune.workload.presets import CPU_DEMO_ARCH, build_preset, resolve_workload
 from lagom_tune.workload.spec import Collective, Workload, load_workload
 
-from conftest import ROOT
+from conftest import ROOT, cli
 
 
 def _example_model(arch):
@@ -94,3 +94,24 @@ def test_an_exponent_yaml_reads_as_text_says_how_to_write_it():
     d["groups"][1]["comm"][0]["nbytes"] = "1e9"
     with pytest.raises(UserError, match=r"got '1e9' \(YAML 1.1 reads this as text: write the exponent with a dot and a sign, 1.0e\+9"):
         Workload.from_dict(d)
+
+
+def test_show_summarises_a_workload_of_many_groups(tmp_path):
+    """An imported trace of 30,000 groups printed 30,000 tables (48 s, unreadable): beyond a dozen
+    groups, one table of each distinct shape and collective, with the groups it is in and its runs."""
+    from lagom_tune import render
+    from lagom_tune.workload.spec import Gemm, OverlapGroup
+
+    gemm, ar = Gemm("g", 64, 64, 64), Collective("ar", "all_reduce", 4096)
+    groups = tuple(OverlapGroup(f"g{i}", (gemm, Gemm("h", 128, 64, 64)) if i == 0 else (gemm,), (ar,), repeat=2) for i in range(500))
+    w = Workload("many", groups)
+    (table,) = render.workload_tables(w)
+    assert "500 groups, summarised" in str(table.title) and table.row_count == 3
+    rows = list(zip(*(col.cells for col in table.columns)))
+    assert ("compute", "64×64×64 fp32", "0.001", "500", "1000") in rows and ("compute", "128×64×64 fp32", "0.001", "1", "2") in rows
+    assert ("comm", "all_reduce on dp (2 ranks)", "4.00 KiB", "500", "1000") in rows
+    w.save(tmp_path / "many.yaml")
+    r = cli("workload", "show", tmp_path / "many.yaml", check=True)
+    assert "500 groups, summarised" in r.stdout and r.stdout.count("┏") == 1
+    small = render.workload_tables(Workload("few", groups[:3]))
+    assert len(small) == 3  # a dozen groups or fewer: a table each, in stream order
