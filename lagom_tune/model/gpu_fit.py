@@ -279,8 +279,8 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
     assert best is not None
     launch, math_s, memory, more = (float(c) for c in best[1])
     regression = ShapeRegression(math_s, launch_s=launch, d_per_min_byte=memory, d_per_reread_byte=more, kernel_choice=True)
-    residuals = {g.shape_key: math.log(t / regression.seconds(g, sms, hbm)) for g, t in zip(gemms, y) if regression.seconds(g, sms, hbm) > 0}
-    return replace(regression, residuals=residuals)
+    predicted = [regression.seconds(g, sms, hbm) for g in gemms]
+    return replace(regression, residuals={g.shape_key: math.log(t / p) for g, t, p in zip(gemms, y, predicted) if p > 0})
 
 
 def _huber_nonneg_lstsq(a: np.ndarray, y: np.ndarray, rounds: int = 4) -> np.ndarray:
