@@ -64,6 +64,7 @@ def test_a_64_wide_output_may_run_64_wide_tiles():
     router, square = Gemm("r", 4096, 64, 2048, "bf16"), Gemm("s", 128, 2048, 2048, "bf16", 4)
     assert {t for t, _ in kernels(router, 132)} >= {(128, 64), (64, 128)}
     assert not {t for t, _ in kernels(square, 132)} & {(128, 64), (64, 128)}
+    assert not {t for t, _ in kernels(router, 132, narrow=False)} & {(128, 64), (64, 128)}  # model files fitted without them
 
 
 def test_split_k_only_where_the_tiles_leave_sms_idle_and_k_is_deep():
@@ -113,3 +114,21 @@ def test_residuals_are_fitted_recorded_and_checked():
     d["params"]["residuals"] = {"1x64x64x64:bf16": ".nan"}
     with pytest.raises(UserError, match="residuals"):
         model_from_dict({"schema_version": 1, **d})
+    # each was accepted: exp() overflowed in search (1000), log2(0) failed in it, int8 was applied
+    for residuals, said in (({"1x64x64x64:bf16": 1000.0}, "beyond"), ({"0x4096x64x2048:bf16": 0.1}, "not a GEMM shape"),
+                            ({"1x-4096x64x2048:bf16": 0.1}, "not a GEMM shape"), ({"1x4096x64x2048:int8": 0.1}, "not a GEMM shape")):
+        d["params"]["residuals"] = residuals
+        with pytest.raises(UserError, match=said):
+            model_from_dict({"schema_version": 1, **d})
+    assert model.new_shapes.narrow_tiles is True
+    del d["params"]["residuals"], d["params"]["narrow_tiles"]  # before 2026-12-01: fitted without 64-wide tiles
+    assert model_from_dict({"schema_version": 1, **d}).new_shapes.narrow_tiles is False
+
+
+def test_residuals_of_another_dtype_do_not_correct_a_shape():
+    """An fp32 shape's residual moved a bf16 router's prediction by 1.49x."""
+    kw = dict(launch_s=5e-6, d_per_min_byte=1.2, d_per_reread_byte=0.1, kernel_choice=True)
+    router = Gemm("r", 4096, 64, 2048, "bf16")
+    fp32 = ShapeRegression(1e-10, residuals={"1x4096x64x2048:fp32": 0.5}, **kw)
+    assert fp32.seconds(router, 132, 4.8e12) == ShapeRegression(1e-10, **kw).seconds(router, 132, 4.8e12)
+    assert ShapeRegression(1e-10, residuals={"1x4096x64x2048:bf16": 0.5}, **kw).correction(router) > 1.4

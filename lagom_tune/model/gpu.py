@@ -124,6 +124,7 @@ HUBER_DELTA = 0.1  # relative error beyond which a point counts linearly, not sq
 # shape, the regression alone).
 RESIDUAL_OCTAVES = 1.0
 RESIDUAL_PRIOR = 0.25
+MAX_RESIDUAL = 3.0  # |log(measured / regression)| at most this (20x): beyond, a shape is not evidence about its neighbours
 L2_SHARPNESS = 2.0  # h = min(1, l2 / footprint)^2: streaming past the L2 size loses hits quickly
 
 COMM_PARAMS = ("latency_us", "link_GBps", "per_channel_GBps", "threads_exp", "pipeline_bytes", "warm_gain", "l2_bytes")
@@ -155,12 +156,14 @@ def min_traffic(g: Gemm) -> float:
     return (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch * DTYPES[g.dtype]
 
 
-def kernels(g: Gemm, sms: int) -> list[tuple[tuple[int, int], int]]:
-    """The kernels a library may run for ``g`` on ``sms`` SMs: each tile shape (:data:`CTA_TILES`),
-    unsplit or, where its output tiles leave SMs idle, split-K (:data:`SPLITS`) with at least
-    :data:`MIN_SPLIT_K` of k per CTA (splitting adds CTAs only where there are too few to fill the
-    device, at the cost of the partials' traffic); Eq. 4's 128x128 tile unsplit first."""
-    tiles = CTA_TILES + (NARROW_TILES if min(g.m, g.n) <= NARROW else ())
+def kernels(g: Gemm, sms: int, narrow: bool = True) -> list[tuple[tuple[int, int], int]]:
+    """The kernels a library may run for ``g`` on ``sms`` SMs: each tile shape (:data:`CTA_TILES`,
+    and :data:`NARROW_TILES` for an output at most :data:`NARROW` wide unless ``narrow`` is False:
+    model files written before 2026-12-01 were fitted without them), unsplit or, where its output
+    tiles leave SMs idle, split-K (:data:`SPLITS`) with at least :data:`MIN_SPLIT_K` of k per CTA
+    (splitting adds CTAs only where there are too few to fill the device, at the cost of the
+    partials' traffic); Eq. 4's 128x128 tile unsplit first."""
+    tiles = CTA_TILES + (NARROW_TILES if narrow and min(g.m, g.n) <= NARROW else ())
     return [(tile, s) for tile in tiles for s in SPLITS
             if s == 1 or (kernel_ctas(g, tile) < sms and g.k // s >= MIN_SPLIT_K)]
 
@@ -280,6 +283,7 @@ class ShapeRegression:
     d_per_reread_byte: float = 0.0  # ... and per byte the kernel moves beyond that
     kernel_choice: bool = False
     residuals: dict[str, float] = field(default_factory=dict)  # waves-v2: log(measured / regression) per measured shape
+    narrow_tiles: bool = False  # the candidates include NARROW_TILES (fits since 2026-12-01)
 
     def terms(self, g: Gemm, tile: tuple[int, int] = (TILE, TILE), split: int = 1) -> GemmFit:
         """The terms of ``g`` run as a kernel of ``tile`` blocks split ``split`` ways."""
@@ -304,17 +308,19 @@ class ShapeRegression:
         Eq. 4's 128x128 tile."""
         if not self.kernel_choice:
             return self.terms(g)
-        return min((self.terms(g, tile, s) for tile, s in kernels(g, sms)), key=lambda f: _kernel_seconds(f, sms, hbm))
+        return min((self.terms(g, tile, s) for tile, s in kernels(g, sms, self.narrow_tiles)), key=lambda f: _kernel_seconds(f, sms, hbm))
 
     def correction(self, g: Gemm) -> float:
         """The factor on the regression's time of ``g`` from the residuals of the measured shapes
-        near it (1 with none near)."""
-        if not self.residuals:
-            return 1.0
+        of its dtype near it (1 with none near)."""
         here = residual_coordinates(g)
-        near = [(math.exp(-sum((a - b) ** 2 for a, b in zip(here, _key_coordinates(k))) / (2 * RESIDUAL_OCTAVES ** 2)), r)
-                for k, r in self.residuals.items()]
-        return math.exp(sum(w * r for w, r in near) / (sum(w for w, _ in near) + RESIDUAL_PRIOR))
+        weights, residuals = [], []
+        for key, r in self.residuals.items():
+            dtype, there = _key_coordinates(key)
+            if dtype == g.dtype:  # an fp32 shape says nothing about a bf16 one's kernel
+                weights.append(math.exp(-sum((a - b) ** 2 for a, b in zip(here, there)) / (2 * RESIDUAL_OCTAVES ** 2)))
+                residuals.append(r)
+        return math.exp(float(np.dot(weights, residuals)) / (sum(weights) + RESIDUAL_PRIOR)) if weights else 1.0
 
     def seconds(self, g: Gemm, sms: int, hbm: float) -> float:
         """Seconds alone of a shape never measured, as the regression (and its residuals near ``g``)
@@ -329,8 +335,9 @@ def residual_coordinates(g: Gemm) -> tuple[float, float, float, float]:
 
 
 @lru_cache(maxsize=4096)
-def _key_coordinates(key: str) -> tuple[float, float, float, float]:
-    return residual_coordinates(gemm_of_key(key))
+def _key_coordinates(key: str) -> tuple[str, tuple[float, float, float, float]]:
+    g = gemm_of_key(key)
+    return g.dtype, residual_coordinates(g)
 
 
 def _kernel_seconds(f: GemmFit, sms: int, hbm: float) -> float:
@@ -586,6 +593,7 @@ class LagomGpuModel:
             "d_per_reread_byte": r.d_per_reread_byte,
             "kernel_choice": r.kernel_choice,
             "residuals": dict(sorted(r.residuals.items())),
+            "narrow_tiles": r.narrow_tiles,
             "launch_s": r.launch_s,
             "corun": r.corun,
             "comm": {k: f.to_dict() for k, f in sorted(self.comm.items())},
@@ -645,7 +653,8 @@ class LagomGpuModel:
                                            v.field(p, "corun", pp, float, 0.0), v.field(p, "d_per_min_byte", pp, float, 0.0),
                                            v.field(p, "d_per_reread_byte", pp, float, 0.0),
                                            v.field(p, "kernel_choice", pp, bool, False),
-                                           _residuals(p.get("residuals", {}), f"{pp}.residuals")),
+                                           _residuals(p.get("residuals", {}), f"{pp}.residuals"),
+                                           v.field(p, "narrow_tiles", pp, bool, False)),
                 comm={k: CommFit.from_dict(val, f"{pp}.comm.{k}") for k, val in v.field(p, "comm", pp, dict).items()},
                 contention=contention, simulated=bool(d.get("simulated", False)),
             )
@@ -654,12 +663,36 @@ class LagomGpuModel:
 
 
 def _residuals(d: Any, path: str) -> dict[str, float]:
-    """The shape regression's residuals as ``to_dict`` writes them (absent before 2026-12-01), checked:
-    numbers by shape keys (a key that names no shape raises ValueError)."""
+    """The shape regression's residuals as ``to_dict`` writes them (absent before 2026-12-01),
+    checked: a shape key of positive sides and a known dtype for each, at most
+    :data:`MAX_RESIDUAL` either way."""
     residuals = v.number_map(d, path)
-    for key in residuals:
-        gemm_of_key(key)
+    for key, r in residuals.items():
+        shape_of_key(key, f"{path}.{key}")
+        if abs(r) > MAX_RESIDUAL:
+            raise UserError(f"{path}.{key}: {r} is beyond +-{MAX_RESIDUAL} (a shape {math.exp(MAX_RESIDUAL):.0f}x off the regression)")
     return residuals
+
+
+def shape_of_key(key: str, path: str) -> Gemm:
+    """The GEMM a shape key names (``BxMxNxK:dtype``), refused unless every side is at least 1 and
+    the dtype is one of :data:`~lagom_tune.workload.spec.DTYPES`.
+
+    Args:
+        key: the shape key, as a file holds it.
+        path: its field path, for the error.
+    Returns:
+        The Gemm.
+    Raises:
+        UserError: one line naming the key.
+    """
+    try:
+        g = gemm_of_key(key)
+    except ValueError:
+        g = None
+    if g is None or min(g.batch, g.m, g.n, g.k) < 1 or g.dtype not in DTYPES:
+        raise UserError(f"{path}: {key!r} is not a GEMM shape (BxMxNxK:dtype, each side at least 1, dtype one of {', '.join(DTYPES)})")
+    return g
 
 
 def _gemm_fit(key: str, d: Any, path: str) -> GemmFit:

@@ -23,7 +23,7 @@ from lagom_tune.backends.base import bus_factor
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.gpu import (
-    CORUN_GRID, CURVE_STEPS, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_V_PER_BYTE, MIN_FREE_HBM, PLACEMENTS, TIE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
+    CORUN_GRID, CURVE_STEPS, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_RESIDUAL, MAX_V_PER_BYTE, MIN_FREE_HBM, PLACEMENTS, TIE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
     LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, cta_candidates, cta_kflop, extra_traffic, free_sms, kernel_ctas,
     kernels, l2_hit_share, min_traffic, step_bandwidth, tile_bytes, waves,
 )
@@ -278,9 +278,11 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
         pick = new
     assert best is not None
     launch, math_s, memory, more = (float(c) for c in best[1])
-    regression = ShapeRegression(math_s, launch_s=launch, d_per_min_byte=memory, d_per_reread_byte=more, kernel_choice=True)
+    regression = ShapeRegression(math_s, launch_s=launch, d_per_min_byte=memory, d_per_reread_byte=more, kernel_choice=True,
+                                 narrow_tiles=True)
     predicted = [regression.seconds(g, sms, hbm) for g in gemms]
-    return replace(regression, residuals={g.shape_key: math.log(t / p) for g, t, p in zip(gemms, y, predicted) if p > 0})
+    residuals = {g.shape_key: float(np.clip(math.log(t / p), -MAX_RESIDUAL, MAX_RESIDUAL)) for g, t, p in zip(gemms, y, predicted) if p > 0}
+    return replace(regression, residuals=residuals)
 
 
 def _huber_nonneg_lstsq(a: np.ndarray, y: np.ndarray, rounds: int = 4) -> np.ndarray:

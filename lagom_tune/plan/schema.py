@@ -201,6 +201,7 @@ def _times_record(d: Any, path: str) -> dict[str, Any]:
     for key in ("bound_ms", "speedup"):
         v.field(d, key, path, float, None, minimum=0.0)
     v.field(d, "simulated", path, bool, False)
+    v.field(d, "same_settings", path, bool, False)  # validated: both replays ran the defaults
     if "iteration_ms" not in d:  # a plan written in code may have no predictions: loaded as it was saved
         return d
     return {**d, "iteration_ms": v.number_map(v.field(d, "iteration_ms", path, dict, {}), f"{path}.iteration_ms", minimum=0.0)}
