@@ -95,27 +95,30 @@ def _shape_text(op: Any) -> str:
 
 
 def _collective_text(c: Any) -> str:
-    return f"{c.op} on {c.group} ({c.ranks} ranks)"
+    return f"{c.op} on {c.group} ({c.ranks} ranks{f', {c.nodes} nodes' if c.nodes > 1 else ''})"
 
 
 def _workload_summary(w: Workload) -> Table:
-    """Each distinct GEMM shape and collective of ``w`` once: the groups it appears in and how many
-    times an iteration runs it."""
-    rows: dict[tuple[str, str, str], list[int]] = {}  # (stream, shape / op, GFLOP / bytes) -> [groups, runs]
+    """Each distinct GEMM shape and collective of ``w`` once (told apart by everything that times
+    them, not by their rounded display): the groups it appears in and how many times an iteration
+    runs it."""
+    counts: dict[tuple, list[int]] = {}  # identity -> [groups, runs]
+    shown: dict[tuple, tuple[str, str, str]] = {}  # identity -> (stream, shape / op, GFLOP / bytes)
     for g in w.groups:
-        seen = set()
-        items = [("compute", _shape_text(op), f"{op.flops / 1e9:.3f}") for op in g.compute]
-        items += [("comm", _collective_text(c), _fmt_bytes(c.nbytes)) for c in g.comm]
-        for key in items:
-            count = rows.setdefault(key, [0, 0])
-            count[0] += key not in seen
+        items = [(("compute", op.shape_key), ("compute", _shape_text(op), f"{op.flops / 1e9:.3f}")) for op in g.compute]
+        items += [(("comm", c.op, c.group, c.ranks, c.nodes, c.nbytes), ("comm", _collective_text(c), _fmt_bytes(c.nbytes)))
+                  for c in g.comm]
+        for key, row in items:
+            count = counts.setdefault(key, [0, 0])
             count[1] += g.repeat
-            seen.add(key)
+            shown[key] = row
+        for key in {key for key, _ in items}:
+            counts[key][0] += 1
     t = Table(title=f"{w.name} · {len(w.groups)} groups, summarised (--json lists each)", title_justify="left")
     for col in ("stream", "shape / op", "GFLOP / bytes", "groups", "runs per iteration"):
         t.add_column(col, justify="right" if col in ("groups", "runs per iteration") else "left")
-    for (stream, what, size), (groups, runs) in sorted(rows.items(), key=lambda kv: (kv[0][0] != "compute", -kv[1][1])):
-        t.add_row(stream, what, size, str(groups), str(runs))
+    for key in sorted(counts, key=lambda k: (k[0] != "compute", -counts[k][1])):
+        t.add_row(*shown[key], str(counts[key][0]), str(counts[key][1]))
     return t
 
 

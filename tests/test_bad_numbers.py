@@ -66,6 +66,12 @@ def test_a_time_in_measurements_csv_that_is_no_time_is_refused(tiny_run, tmp_pat
     (lambda df: pd.concat([df, df.iloc[[0]]]), "appears twice"),
     (lambda df: df.assign(chunk_bytes=df["chunk_bytes"].where(df["kind"] != "collective", 12345)), "not one of the gloo backend's"),
     (lambda df: df.assign(window_us=df["window_us"].where(df["kind"] != "overlap", df["time_us"] / 2)), "before one of its streams ended"),
+    # each passed the checks above, then was fitted or failed the fit with an internal error
+    (lambda df: df.assign(op=df["op"].where(df["kind"] != "collective", "All_to_all")), "not one of the workload's all_reduce"),
+    (lambda df: df.assign(chunk_bytes=df["chunk_bytes"].where(df.index % 7 != 3)), "chunk_bytes of point"),
+    (lambda df: df.drop(columns=["chunk_bytes"]), "column 'chunk_bytes' is missing"),
+    (lambda df: df.assign(comm_us=df["comm_us"].where(df["kind"] != "overlap")), "has no comm_us"),
+    (lambda df: df.drop(columns=["window_us"]), "has no window_us"),
 ])
 def test_a_shape_or_repeat_in_measurements_csv_that_cannot_be_is_refused(tiny_run, tmp_path, edit, said):
     """A negative GEMM dimension, a fraction of a byte and a repeat written twice were fitted

@@ -113,5 +113,8 @@ def test_show_summarises_a_workload_of_many_groups(tmp_path):
     w.save(tmp_path / "many.yaml")
     r = cli("workload", "show", tmp_path / "many.yaml", check=True)
     assert "500 groups, summarised" in r.stdout and r.stdout.count("┏") == 1
+    sizes = Workload("sizes", tuple(OverlapGroup(f"g{i}", (gemm,), (Collective("ar", "all_reduce", (1 << 20) + i),)) for i in range(13)))
+    (table,) = render.workload_tables(sizes)  # all print as 1.00 MiB; they are 13 collectives
+    assert table.row_count == 14
     small = render.workload_tables(Workload("few", groups[:3]))
     assert len(small) == 3  # a dozen groups or fewer: a table each, in stream order

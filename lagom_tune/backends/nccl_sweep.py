@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from lagom_tune.backends.base import Point
 from lagom_tune.backends.nccl_controls import OVERRIDING_ENV, TUNER_COLL, CommunicatorConfig, build_options
 from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
+from lagom_tune.backends.registry import PROBE_OP
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace
 from lagom_tune.workload.spec import Workload
@@ -29,7 +30,7 @@ PROTO_ENV = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
 PER_OP_SYNTAX = (2, 24)  # NCCL_ALGO="allreduce:tree;allgather:ring" since NCCL 2.24
 
 # The single-GPU contention probe stands in for a collective: "copy" is its algorithm and protocol.
-PROBE = "probe"
+PROBE = PROBE_OP  # the op of the probe's rows (registered as the nccl backend's instrument)
 PROBE_SIZES = (4 << 20, 32 << 20, 256 << 20)
 PROBE_THREADS = 512
 # The overlapped probe's job (its bytes) is what it copies at NCCL's default channels and buffer

@@ -88,6 +88,8 @@ class BackendInfo:
             software, the simulated physics); a profile resumes only where they all match.
         ops: the collectives it measures (None: every op a workload may hold); ``profile``
             refuses a workload with others before measuring.
+        instruments: ops of its measurement rows that no workload holds, with settings of their
+            own (the single-GPU probe's copy kernel, :data:`PROBE_OP`).
     """
 
     name: str
@@ -101,6 +103,7 @@ class BackendInfo:
     summary: str = ""
     setup: tuple[str, ...] = ()
     ops: frozenset[str] | None = None  # the collectives it measures (None: every op a workload may hold)
+    instruments: frozenset[str] = frozenset()  # ops it measures that no workload holds (the GPU probe's copy kernel)
 
     def check_ops(self, ops: set[str]) -> None:
         """Refuse collectives this backend does not measure (it would time them as another op).
@@ -246,6 +249,8 @@ def backend_help() -> str:
 
 # -- the backends, one registration each -----------------------------------------------------------
 
+PROBE_OP = "probe"  # the op of the single-GPU probe's rows: a copy kernel of 1-64 blocks beside each GEMM
+
 register_backend(BackendInfo(
     "gloo", "lagom_tune.backends.gloo:GlooBackend", "lagom_tune.backends.gloo_knobs:knob_space_from_fingerprint",
     CPU_FAMILY, frozenset({THREAD_COUNT, DDP_BUCKET_CAP, CHUNKED_ALL_REDUCE}), summary="real CPU ranks",
@@ -253,7 +258,7 @@ register_backend(BackendInfo(
 register_backend(BackendInfo(
     "nccl", "lagom_tune.backends.nccl:NcclBackend", "lagom_tune.backends.nccl_knobs:knob_space_from_fingerprint",
     GPU_FAMILY, frozenset({NCCL_ENVIRONMENT, NCCL_COMMUNICATOR_OPTIONS, NCCL_TUNER_RULES}), needs_cuda=True,
-    replays_locally=False,
+    replays_locally=False, instruments=frozenset({PROBE_OP}),
     summary="GPUs; launch with torchrun, or one process for the single-GPU contention probe",
     # not the hosts: a resumed job may land on other nodes of the same kind; not hbm_GBps: it is measured
     setup=("mode", "gpu", "sms", "ranks", "nodes", "gpus_per_node", "driver", "cuda", "nccl", "torch", "max_channels", "standin")))

@@ -21,7 +21,7 @@ from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, read_yaml, write_yaml
 from lagom_tune.backends.registry import backend_info, backend_names
 from lagom_tune.errors import UserError
-from lagom_tune.measurements import COUNT_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, REQUIRED_COLUMNS, TIMED_COLUMNS
+from lagom_tune.measurements import COUNT_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS, TIMED_COLUMNS
 from lagom_tune.workload.spec import Workload
 
 SCHEMA_VERSION = 1
@@ -177,8 +177,14 @@ class RunFolder:
             first = df[twice].iloc[0]
             raise UserError(f"{self.csv_path}: repeat {first['repeat']} of point {first['point']} appears twice "
                             f"({int(twice.sum())} such row(s))")
-        if {"window_us", "comm_us"} <= set(df.columns):  # both streams ended by the end of the window
-            early = df[df["window_us"] < df[["time_us", "comm_us"]].max(axis=1, skipna=False) * (1 - 1e-9)]
+        overlapped = df[df["kind"] == "overlap"]
+        if not overlapped.empty:  # an overlapped row times both streams and the window they end in
+            for col in OVERLAPPED_COLUMNS:
+                missing = overlapped[overlapped[col].isna()] if col in df.columns else overlapped
+                if not missing.empty:
+                    raise UserError(f"{self.csv_path}: overlapped point {missing.iloc[0]['point']} has no {col} "
+                                    f"({len(missing)} such row(s))")
+            early = overlapped[overlapped["window_us"] < overlapped[["time_us", "comm_us"]].max(axis=1) * (1 - 1e-9)]
             if not early.empty:
                 raise UserError(f"{self.csv_path}: window_us of point {early.iloc[0]['point']} is {early.iloc[0]['window_us']}, "
                                 f"before one of its streams ended ({len(early)} such row(s))")
@@ -192,21 +198,38 @@ class RunFolder:
         return df, partial
 
     def _check_settings(self, df: pd.DataFrame, meta: dict[str, Any]) -> None:
-        """Refuse rows of the workload's collectives taken at a knob value the run's backend does
-        not have on its machine (``algo: bogus``, ``channels: 999`` were fitted as a setting of
-        their own). Instrument rows (the GPU probe's copy kernel) have settings of their own."""
+        """Refuse collective rows of an op neither the workload nor the backend's instruments hold,
+        and rows of the workload's collectives without a knob value, or at one the run's backend
+        does not have on its machine (``algo: bogus``, ``channels: 999`` were fitted as a setting
+        of their own; a blank one failed the fit). Instrument rows (the GPU probe's copy kernel)
+        have settings of their own."""
         fp = meta["fingerprint"]
-        if "op" not in df.columns or fp["backend"] not in backend_names():
+        timed = df[df["kind"].isin(("collective", "overlap"))]
+        if timed.empty or fp["backend"] not in backend_names():
             return
-        space = backend_info(fp["backend"]).knob_space(fp)
-        ours = df[df["op"].isin({c.op for c in self.workload(meta).collectives()})]
-        for col in KNOB_COLUMNS:
-            if col in ours.columns and col in space.names():
-                values = ours[col].dropna()
-                bad = values[~values.isin(space[col].domain)]
-                if not bad.empty:
-                    raise UserError(f"{self.csv_path}: {col} of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, not one of "
-                                    f"the {fp['backend']} backend's {', '.join(map(str, space[col].domain))} ({len(bad)} such row(s))")
+        info = backend_info(fp["backend"])
+        ops = {c.op for c in self.workload(meta).collectives()}
+        stray = timed[~timed["op"].isin(ops | info.instruments)] if "op" in df.columns else timed
+        if not stray.empty:
+            raise UserError(f"{self.csv_path}: collective of point {stray.iloc[0]['point']} is "
+                            f"{stray.iloc[0].get('op', 'missing')!r}, not one of the workload's {', '.join(sorted(ops))} "
+                            f"({len(stray)} such row(s))")
+        ours = timed[timed["op"].isin(ops)]
+        space = info.knob_space(fp)
+        for knob in (space[name] for name in space.names() if name in KNOB_COLUMNS):
+            rows = ours[ours["op"].isin(knob.ops)] if knob.ops else ours
+            if knob.name not in df.columns:  # a point's key names the settings its rows were taken at
+                if rows["point"].astype(str).str.contains(f"|{knob.name}=", regex=False).any():
+                    raise UserError(f"{self.csv_path}: column {knob.name!r} is missing, though its points were taken at a {knob.name}")
+                continue
+            # a knob a backend sets for a kind of point is in every such row (gloo times its
+            # collectives at no thread count: none of them has one)
+            taken = rows[knob.name].notna().groupby([rows["kind"], rows["op"]]).transform("any")
+            values = rows.loc[taken, knob.name]
+            bad = values[~values.isin(knob.domain)]
+            if not bad.empty:
+                raise UserError(f"{self.csv_path}: {knob.name} of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, not one of "
+                                f"the {fp['backend']} backend's {', '.join(map(str, knob.domain))} ({len(bad)} such row(s))")
 
     def read(self) -> tuple[pd.DataFrame, CsvHealth]:
         """One read of ``measurements.csv``: the rows of every complete point (all its repeats), and
