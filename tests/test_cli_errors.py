@@ -1,6 +1,7 @@
 """Bad input: one line on stderr, exit code 2, no traceback, nothing written."""
 
 import pytest
+import yaml
 
 from conftest import cli
 
@@ -111,5 +112,9 @@ def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path
     df = pd.read_csv(run / "measurements.csv")
     df.loc[df["kind"] == "collective", "op"] = "all_gather"  # as gloo labelled them: no all-reduce curve for the pairs
     df.to_csv(run / "measurements.csv", index=False)
+    meta = yaml.safe_load((run / "meta.yaml").read_text())  # ... in a workload that holds an all-gather (else refused on read)
+    comm = next(g["comm"] for g in meta["workload"]["groups"] if g["comm"])
+    comm.append({**comm[0], "name": "gather", "op": "all_gather"})
+    (run / "meta.yaml").write_text(yaml.safe_dump(meta))
     assert_one_line_error(cli("fit", run), "the model has no fit for all_reduce")
     assert not (run / "model.yaml").exists()
