@@ -14,7 +14,7 @@ from lagom_tune.plan.schema import Plan
 from lagom_tune.runtime.launch import describe, export_lines
 from lagom_tune.runtime.nccl import RULES_ENV, communicator_configs
 from lagom_tune.search.result import SearchResult
-from lagom_tune.workload.spec import Workload
+from lagom_tune.workload.spec import Collective, Gemm, Workload
 
 # Wide enough for the comparison tables when output goes to a file or CI log; lines printed there
 # are never hard-wrapped (a wrapped path or message breaks whoever reads the log).
@@ -90,11 +90,11 @@ def workload_tables(w: Workload) -> list[Table]:
     return tables
 
 
-def _shape_text(op: Any) -> str:
+def _shape_text(op: Gemm) -> str:
     return f"{op.batch}×{op.m}×{op.n}×{op.k} {op.dtype}" if op.batch > 1 else f"{op.m}×{op.n}×{op.k} {op.dtype}"
 
 
-def _collective_text(c: Any) -> str:
+def _collective_text(c: Collective) -> str:
     return f"{c.op} on {c.group} ({c.ranks} ranks{f', {c.nodes} nodes' if c.nodes > 1 else ''})"
 
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from lagom_tune.backends.registry import BackendInfo, backend_info, record_of
+from lagom_tune.backends.registry import PROBE_OP, BackendInfo, backend_info, record_of
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Knob, KnobSpace
 from lagom_tune.measurements import BANDWIDTH_COLUMNS, TIMED_COLUMNS
@@ -86,13 +86,13 @@ def bus_factor(op: str, ranks: int) -> float:
     """nccl-tests' bus-bandwidth factor (the single-GPU contention probe moves its bytes once).
 
     Args:
-        op: a collective op, or ``"probe"``.
+        op: a collective op, or the probe's (:data:`~lagom_tune.backends.registry.PROBE_OP`).
         ranks: ranks in the communicator.
     Returns:
         busbw / algbw for the op.
     """
     n = max(ranks, 1)
-    return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, "probe": 1.0}.get(op, (n - 1) / n)
+    return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, PROBE_OP: 1.0}.get(op, (n - 1) / n)
 
 
 def bandwidth_columns(op: str, nbytes: int, ranks: int, seconds: float) -> dict[str, float]:

@@ -687,12 +687,9 @@ def shape_of_key(key: str, path: str) -> Gemm:
         UserError: one line naming the key.
     """
     try:
-        g = gemm_of_key(key)
+        return gemm_of_key(key)
     except ValueError:
-        g = None
-    if g is None or min(g.batch, g.m, g.n, g.k) < 1 or g.dtype not in DTYPES:
-        raise UserError(f"{path}: {key!r} is not a GEMM shape (BxMxNxK:dtype, each side at least 1, dtype one of {', '.join(DTYPES)})")
-    return g
+        raise UserError(f"{path}: {key!r} is not a GEMM shape (BxMxNxK:dtype, each side at least 1, dtype one of {', '.join(DTYPES)})") from None
 
 
 def _gemm_fit(key: str, d: Any, path: str) -> GemmFit:

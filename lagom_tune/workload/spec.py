@@ -54,9 +54,13 @@ def gemm_of_key(key: str, name: str = "g") -> Gemm:
         name: the name to give it.
     Returns:
         The Gemm.
+    Raises:
+        ValueError: for a key that names no GEMM (malformed, a side below 1, an unknown dtype).
     """
     dims, dtype = key.split(":")
     b, m, n, k = (int(x) for x in dims.split("x"))
+    if min(b, m, n, k) < 1 or dtype not in DTYPES:
+        raise ValueError(f"{key!r}: every side at least 1 and a dtype of {', '.join(DTYPES)}")
     return Gemm(name, m, n, k, dtype, b)
 
 
