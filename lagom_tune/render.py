@@ -166,9 +166,12 @@ def prediction_table(plan: Plan) -> Table:
     if plan.validated:
         kind = "simulated" if plan.validated.get("simulated") else "measured"
         vbase = plan.validated.get("iteration_ms", {}).get("default")
+        same = plan.validated.get("same_settings")
         for name, ms in plan.validated.get("iteration_ms", {}).items():
-            t.add_row(f"{kind} {name} (replay)", f"{ms:.2f}", f"{vbase / ms:.3f}×" if vbase and ms else "")
-        if plan.validated.get("same_settings"):
+            # the same settings replayed twice: a ratio would present the replay's noise as a speed-up
+            ratio = "same settings" if same and name != "default" else f"{vbase / ms:.3f}×" if vbase and ms else ""
+            t.add_row(f"{kind} {name} (replay)", f"{ms:.2f}", ratio)
+        if same:
             t.caption = "the plan keeps the defaults: both replays ran the same settings, so their difference is noise"
             t.caption_justify = "left"
     return t

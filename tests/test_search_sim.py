@@ -138,6 +138,8 @@ def test_a_plan_that_keeps_the_defaults_says_its_replays_ran_the_same_settings(p
     r = cli("search", phi2[0], "--out", kept, "--validate", "2", "--min-gain", "0.5", check=True)
     assert yaml.safe_load(kept.read_text())["validated"]["same_settings"] is True
     assert "both replays ran the same settings" in r.stdout, r.stdout
+    replayed = [line for line in r.stdout.splitlines() if "plan (replay)" in line]
+    assert replayed and all("same settings" in line and "×" not in line for line in replayed), r.stdout  # no noise as a ratio
     r = cli("search", phi2[0], "--out", tuned, "--validate", "2", "--min-gain", "0", check=True)
     assert "same_settings" not in yaml.safe_load(tuned.read_text())["validated"] and "same settings" not in r.stdout
 
