@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lagom_tune.errors import UserError
-from lagom_tune.knobs import KnobSpace
+from lagom_tune.knobs import KnobSpace, Settings
 from lagom_tune.model.contention import CostModel, load_model
 from lagom_tune.plan.schema import CollectiveRule, Plan, knob_space_for
 from lagom_tune.profile.store import open_run
@@ -93,6 +93,10 @@ def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
     """
     workload, meta, chosen = inputs.workload, inputs.meta, outcome.chosen
     fp = meta["fingerprint"]
+    # A plan that keeps the defaults sets nothing: the search's defaults are the backend's choices
+    # as the model knows them (NCCL's: ring, simple, 16 channels), and pinning those would override
+    # what the backend really picks (NVLS, tree, more channels), which "the defaults" means.
+    keeps_defaults = chosen.settings.key == outcome.default.settings.key
     hardware = {k: fp[k] for k in ("device", "cores", "gpu", "sms", "cluster") if k in fp}
     return Plan(
         backend=fp["backend"],
@@ -101,8 +105,8 @@ def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
         nodes=int(fp.get("nodes", 1)),
         hardware=hardware,
         groups={c.group: c.ranks for c in workload.collectives()},
-        settings=chosen.settings,
-        rules=collective_rules(workload, outcome),
+        settings=Settings() if keeps_defaults else chosen.settings,
+        rules=() if keeps_defaults else collective_rules(workload, outcome),
         workload={"name": workload.name, "digest": workload.digest},
         model={"run": str(inputs.run_dir), "family": inputs.model.family, "mape": inputs.accuracy.get("mape", {})},
         search={"optimizer": chosen.optimizer, "evaluations": chosen.evaluations, "seconds": round(chosen.seconds, 4),

@@ -141,6 +141,8 @@ def plan_table(plan: Plan) -> Table:
             t.add_row("communicator", name, f"{k} = {val}")
     for r in plan.rules:
         t.add_row("collective", f"{r.op} on {r.group}, {r.min_bytes}..{r.max_bytes} B", ", ".join(f"{k}={val}" for k, val in r.set.items()))
+    if not t.row_count:
+        t.add_row("—", "every rank", f"nothing set: the {plan.backend} backend's own choices")
     return t
 
 

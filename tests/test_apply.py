@@ -71,6 +71,16 @@ def test_environment_puts_the_shim_first(tmp_path):
     assert (SITE_DIR / "sitecustomize.py").is_file()
 
 
+def test_a_plan_that_keeps_the_defaults_leaves_nccl_alone(tmp_path):
+    """`search` writes a plan that keeps the defaults with nothing set; such a plan pinned the
+    defaults as the model knows them (ring, simple, 16 channels, 512 threads) on every call."""
+    import dataclasses
+    from lagom_tune.runtime.launch import prepare_tuner
+    kept = dataclasses.replace(BASE, backend="nccl", settings=Settings(), rules=())
+    assert prepare_tuner(kept, tmp_path) is None
+    assert set(plan_environment(kept, tmp_path / "p.yaml", None, {})) == {"LAGOM_TUNE_PLAN", "PYTHONPATH"}
+
+
 def test_print_env_refuses_a_simulated_plan():
     r = cli("apply", ROOT / "plans" / "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml", "--print-env")
     assert r.returncode == 2 and r.stdout == "" and "simulated cluster" in r.stderr and "Traceback" not in r.stderr

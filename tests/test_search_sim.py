@@ -136,12 +136,19 @@ def test_a_plan_that_keeps_the_defaults_says_its_replays_ran_the_same_settings(p
     to say that both replays ran the same settings."""
     kept, tuned = tmp_path / "kept.yaml", tmp_path / "tuned.yaml"
     r = cli("search", phi2[0], "--out", kept, "--validate", "2", "--min-gain", "0.5", check=True)
-    assert yaml.safe_load(kept.read_text())["validated"]["same_settings"] is True
+    d = yaml.safe_load(kept.read_text())
+    assert d["validated"]["same_settings"] is True
+    # it sets nothing: pinning the defaults as the model knows them (ring, simple, 16 channels)
+    # would override what NCCL really picks
+    assert (d["process"], d["communicators"], d["collectives"]) == ({}, {}, []), d
+    assert "nothing set" in r.stdout, r.stdout
     assert "both replays ran the same settings" in r.stdout, r.stdout
     replayed = [line for line in r.stdout.splitlines() if "plan (replay)" in line]
     assert replayed and all("same settings" in line and "×" not in line for line in replayed), r.stdout  # no noise as a ratio
     r = cli("search", phi2[0], "--out", tuned, "--validate", "2", "--min-gain", "0", check=True)
-    assert "same_settings" not in yaml.safe_load(tuned.read_text())["validated"] and "same settings" not in r.stdout
+    d = yaml.safe_load(tuned.read_text())
+    assert "same_settings" not in d["validated"] and "same settings" not in r.stdout
+    assert d["process"] or d["communicators"] or d["collectives"], d
 
 
 def test_multi_objective_writes_a_pareto_front(phi2, tmp_path):
