@@ -64,6 +64,19 @@ def test_mismatches_are_refused_with_the_reason():
         check_fit(dataclasses.replace(BASE, simulated=True), ["python", "t.py"], {})
 
 
+def test_a_plan_for_other_nodes_is_refused():
+    """The world size alone was compared: a one-node plan ran on two nodes, where its rules (matched
+    by node count too) reach no communicator, silently."""
+    import dataclasses
+    two = dataclasses.replace(BASE, world_size=4, nodes=2)
+    with pytest.raises(UserError, match=r"4 ranks on 2 node\(s\), the command starts 4 ranks on each of 1 node"):
+        check_fit(two, ["torchrun", "--nproc-per-node", "4", "t.py"], {})
+    with pytest.raises(UserError, match=r"on 1 node\(s\), the command starts 2 ranks on each of 2 node"):
+        check_fit(dataclasses.replace(BASE, world_size=4), ["torchrun", "--nnodes", "2", "--nproc-per-node", "2", "t.py"], {})
+    assert "world size 4 matches on 2 node(s)" in check_fit(two, ["torchrun", "--nnodes", "2", "--nproc-per-node", "2", "t.py"], {})
+    assert check_fit(two, ["python", "t.py"], {"WORLD_SIZE": "4"}) == ["world size 4 matches"]  # nodes not known: not refused
+
+
 def test_environment_puts_the_shim_first(tmp_path):
     env = plan_environment(BASE, tmp_path / "p.yaml", "/tmp/x", {"PYTHONPATH": "/already"})
     assert env["PYTHONPATH"].split(":") == [str(SITE_DIR), "/already"]

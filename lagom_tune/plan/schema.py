@@ -162,6 +162,9 @@ class Plan:
             for where, role in named:
                 if role not in groups:
                     raise UserError(f"{where}: no role {role!r} in {path}.target.groups ({', '.join(map(str, groups))})")
+        nodes = v.field(target, "nodes", f"{path}.target", int, 1, minimum=1)
+        if world_size % nodes:  # torchrun starts as many ranks on every node
+            raise UserError(f"{path}.target.nodes: {nodes} nodes cannot hold {world_size} ranks evenly")
         group_ranks = _group_ranks(target, {str(k): int(val) for k, val in groups.items()}, world_size, f"{path}.target")
         validated = d.get("validated")
         if validated is not None:
@@ -169,7 +172,7 @@ class Plan:
         return cls(
             backend=backend,
             world_size=world_size,
-            nodes=v.field(target, "nodes", f"{path}.target", int, 1, minimum=1),
+            nodes=nodes,
             hardware=hardware,
             simulated=v.field(target, "simulated", f"{path}.target", bool, False),
             settings=Settings(process, comms, {}),

@@ -38,6 +38,7 @@ class LaunchLayout:
 
     ranks_per_node: int
     nodes: int
+    nodes_known: bool = True  # False: WORLD_SIZE without LOCAL_WORLD_SIZE (every rank counted on one node)
 
     @property
     def world_size(self) -> int:
@@ -66,8 +67,9 @@ def launcher_layout(cmd: list[str], env: dict[str, str]) -> LaunchLayout | None:
         world, local = env.get("WORLD_SIZE", ""), env.get("LOCAL_WORLD_SIZE", "")
         if not world.isdigit():
             return None
-        per_node = int(local) if local.isdigit() and int(local) > 0 and int(world) % int(local) == 0 else int(world)
-        return LaunchLayout(per_node, int(world) // per_node)
+        known = local.isdigit() and int(local) > 0 and int(world) % int(local) == 0
+        per_node = int(local) if known else int(world)
+        return LaunchLayout(per_node, int(world) // per_node, known)
     args = _torchrun_arguments(launcher, cmd[start:], env)
     if args is None:
         return None
@@ -118,8 +120,11 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
         notes.append(f"world size not known from the command; the plan expects {plan.world_size}")
     elif layout.world_size != plan.world_size:
         raise UserError(f"the plan was made for world size {plan.world_size}, the command starts {layout.world_size} ranks")
+    elif layout.nodes_known and layout.nodes != plan.nodes:  # its rules match NCCL communicators by node count too
+        raise UserError(f"the plan was made for {plan.world_size} ranks on {plan.nodes} node(s), the command starts "
+                        f"{layout.ranks_per_node} ranks on each of {layout.nodes} node(s)")
     else:
-        notes.append(f"world size {layout.world_size} matches")
+        notes.append(f"world size {layout.world_size} matches" + (f" on {layout.nodes} node(s)" if layout.nodes_known else ""))
     threads = plan.settings.process.get("threads") if info.deploys_capability(THREAD_COUNT) else None
     if threads is not None:
         check_threads(int(threads), layout.ranks_per_node if layout is not None else 1, usable_cores())
