@@ -170,6 +170,56 @@ def test_a_stop_signal_to_apply_reaches_the_command(tmp_path):
     assert proc.returncode == 7 and time.time() - started < 20, proc.returncode  # the command's own exit, promptly
 
 
+def test_sigint_sent_to_apply_alone_reaches_the_command(tmp_path):
+    """`kill -INT` of apply's pid (timeout -s INT, a script's send_signal) was not passed on: the
+    command ran on until apply killed it 30 s later (exit 137)."""
+    import signal
+    import time
+
+    marker = tmp_path / "started"
+    script = (f"import pathlib, signal, sys, time; signal.signal(signal.SIGINT, lambda *a: sys.exit(5)); "
+              f"pathlib.Path({str(marker)!r}).touch(); time.sleep(60)")
+    proc = subprocess.Popen([str(BIN / "lagom-tune"), "apply", str(BASE.save(tmp_path / "p.yaml")), "--", sys.executable, "-c", script],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    started = time.time()
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 5 and time.time() - started < 20, proc.returncode
+
+
+def test_ctrl_c_reaches_the_command_once(tmp_path):
+    """Ctrl-C on a terminal signals apply and the command alike (one process group): apply must not
+    send it a second time (a second SIGINT cuts short torchrun's own shut-down)."""
+    import fcntl
+    import os
+    import termios
+    import time
+
+    marker = tmp_path / "started"
+    script = (f"import pathlib, signal, sys, time; got = []; signal.signal(signal.SIGINT, lambda *a: got.append(1)); "
+              f"pathlib.Path({str(marker)!r}).touch(); time.sleep(3); time.sleep(1); sys.exit(10 + len(got))")
+    master, slave = os.openpty()
+
+    def own_terminal():  # a session of its own, whose controlling terminal is the pty
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen([str(BIN / "lagom-tune"), "apply", str(BASE.save(tmp_path / "p.yaml")), "--", sys.executable, "-c", script],
+                            cwd=ROOT, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=own_terminal)
+    deadline = time.time() + 60
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    os.write(master, b"\x03")  # the terminal's interrupt character: SIGINT to its foreground process group
+    proc.communicate(timeout=60)
+    os.close(master), os.close(slave)
+    assert proc.returncode == 11, proc.returncode  # the command counted one SIGINT, and its exit passed through
+
+
 @pytest.mark.slow
 def test_chunking_is_applied_to_ddp_and_to_direct_all_reduce(tmp_path):
     import dataclasses

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shlex
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -339,22 +340,46 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
     return ApplyResult(code, applied_json, ranks, unwritten)
 
 
+STOP_GRACE_S = 30  # after a stop signal, how long the command may take to end before it is killed
+
+
 def _run(cmd: list[str], env: dict[str, str]) -> int:
     """Run the command and return its exit status as a shell reports it (killed by signal N:
-    128 + N). On Ctrl-C, which its process group also receives, wait for it to end; a stop signal
-    sent to lagom-tune alone (SIGTERM, SIGHUP) is passed on to it first."""
+    128 + N). A stop signal sent to lagom-tune alone (SIGTERM, SIGHUP, and SIGINT sent by a process:
+    ``kill -INT``, ``timeout -s INT``) is passed on to it; Ctrl-C, which the terminal sends its
+    whole process group, is not sent twice. Then it has :data:`STOP_GRACE_S` to end."""
     proc = subprocess.Popen(cmd, env=env)
     try:
-        code = proc.wait()
+        code = _wait(proc)
     except KeyboardInterrupt as e:
         if isinstance(e, Interrupted):
             proc.send_signal(e.signum)
         try:
-            code = proc.wait(timeout=30)
+            code = proc.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
     return code if code >= 0 else 128 - code
+
+
+def _wait(proc: subprocess.Popen) -> int:
+    """Wait for ``proc``; on SIGINT, pass it on when a process sent it (the terminal's Ctrl-C has
+    no sender and reached the command itself), then raise KeyboardInterrupt. Where the sender cannot
+    be known (no ``sigtimedwait``: macOS), SIGINT is not passed on."""
+    if not hasattr(signal, "sigtimedwait"):
+        return proc.wait()
+    # blocked only now: the command, started already, keeps SIGINT unblocked
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        while (code := proc.poll()) is None:
+            info = signal.sigtimedwait({signal.SIGINT}, 0.1)
+            if info is not None:
+                if info.si_pid:  # sent by kill(2): the kernel's own (a terminal's) have no sender
+                    proc.send_signal(signal.SIGINT)
+                raise KeyboardInterrupt
+        return code
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def export_lines(env: dict[str, str]) -> str:
