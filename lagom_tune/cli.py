@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -235,7 +236,15 @@ def search(
     render.console.print(f"[green]wrote[/] {out}")
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+class _CommandAfterDashes(typer.core.TyperCommand):
+    """A command whose extra arguments must follow ``--``: records how many did."""
+
+    def parse_args(self, ctx, args):  # click's hook, before its parser has dropped the "--"
+        ctx.meta["after_dashes"] = len(args) - args.index("--") - 1 if "--" in args else 0
+        return super().parse_args(ctx, args)
+
+
+@app.command(cls=_CommandAfterDashes, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def apply(
     ctx: typer.Context,
     plan_file: Path = typer.Argument(..., metavar="PLAN", help="Plan YAML from `lagom-tune search`."),
@@ -249,6 +258,8 @@ def apply(
     the system C compiler on first use (`NCCL_TUNER_PLUGIN`, `LAGOM_TUNE_TUNER_RULES`).
     """
     cmd = list(ctx.args)
+    if len(cmd) != ctx.meta.get("after_dashes", 0):  # without "--" the command's own options were taken as apply's
+        raise UserError(f"put the command after `--` (`lagom-tune apply PLAN [OPTIONS] -- CMD ...`); got {shlex.join(cmd)!r} before it")
     if print_env and (dry_run or cmd):  # it prints settings for a job started elsewhere: it runs and checks nothing here
         raise UserError(f"--print-env takes no {'--dry-run' if dry_run else 'command'}: it prints export lines for a job "
                         "you start yourself (eval them, then launch)")
@@ -281,7 +292,8 @@ def apply(
         for n in notes:
             render.console.print(f"check: {n}")
         return
-    result = launch.apply(plan, plan_file, cmd, applied, on_warning=warn)
+    result = launch.apply(plan, plan_file, cmd, applied, on_warning=warn,
+                          on_note=lambda n: render.console.print(f"[lagom-tune] check: {n}", style="dim", highlight=False, markup=False))
     applied_n = sum(r["applied"] for rank in result.ranks.values() for r in rank["records"])
     missed = [f"rank {k}: {r['setting']} ({r['how']})" for k, rank in result.ranks.items() for r in rank["records"] if not r["applied"]]
     if result.unwritten:

@@ -94,6 +94,19 @@ def test_a_plan_that_keeps_the_defaults_leaves_nccl_alone(tmp_path):
     assert set(plan_environment(kept, tmp_path / "p.yaml", None, {})) == {"LAGOM_TUNE_PLAN", "PYTHONPATH"}
 
 
+def test_a_command_not_after_dashes_is_refused(tmp_path):
+    """Without `--` the command ran, and its own options were taken as apply's: `echo --dry-run`
+    made a dry run, a script's `--applied X` moved apply's record, `--help` printed apply's help."""
+    plan = BASE.save(tmp_path / "p.yaml")
+    for cmd in (["echo", "--dry-run"], [sys.executable, "-c", "print('ran')", "--applied", str(tmp_path / "a.json")]):
+        r = cli("apply", plan, *cmd)
+        assert r.returncode == 2 and "put the command after `--`" in r.stderr and "ran" not in r.stdout, (r.stdout, r.stderr)
+    assert not (tmp_path / "a.json").exists()
+    # a wrapped launcher hides the world size: the run says so (only --dry-run did)
+    r = cli("apply", plan, "--", "env", "FOO=1", sys.executable, "-c", "print('ran')", check=True)
+    assert "ran" in r.stdout and "check: world size not known from the command; the plan expects 2" in r.stdout, r.stdout
+
+
 def test_print_env_refuses_a_simulated_plan():
     r = cli("apply", ROOT / "plans" / "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml", "--print-env")
     assert r.returncode == 2 and r.stdout == "" and "simulated cluster" in r.stderr and "Traceback" not in r.stderr

@@ -303,7 +303,7 @@ class ApplyResult:
 
 
 def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None = None,
-          on_warning: Callable[[str], None] | None = None) -> ApplyResult:
+          on_warning: Callable[[str], None] | None = None, on_note: Callable[[str], None] | None = None) -> ApplyResult:
     """Run ``cmd`` with the plan in effect; return its exit code and what each rank applied.
 
     Args:
@@ -311,12 +311,16 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
         cmd: the command to run, e.g. torchrun and its arguments.
         applied_json: where to merge each rank's report (default: ``applied.json`` beside the plan).
         on_warning: called with each one-line note on what will not reach NCCL (no compiler, ...).
+        on_note: called with each check made against the machine, or that could not be made (a
+            world size no launcher on the command line tells).
     Returns:
         The command's exit code, where the report went, and each rank's records.
     """
     if not cmd:
         raise UserError("nothing to run: give the command after `--`, e.g. `lagom-tune apply plan.yaml -- torchrun ...`")
-    check_fit(plan, cmd, dict(os.environ))
+    for note in check_fit(plan, cmd, dict(os.environ)):
+        if on_note:
+            on_note(note)
     # checked before the run, not after it: a record that cannot be written must not end a long job with an error
     applied_json = check_writable(applied_json or plan_path.with_name("applied.json"), "--applied record", [plan_path])
     tuner = prepare_tuner(plan)
