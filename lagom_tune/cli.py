@@ -274,14 +274,14 @@ def apply(
         tuner = launch.prepare_tuner(plan)
         env = launch.plan_environment(plan, plan_file, None, dict(os.environ), tuner)
         if print_env:
-            for line in tuner.warnings() if tuner else []:
+            for line in launch.deployment_warnings(env, dict(os.environ), tuner):
                 print(f"lagom-tune: {line}", file=sys.stderr)  # stdout stays `eval`-able
             print(launch.export_lines(env))
             return
         render.console.print(render.plan_table(plan))
         for line in render.deployment_lines(plan, env, tuner):
             render.console.print(line, highlight=False)
-        for line in tuner.warnings() if tuner else []:
+        for line in launch.deployment_warnings(env, dict(os.environ), tuner):
             warn(line)
         if plan.simulated:  # a what-if plan: shown, never run
             render.console.print("check: simulated plan; `apply` will refuse to run it (profile the real cluster)")

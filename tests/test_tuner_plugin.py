@@ -443,6 +443,17 @@ def test_without_a_compiler_apply_says_so_and_falls_back_to_cta_bounds(tmp_path)
     assert r.stdout.startswith("export ") and "NCCL_TUNER_PLUGIN" not in r.stdout and "no C compiler" in r.stderr
 
 
+def test_the_users_own_nccl_variables_the_plan_replaces_or_that_narrow_its_rules_are_named(tmp_path):
+    """The plan's NCCL_NTHREADS replaced the user's, and a user's NCCL_ALGO (with which NCCL offers
+    the plugin nothing else, so its rules are skipped) passed, both without a word."""
+    plan = IN_TEST_PLAN.save(tmp_path / "p.yaml")
+    env = {"XDG_CACHE_HOME": str(tmp_path), "NCCL_NTHREADS": "128", "NCCL_ALGO": "Tree", "NCCL_PROTO": ""}
+    r = cli("apply", plan, "--print-env", env=env, check=True)
+    assert "NCCL_NTHREADS=128 from your environment is replaced by the plan's 256" in r.stderr, r.stderr
+    assert "NCCL_ALGO=Tree from your environment narrows NCCL's choices" in r.stderr and "NCCL_PROTO" not in r.stderr
+    assert r.stdout.startswith("export ") and "NCCL_TUNER_PLUGIN" in r.stdout
+
+
 def test_rules_the_plugin_would_refuse_are_refused_before_the_run(tmp_path):
     """A rule's max_bytes beyond int64 passed every check, then the plugin refused the whole rules
     file when NCCL loaded it: the run went on with none of the plan's rules."""

@@ -294,6 +294,30 @@ def plan_environment(plan: Plan, plan_path: Path, applied_dir: str | None, base:
     return env
 
 
+RESTRICTING_ENV = ("NCCL_ALGO", "NCCL_PROTO")  # set, NCCL offers its tuner only what they allow
+
+
+def deployment_warnings(env: dict[str, str], base: dict[str, str], tuner: TunerDeployment | None) -> list[str]:
+    """One line per thing of the plan that will not reach the command as planned: what the tuner
+    cannot deploy, the user's own variables the plan replaces, and those that narrow what NCCL may
+    pick (the plugin then skips every rule asking for something else).
+
+    Args:
+        env: what the plan sets (:func:`plan_environment`).
+        base: the user's environment.
+        tuner: the tuner plugin's deployment, if any.
+    Returns:
+        The lines (empty when the plan reaches the command whole).
+    """
+    out = tuner.warnings() if tuner else []
+    out += [f"{k}={base[k]} from your environment is replaced by the plan's {v}" for k, v in env.items()
+            if k != "PYTHONPATH" and k in base and base[k] != v]  # PYTHONPATH is kept, after the shim's folder
+    if tuner is not None and tuner.deployed:
+        out += [f"{k}={base[k]} from your environment narrows NCCL's choices: the plan's rules asking for anything "
+                "else are skipped" for k in RESTRICTING_ENV if base.get(k)]
+    return out
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     exit_code: int
@@ -324,11 +348,12 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
     # checked before the run, not after it: a record that cannot be written must not end a long job with an error
     applied_json = check_writable(applied_json or plan_path.with_name("applied.json"), "--applied record", [plan_path])
     tuner = prepare_tuner(plan)
-    for line in tuner.warnings() if tuner else []:
-        if on_warning:
-            on_warning(line)
     with tempfile.TemporaryDirectory(prefix="lagom-applied-") as applied_dir:
-        env = {**os.environ, **plan_environment(plan, plan_path, applied_dir, dict(os.environ), tuner)}
+        planned = plan_environment(plan, plan_path, applied_dir, dict(os.environ), tuner)
+        for line in deployment_warnings(planned, dict(os.environ), tuner):
+            if on_warning:
+                on_warning(line)
+        env = {**os.environ, **planned}
         try:
             code = _run(cmd, env)
         except FileNotFoundError:
