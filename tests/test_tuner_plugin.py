@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
 from lagom_tune.runtime.nccl import RULES_ENV, TunerRules, communicator_nodes, tuner_rules
-from lagom_tune.runtime.tuner_build import LIBRARY_NAME, ensure_plugin
+from lagom_tune.runtime.tuner_build import LIBRARY_NAME, cache_root, ensure_plugin, find_compiler
 
 from conftest import ROOT, cli
 
@@ -452,6 +453,17 @@ def test_the_users_own_nccl_variables_the_plan_replaces_or_that_narrow_its_rules
     assert "NCCL_NTHREADS=128 from your environment is replaced by the plan's 256" in r.stderr, r.stderr
     assert "NCCL_ALGO=Tree from your environment narrows NCCL's choices" in r.stderr and "NCCL_PROTO" not in r.stderr
     assert r.stdout.startswith("export ") and "NCCL_TUNER_PLUGIN" in r.stdout
+
+
+def test_the_cache_is_absolute_and_a_garbled_cc_is_a_user_error(tmp_path):
+    """A relative XDG_CACHE_HOME exported relative plugin and rules paths (every rank resolved them
+    from its own folder); CC with an unclosed quote ended apply with an internal error."""
+    assert cache_root({"XDG_CACHE_HOME": "relcache"}) == Path.home() / ".cache" / "lagom-tune"
+    assert cache_root({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "lagom-tune"
+    with pytest.raises(UserError, match="is not a command line"):
+        find_compiler({"CC": 'cc -DFOO="'})
+    r = cli("apply", IN_TEST_PLAN.save(tmp_path / "p.yaml"), "--dry-run", env={"XDG_CACHE_HOME": str(tmp_path), "CC": 'cc -DFOO="'})
+    assert r.returncode == 2 and "is not a command line" in r.stderr and "internal error" not in r.stderr, r.stderr
 
 
 def test_rules_the_plugin_would_refuse_are_refused_before_the_run(tmp_path):

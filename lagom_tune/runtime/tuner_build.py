@@ -20,6 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from lagom_tune.errors import UserError
+
 SOURCE = Path(__file__).resolve().with_name("lagom_tuner.c")
 # NCCL's naming convention, so NCCL_TUNER_PLUGIN=lagom-tune also finds it on LD_LIBRARY_PATH.
 LIBRARY_NAME = "libnccl-tuner-lagom-tune.so"
@@ -65,16 +67,18 @@ class PluginBuild:
 
 
 def cache_root(env: dict[str, str] | None = None) -> Path:
-    """``$XDG_CACHE_HOME/lagom-tune`` (default ``~/.cache/lagom-tune``).
+    """``$XDG_CACHE_HOME/lagom-tune`` (default ``~/.cache/lagom-tune``; a relative
+    ``XDG_CACHE_HOME`` is ignored, as the XDG spec says: the paths exported to every rank must not
+    depend on the folder it starts in).
 
     Args:
         env: the environment (default: this process's).
     Returns:
-        The folder.
+        The folder, an absolute path.
     """
     env = os.environ if env is None else env
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "lagom-tune"
+    base = env.get("XDG_CACHE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "lagom-tune"
 
 
 def find_compiler(env: dict[str, str] | None = None) -> list[str] | None:
@@ -84,9 +88,14 @@ def find_compiler(env: dict[str, str] | None = None) -> list[str] | None:
         env: the environment (default: this process's).
     Returns:
         The command and its arguments, or None.
+    Raises:
+        UserError: for a ``CC`` that is no command line (an unclosed quote).
     """
     env = os.environ if env is None else env
-    cmd = shlex.split(env.get("CC", "")) or ["cc"]
+    try:
+        cmd = shlex.split(env.get("CC", "")) or ["cc"]
+    except ValueError as e:
+        raise UserError(f"CC={env['CC']!r} is not a command line: {e}") from None
     found = shutil.which(cmd[0], path=env.get("PATH"))
     return [found, *cmd[1:]] if found else None
 
