@@ -165,13 +165,13 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     n_trials: int = typer.Option(200, min=1, help="Optuna trial budget."),
     timeout: Optional[float] = typer.Option(None, min=0.1, help="Optuna time budget in seconds."),
-    seed: int = typer.Option(0, min=0, help="Optuna sampler seed."),
+    seed: int = typer.Option(0, min=0, max=2**32 - 1, help="Optuna sampler seed."),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL, e.g. sqlite:///study.db (resumable)."),
     study_name: Optional[str] = typer.Option(None, help="Optuna study name (resume with the same name)."),
     multi_objective: bool = typer.Option(False, "--multi-objective",
                                          help="Optuna: iteration time vs SMs for communication; the plan records the Pareto front."),
-    min_gain: float = typer.Option(0.02, "--min-gain", min=0.0, max=1.0, help="Keep the defaults unless the plan is predicted faster by more "
-                                   "than this fraction (smaller gains are within the model's error)."),
+    min_gain: float = typer.Option(0.02, "--min-gain", help="Keep the defaults unless the plan is predicted faster by more "
+                                   "than this fraction, in [0, 1) (smaller gains are within the model's error)."),
     validate: int = typer.Option(0, "--validate", min=0, help="Measure default and plan on the backend, N interleaved repeats each."),
 ) -> None:
     """Search the fitted model for the settings that finish an iteration first; write a plan."""
@@ -221,8 +221,8 @@ def search(
     if out is None:
         raise UserError("--out PLAN.yaml is required (or use --compare)")
     check_writable(out, "plan", open_run(run_dir).files)
-    if not 0 <= min_gain < 1:
-        raise UserError("--min-gain must be a fraction in [0, 1), e.g. 0.02")
+    if not 0 <= min_gain < 1:  # NaN too
+        raise UserError(f"--min-gain must be a fraction in [0, 1), e.g. 0.02; got {min_gain:g}")
     with bar:
         plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, min_gain=min_gain, **opts)
     plan.save(out)
@@ -415,11 +415,15 @@ def workload_import(
                          f"groups cover {s['groups_ms']:.1f} of {s['traced_step_ms']:.1f} traced ms, {s['exposed_ms']:.1f} ms exposed")
 
 
-def _interrupted(e: BaseException | None) -> None:
-    """Exit as a shell reports a stop by a signal: 128 + its number (Ctrl-C: 130, SIGTERM: 143)."""
+def _interrupted(e: BaseException | None, argv: list[str] | None) -> None:
+    """Exit as a shell reports a stop by a signal: 128 + its number (Ctrl-C: 130, SIGTERM: 143);
+    say how to resume where the verb can (a profile, a search whose Optuna study is stored)."""
     signum = e.signum if isinstance(e, Interrupted) else stop_signal()
     by = f" by {signal.Signals(signum).name}" if signum != signal.SIGINT else ""
-    print(f"lagom-tune: interrupted{by}; rerun the same command to resume", file=sys.stderr)
+    argv = argv or []
+    verb = next((a for a in argv if not a.startswith("-")), "")
+    resumes = verb == "profile" or (verb == "search" and any(a.split("=")[0] == "--storage" for a in argv))
+    print(f"lagom-tune: interrupted{by}" + ("; rerun the same command to resume" if resumes else ""), file=sys.stderr)
     sys.exit(128 + signum)
 
 
@@ -432,15 +436,16 @@ def main(argv: list[str] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         raise_on_stop_signals()
     try:
-        code = app(args=_take_verbose(list(sys.argv[1:] if argv is None else argv)), standalone_mode=False)  # an Exit raised inside a command comes back as its code
+        argv = _take_verbose(list(sys.argv[1:] if argv is None else argv))
+        code = app(args=argv, standalone_mode=False)  # an Exit raised inside a command comes back as its code
         if code == 130:  # typer turns an interrupt into Exit(130)
-            _interrupted(None)
+            _interrupted(None, argv)
         if isinstance(code, int) and code:
             sys.exit(code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort as e:  # click wraps the interrupt
-        _interrupted(e.__cause__ or e.__context__)
+        _interrupted(e.__cause__ or e.__context__, argv)
     except _usage_error_types() as e:
         message = e.format_message()
         if message:  # empty when help was shown for a bare command
@@ -457,7 +462,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"lagom-tune: failed: {e}" + (f" (hint: {e.hint})" if e.hint else ""), file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt as e:
-        _interrupted(e)
+        _interrupted(e, argv)
     except Exception as e:  # a bug: still one line unless --verbose
         if _state["verbose"]:
             traceback.print_exc()

@@ -20,6 +20,8 @@ BAD = [
     ("search", "RUN", "--n-trials", "-5", "--out", "OUT/plan.yaml"),
     ("search", "RUN", "--timeout", "-1", "--out", "OUT/plan.yaml"),
     ("search", "RUN", "--min-gain", "-0.1", "--out", "OUT/plan.yaml"),
+    ("search", "RUN", "--min-gain", "nan", "--out", "OUT/plan.yaml"),
+    ("search", "RUN", "--optimizer", "optuna", "--seed", "8589934592", "--out", "OUT/plan.yaml"),  # blamed "the Optuna storage None"
     ("search", "RUN", "--validate", "-1", "--out", "OUT/plan.yaml"),
     ("search", "RUN", "--out", "/proc/p.yaml"),
 ]

@@ -118,3 +118,14 @@ def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path
     (run / "meta.yaml").write_text(yaml.safe_dump(meta))
     assert_one_line_error(cli("fit", run), "the model has no fit for all_reduce")
     assert not (run / "model.yaml").exists()
+
+
+@pytest.mark.parametrize("argv, resumes", [(["profile", "--out", "r"], True), (["search", "r", "--out", "p.yaml"], False),
+                                           (["search", "r", "--storage=sqlite:///s.db"], True), (["fit", "r"], False)])
+def test_an_interrupt_says_rerun_to_resume_only_where_the_verb_resumes(argv, resumes, capsys):
+    """Every interrupted verb said "rerun the same command to resume"; only a profile, and a search
+    whose Optuna study is stored, do."""
+    from lagom_tune.cli import _interrupted
+    with pytest.raises(SystemExit) as e:
+        _interrupted(KeyboardInterrupt(), argv)
+    assert e.value.code == 130 and ("to resume" in capsys.readouterr().err) == resumes
