@@ -84,7 +84,8 @@ def test_rank_sets_round_trip_and_are_checked(tmp_path):
     assert "group_ranks" not in Plan(backend="gloo", world_size=2, hardware={}, settings=Settings({}),
                                      groups={"dp": 2}).to_dict()["target"]  # older plans' shape unchanged
     for bad, message in [({"tp": [[0, 1, 2]]}, "3 ranks, but role tp has 2"), ({"tp": [[0, 7]]}, "distinct ranks from 0 to 3"),
-                         ({"ep": [[0, 1]]}, "no role 'ep'"), ({"tp": "0,1"}, "list of rank lists")]:
+                         ({"ep": [[0, 1]]}, "no role 'ep'"), ({"tp": "0,1"}, "list of rank lists"),
+                         ({"tp": [[0, 1], [1, 0]]}, r"tp\[1\]: rank 1 is in .*tp\[0\] too")]:  # was accepted
         d = MESH_PLAN.to_dict()
         d["target"]["group_ranks"] = bad
         with pytest.raises(UserError, match=message):

@@ -213,7 +213,7 @@ def _times_record(d: Any, path: str) -> dict[str, Any]:
 def _group_ranks(target: dict[str, Any], groups: dict[str, int], world_size: int, path: str
                  ) -> dict[str, tuple[tuple[int, ...], ...]]:
     """``target.group_ranks``: per role, its groups' global rank sets (each of the role's size,
-    distinct ranks below the world size), validated; {} when absent."""
+    distinct ranks below the world size, no rank in two of them), validated; {} when absent."""
     raw = v.mapping(v.field(target, "group_ranks", path, dict, {}), f"{path}.group_ranks")
     out = {}
     for role, sets in raw.items():
@@ -222,13 +222,17 @@ def _group_ranks(target: dict[str, Any], groups: dict[str, int], world_size: int
             raise UserError(f"{where}: no role {role!r} in {path}.groups")
         if not isinstance(sets, list) or not sets:
             raise UserError(f"{where}: expected a list of rank lists, e.g. [[0, 1], [2, 3]]")
-        parsed = []
+        parsed, seen = [], {}
         for i, ranks in enumerate(sets):
             ok = isinstance(ranks, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)
             if not ok or len(set(ranks)) != len(ranks) or any(r < 0 or r >= world_size for r in ranks):
                 raise UserError(f"{where}[{i}]: expected distinct ranks from 0 to {world_size - 1}, got {ranks!r}")
             if len(ranks) != groups[role]:
                 raise UserError(f"{where}[{i}]: {len(ranks)} ranks, but role {role} has {groups[role]}")
+            twice = next((r for r in ranks if r in seen), None)
+            if twice is not None:  # a rank joins one group of each role (one per mesh dimension)
+                raise UserError(f"{where}[{i}]: rank {twice} is in {where}[{seen[twice]}] too; a role's groups are disjoint")
+            seen.update((r, i) for r in ranks)
             parsed.append(tuple(sorted(ranks)))
         out[str(role)] = tuple(parsed)
     return out
