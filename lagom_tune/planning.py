@@ -97,7 +97,7 @@ def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
     # as the model knows them (NCCL's: ring, simple, 16 channels), and pinning those would override
     # what the backend really picks (NVLS, tree, more channels), which "the defaults" means.
     keeps_defaults = chosen.settings.key == outcome.default.settings.key
-    hardware = {k: fp[k] for k in ("device", "cores", "gpu", "sms", "cluster") if k in fp}
+    hardware = {k: fp[k] for k in ("device", "cores", "gpu", "sms", "cluster", "max_channels") if k in fp}
     return Plan(
         backend=fp["backend"],
         simulated=inputs.simulated,

@@ -63,6 +63,11 @@ def _set_rule(d: dict, **match) -> None:
     (lambda d: d["target"]["groups"].update(dp=32), "groups.dp: 32 ranks, more than the world size 16"),
     (lambda d: d["validated"].update(same_settings="no"), r"validated.same_settings: expected"),  # printed the caption
     (lambda d: d["target"].update(nodes=3), "target.nodes: 3 nodes cannot hold 16 ranks evenly"),  # 5 nodes of 2 ranks ran
+    # channels beyond what the profiled GPUs offered (an A40 offers 32) reached the rules file
+    (lambda d: (d["target"].update(backend="nccl"), d["target"]["hardware"].pop("cluster"), d["target"]["hardware"].update(max_channels=32)),
+     r"collectives\[0\].set.channels: 64"),
+    (lambda d: d["target"]["hardware"].update(cluster="a40-pcie"), r"collectives\[0\].set.channels: 64"),
+    (lambda d: d["target"]["hardware"].update(max_channels="many"), "hardware.max_channels: expected"),
 ])
 def test_plans_that_cannot_mean_what_they_say_are_refused(mutate, message):
     """Each was accepted by show and apply --dry-run: a rule that matches nothing, NCCL's tree on

@@ -111,7 +111,8 @@ class Plan:
         v.known_keys(d, SECTIONS, path)
         target = v.known_keys(v.mapping(v.field(d, "target", path, dict), f"{path}.target"), TARGET_FIELDS, f"{path}.target")
         backend = v.field(target, "backend", f"{path}.target", str)
-        space = knob_space_for(backend)
+        hardware = v.mapping(v.field(target, "hardware", f"{path}.target", dict, {}), f"{path}.target.hardware")
+        space = knob_space_for(backend, _machine(hardware, f"{path}.target.hardware"))
 
         def knobs(values: Any, where: str, scope: str) -> dict[str, Any]:
             values = v.mapping(values, where)
@@ -148,7 +149,6 @@ class Plan:
                 if value not in valid:
                     raise UserError(f"{rp}.set.{name}: {value!r} does not apply to {rule.op} (valid: {', '.join(map(str, valid))})")
             rules.append(rule)
-        hardware = v.mapping(v.field(target, "hardware", f"{path}.target", dict, {}), f"{path}.target.hardware")
         groups = v.mapping(v.field(target, "groups", f"{path}.target", dict, {}), f"{path}.target.groups")
         for role in groups:
             v.field(groups, role, f"{path}.target.groups", int, minimum=1)
@@ -185,6 +185,20 @@ class Plan:
             groups={str(k): int(val) for k, val in groups.items()},
             group_ranks=group_ranks,
         )
+
+
+MACHINE_BOUNDS = ("cluster", "max_channels", "cores")  # what of the plan's hardware bounds its knobs
+
+
+def _machine(hardware: dict[str, Any], path: str) -> dict[str, Any]:
+    """What of the plan's ``hardware`` bounds its knob values (a simulated cluster's name, the
+    channels the profiled GPUs offered, the cores of a CPU), checked; older plans without them
+    are held to the widest space."""
+    out = {}
+    for key in MACHINE_BOUNDS:
+        if key in hardware:
+            out[key] = v.field(hardware, key, path, str) if key == "cluster" else v.field(hardware, key, path, int, minimum=1)
+    return out
 
 
 def _model_record(d: dict, path: str) -> dict[str, Any]:
