@@ -172,7 +172,7 @@ def search(
                                          help="Optuna: iteration time vs SMs for communication; the plan records the Pareto front."),
     min_gain: float = typer.Option(0.02, "--min-gain", help="Keep the defaults unless the plan is predicted faster by more "
                                    "than this fraction, in [0, 1) (smaller gains are within the model's error)."),
-    validate: int = typer.Option(0, "--validate", min=0, help="Measure default and plan on the backend, N interleaved repeats each."),
+    validate: int = typer.Option(0, "--validate", min=0, max=1000, help="Measure default and plan on the backend, N interleaved repeats each."),
 ) -> None:
     """Search the fitted model for the settings that finish an iteration first; write a plan."""
     # local: the search imports optuna; other verbs start without it

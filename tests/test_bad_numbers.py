@@ -23,6 +23,7 @@ BAD = [
     ("search", "RUN", "--min-gain", "nan", "--out", "OUT/plan.yaml"),
     ("search", "RUN", "--optimizer", "optuna", "--seed", "8589934592", "--out", "OUT/plan.yaml"),  # blamed "the Optuna storage None"
     ("search", "RUN", "--validate", "-1", "--out", "OUT/plan.yaml"),
+    ("search", "RUN", "--validate", "100000000000000000000", "--out", "OUT/plan.yaml"),  # ran until killed
     ("search", "RUN", "--out", "/proc/p.yaml"),
 ]
 

@@ -146,3 +146,30 @@ def test_a_cut_short_csv_is_reported_and_its_points_measured_again(tiny_workload
     cli("profile", "--workload", tiny_workload, "--ranks", 2, "--out", run, "--repeats", 3, check=True)
     assert_complete_without_duplicates(run)
     assert "warning" not in cli("show", run, check=True).stdout
+
+
+def test_a_measuring_child_ends_when_its_parent_is_killed(tmp_path):
+    """A profile killed outright (SIGKILL, the OOM killer) left its gloo ranks running for minutes,
+    holding the cores its rerun then measured on. Its children now end with it."""
+    import sys
+    from pathlib import Path
+
+    child = ("import os, sys, time; from lagom_tune.backends.parent_watch import exit_with_parent; exit_with_parent(0.1); "
+             "print(os.getpid(), flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    pid = int(parent.stdout.readline())
+
+    def alive() -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    assert alive()
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 10
+    while alive() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not alive(), "the child outlived its killed parent"

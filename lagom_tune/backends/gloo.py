@@ -26,6 +26,7 @@ import torch
 from lagom_tune.backends.base import GIB, BackendOptions, LocalBackend, Point, RowSink, reduce_ranks
 from lagom_tune.backends.gloo_knobs import gloo_knob_space
 from lagom_tune.backends.gloo_timing import MEASURE
+from lagom_tune.backends.parent_watch import exit_with_parent
 from lagom_tune.backends.registry import usable_cores
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.workload.bucketing import bucket_group
@@ -228,6 +229,7 @@ def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: i
     and wait for the parent's word that they are persisted before the next."""
     import torch.distributed as dist
 
+    exit_with_parent()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         dist.init_process_group(

@@ -20,6 +20,7 @@ from typing import Any
 from lagom_tune.backends.base import Point
 from lagom_tune.backends.gpu_timing import Launches, launch_count, launches, time_overlapped, time_run
 from lagom_tune.backends.nccl_sweep import PROBE, PROBE_REFERENCE, channel_options, subgroups
+from lagom_tune.backends.parent_watch import exit_with_parent
 from lagom_tune.backends.probe import Probe, probe_geometry, steps_for
 from lagom_tune.measurements import PAIRED, overlap_columns, timed_columns
 
@@ -48,6 +49,7 @@ def worker_main(spec: WorkerSpec, results) -> None:
     import torch
     import torch.distributed as dist
 
+    exit_with_parent()
     try:
         timeout = datetime.timedelta(seconds=spec.timeout_s)
         store = dist.PrefixStore(spec.prefix, dist.TCPStore(spec.store_host, spec.store_port, is_master=False,
