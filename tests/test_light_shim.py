@@ -12,6 +12,7 @@ import pytest
 from lagom_tune.runtime.launch import SITE_DIR
 
 from conftest import ROOT
+from test_plan import BASE
 
 HEAVY = ("torch", "numpy", "pandas")
 
@@ -53,7 +54,7 @@ def _probe(plan, extra: str = "", **env_vars: str) -> tuple[dict, str]:
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 def test_loading_a_plan_imports_no_torch_numpy_or_pandas(backend, tmp_path):
-    plan = ROOT / "plans" / "demo-cpu.yaml"
+    plan = BASE.save(tmp_path / "gloo.yaml")  # a gloo plan that sets threads and DDP's buckets
     if backend == "nccl":
         plan = tmp_path / "nccl.yaml"
         plan.write_text(NCCL_PLAN)
@@ -64,7 +65,7 @@ def test_loading_a_plan_imports_no_torch_numpy_or_pandas(backend, tmp_path):
 
 def test_torch_is_patched_when_the_user_imports_it(tmp_path):
     """The other half of starting light: the gloo plan's threads still reach torch, on import."""
-    out, err = _probe(ROOT / "plans" / "demo-cpu.yaml", "import torch\n", RANK="0")  # a rank logs what it applied
+    out, err = _probe(BASE.save(tmp_path / "gloo.yaml"), "import torch\n", RANK="0")  # a rank logs what it applied
     assert out["heavy"] == []  # printed before the user's import
     assert "] applied threads=1" in err and "torch.set_num_threads" in err
 

@@ -81,3 +81,29 @@ def test_the_h200_profiles_hold_only_schema_columns(csv):
 def test_the_run_folder_reads_numeric_columns_as_numbers(sim_csv):
     df = RunFolder(sim_csv.parent).measurements()
     assert all(pd.api.types.is_numeric_dtype(df[c]) for c in m.NUMERIC_COLUMNS if c in df.columns)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m["fingerprint"].update(sms=0), "fingerprint.sms: must be >= 1"),  # fit divided by it
+    (lambda m: m["fingerprint"].update(backend="foo"), "unknown backend 'foo'"),  # fit: ValueError
+    (lambda m: m.update(simulated=False), "simulated: False, but the sim backend simulates"),  # labels dropped, plan applied
+    (lambda m: m.update(repeats=0), "repeats: must be >= 1"),
+    (lambda m: m.update(complete="false"), "complete: expected bool"),  # search planned from it
+    (lambda m: m.update(points_done=m["points_total"] + 1), "more than points_total"),
+    (lambda m: m["workload"]["groups"][0].update(repeat=99), "not the one profiled"),
+])
+def test_a_hand_edited_meta_yaml_is_refused(sim_csv, tmp_path, edit, message):
+    """Each was accepted by show, fit and search (or crashed them)."""
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(sim_csv.parent, run)
+    meta = yaml.safe_load((run / "meta.yaml").read_text())
+    edit(meta)
+    (run / "meta.yaml").write_text(yaml.safe_dump(meta))
+    for verb in ("show", "fit"):
+        r = cli(verb, run)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (verb, r.stderr)
+        assert message in r.stderr, r.stderr

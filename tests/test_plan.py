@@ -68,6 +68,7 @@ def _set_rule(d: dict, **match) -> None:
      r"collectives\[0\].set.channels: 64"),
     (lambda d: d["target"]["hardware"].update(cluster="a40-pcie"), r"collectives\[0\].set.channels: 64"),
     (lambda d: d["target"]["hardware"].update(max_channels="many"), "hardware.max_channels: expected"),
+    (lambda d: d["target"].update(simulated=False), "target.simulated: False, but the sim backend simulates"),  # apply ran it
 ])
 def test_plans_that_cannot_mean_what_they_say_are_refused(mutate, message):
     """Each was accepted by show and apply --dry-run: a rule that matches nothing, NCCL's tree on

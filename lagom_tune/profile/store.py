@@ -42,10 +42,12 @@ def row_settings(row: pd.Series) -> dict:
     return out
 
 
-# The fingerprint's numbers, where a backend records them (a hand-edited meta.yaml is checked on load).
-FINGERPRINT_NUMBERS = {"ranks": int, "nodes": int, "gpus_per_node": int, "sms": int, "cores": int, "seed": int,
-                       "max_channels": int, "default_channels": int, "hbm_GBps": float, "noise": float,
-                       "memory_GiB": float, "rank_memory_GiB": float}
+# The fingerprint's numbers, where a backend records them (a hand-edited meta.yaml is checked on
+# load), and the least each may be: counts and sizes are positive (fit divides by them).
+POSITIVE = 1e-9
+FINGERPRINT_NUMBERS = {"ranks": (int, 1), "nodes": (int, 1), "gpus_per_node": (int, 1), "sms": (int, 1), "cores": (int, 1),
+                       "seed": (int, 0), "max_channels": (int, 1), "default_channels": (int, 1), "hbm_GBps": (float, POSITIVE),
+                       "noise": (float, 0), "memory_GiB": (float, POSITIVE), "rank_memory_GiB": (float, POSITIVE)}
 FINGERPRINT_NAMES = ("backend", "cluster", "device", "gpu", "mode", "host")  # ... and its names, looked up in tables
 
 
@@ -115,11 +117,25 @@ class RunFolder:
     def read_meta(self) -> dict[str, Any]:
         meta = v.mapping(read_yaml(self.meta_path, "run metadata"), f"{self.meta_path}")
         v.schema_version(meta, str(self.meta_path), SCHEMA_VERSION)
-        fp = v.field(meta, "fingerprint", str(self.meta_path), dict)
-        for key, kind in FINGERPRINT_NUMBERS.items():  # what fit, search and apply compute with
-            v.field(fp, key, f"{self.meta_path}.fingerprint", kind, None, minimum=0)
+        where = str(self.meta_path)
+        fp = v.field(meta, "fingerprint", where, dict)
+        for key, (kind, least) in FINGERPRINT_NUMBERS.items():  # what fit, search and apply compute with
+            v.field(fp, key, f"{where}.fingerprint", kind, None, minimum=least)
         for key in FINGERPRINT_NAMES:  # every backend records which it is; the rest where they apply
-            v.field(fp, key, f"{self.meta_path}.fingerprint", str, ... if key == "backend" else None)
+            v.field(fp, key, f"{where}.fingerprint", str, ... if key == "backend" else None)
+        if fp["backend"] not in backend_names():
+            raise UserError(f"{where}.fingerprint.backend: unknown backend {fp['backend']!r} (one of {', '.join(backend_names())})")
+        # what is simulated is the backend's to say: a flag edited to false dropped every label, and apply ran its plan
+        simulated = backend_info(fp["backend"]).simulated
+        if v.field(meta, "simulated", where, bool, simulated) != simulated:
+            raise UserError(f"{where}.simulated: {meta['simulated']}, but the {fp['backend']} backend "
+                            f"{'simulates' if simulated else 'measures'}")
+        v.field(meta, "repeats", where, int, None, minimum=1)
+        v.field(meta, "complete", where, bool, False)
+        total = v.field(meta, "points_total", where, int, None, minimum=0)
+        done = v.field(meta, "points_done", where, int, None, minimum=0)
+        if total is not None and done is not None and done > total:
+            raise UserError(f"{where}.points_done: {done}, more than points_total {total}")
         # a null field is a missing one (as everywhere a file is read): readers take their default,
         # never None (``ranks: null`` crashed search with a TypeError)
         meta["fingerprint"] = {k: val for k, val in fp.items() if val is not None}
@@ -137,8 +153,14 @@ class RunFolder:
         write_yaml(self.meta_path, {"schema_version": SCHEMA_VERSION, "kind": "lagom-profile", **meta})
 
     def workload(self, meta: dict[str, Any] | None = None) -> Workload:
-        """The profiled workload, from ``meta`` (this folder's ``meta.yaml``, read if not given)."""
-        return Workload.from_dict((meta or self.read_meta()).get("workload"), f"{self.meta_path}:workload")
+        """The profiled workload, from ``meta`` (this folder's ``meta.yaml``, read if not given),
+        refused if it is not the one profiled (its digest, recorded beside it, differs)."""
+        meta = meta or self.read_meta()
+        w = Workload.from_dict(meta.get("workload"), f"{self.meta_path}:workload")
+        digest = meta.get("workload_digest")
+        if digest is not None and digest != w.digest:
+            raise UserError(f"{self.meta_path}: its workload is not the one profiled (digest {w.digest}, recorded {digest}): edited?")
+        return w
 
     def _read_rows(self) -> tuple[pd.DataFrame, bool]:
         """Every whole row of ``measurements.csv``, and whether a partial last line was dropped
