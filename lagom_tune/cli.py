@@ -106,11 +106,11 @@ def profile(
     noise: float = typer.Option(0.0, min=0.0, max=0.5, help="sim: multiplicative noise (sigma), e.g. 0.02."),
     seed: int = typer.Option(0, min=0, help="sim: noise seed."),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder to create or resume."),
-    repeats: int = typer.Option(7, min=1, help="Timed repeats per point (every one is kept)."),
+    repeats: int = typer.Option(7, min=1, max=1000, help="Timed repeats per point (every one is kept)."),
     parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | tp=8,dp=2 | ep=8."),
     seq: Optional[int] = typer.Option(None, min=1, help="Sequence length for presets."),
     mbs: Optional[int] = typer.Option(None, min=1, help="Micro-batch size for presets."),
-    timeout: float = typer.Option(60.0, min=1.0, help="Seconds a rank may go without progress before the run is ended."),
+    timeout: float = typer.Option(60.0, min=1.0, max=86400.0, help="Seconds a rank may go without progress before the run is ended."),
 ) -> None:
     """Measure GEMMs, collectives and overlapped pairs; fit the contention model into RUN_DIR/model.yaml.
 
@@ -408,6 +408,7 @@ def workload_import(
     ranks: Optional[int] = typer.Option(None, min=2, help="World size of the collectives (default: from the trace)."),
 ) -> None:
     """Build a workload from a trace: where GEMMs overlap collectives, and what runs alone."""
+    check_writable(out, "workload", [trace])  # `--out TRACE` replaced the trace
     w = import_trace(trace, name=name, ranks=ranks)
     w.save(out)
     s = summary(w)

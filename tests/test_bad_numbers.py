@@ -15,6 +15,10 @@ BAD = [
     ("profile", "--repeats", "0", "--out", "OUT/run"),
     ("profile", "--backend", "sim", "--noise", "-0.5", "--out", "OUT/run"),
     ("profile", "--timeout", "-1", "--out", "OUT/run"),
+    ("profile", "--timeout", "inf", "--out", "OUT/run"),  # spawned ranks, then an OverflowError in one
+    ("profile", "--repeats", "99999999999999999999999", "--out", "OUT/run"),  # ran on, recorded in meta.yaml
+    ("profile", "--backend", "sim", "--out", "OUT"),  # a folder with other files: `--out ""` profiled into the working folder
+    ("workload", "import", "OUT/t.json", "--out", "OUT/t.json"),  # replaced the trace it reads
     ("profile", "--backend", "sim", "--seed", "-5", "--out", "OUT/run"),  # measured all, then unreadable
     ("profile", "--out", "/proc/lagom-run"),
     ("search", "RUN", "--n-trials", "-5", "--out", "OUT/plan.yaml"),
@@ -28,6 +32,11 @@ BAD = [
 ]
 
 
+TRACE = ('{"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 0, "dur": 100, "args": {"Input Dims": [[64, 64], [64, 64]], '
+         '"Input type": ["float", "float"]}}, {"ph": "X", "name": "gloo:all_reduce", "ts": 10, "dur": 50, '
+         '"args": {"Input Dims": [[1024]], "Input type": ["float"]}}]}')
+
+
 def snapshot(*folders):
     return {p: p.stat().st_mtime_ns for f in folders for p in f.rglob("*")}
 
@@ -35,6 +44,7 @@ def snapshot(*folders):
 @pytest.mark.parametrize("args", BAD, ids=lambda a: " ".join(a))
 def test_bad_numbers_exit_2_with_one_line_and_write_nothing(args, request, tmp_path):
     run = request.getfixturevalue("tiny_run") if "RUN" in args else tmp_path  # profile only where a run is read
+    (tmp_path / "t.json").write_text(TRACE)  # an input the command must not replace, in the folder OUT names
     argv = [str(run) if a == "RUN" else a.replace("OUT", str(tmp_path)) for a in args]
     before = snapshot(tmp_path, run, ROOT / "plans")
     r = cli(*argv)

@@ -95,6 +95,9 @@ class RunFolder:
         """
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"--out {self.path} exists and is not a folder")
+        if self.path.is_dir() and not self.exists() and any(p.name != ".lock" for p in self.path.iterdir()):
+            # not a run folder (no meta.yaml) but not empty: `--out ""` or `--out .` profiled into the working folder
+            raise UserError(f"--out {self.path} holds other files and no profile; give a new or empty folder (runs/NAME)")
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o666)
         try:
