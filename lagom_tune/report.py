@@ -13,10 +13,10 @@ import io
 from pathlib import Path
 from typing import Any
 
-from lagom_tune.artifact_io import atomic_write_text, check_writable, read_yaml
+from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
-from lagom_tune.model.contention import load_model
+from lagom_tune.model.contention import load_model, read_model_file
 from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
 from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.render import percent
@@ -129,7 +129,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
     """The HTML page for ``run``, and for ``plan`` when given."""
     meta = run.read_meta()
     simulated = bool(meta.get("simulated"))
-    model_doc: dict[str, Any] = read_yaml(run.model_path, "model file") if run.model_path.is_file() else {}
+    model_doc: dict[str, Any] = read_model_file(run.model_path) if run.model_path.is_file() else {}
     title = f"lagom-tune report · {meta.get('workload', {}).get('name', '?')}" + (" · SIMULATED" if simulated else "")
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if simulated:
@@ -151,9 +151,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
         workload = run.workload()
         vars_ = variables(workload, knob_space_for(plan.backend, fp))
         default = Settings.from_assignment(default_assignment(vars_), vars_)
-        chosen = Settings(plan.settings.process, plan.settings.communicators,
-                          {c.rule_key: r.set for c in workload.collectives() for r in plan.rules
-                           if r.op == c.op and r.group == c.group and r.min_bytes <= c.nbytes <= r.max_bytes})
+        chosen = plan.modelled_settings(workload, default)
         ev = ModelEvaluator(workload, model)
         d, p = ev(default), ev(chosen)
         parts.append(f"<h2>Before / after: predicted iteration {d.iteration_s * 1e3:.2f} → {p.iteration_s * 1e3:.2f} ms "

@@ -88,3 +88,22 @@ def test_report_refuses_a_run_folder_of_another_workload_and_keeps_its_pictures(
     picture = (sim_plan / "run" / "fit.png").read_bytes()
     r = cli("report", sim_plan / "run", "--out", sim_plan / "run" / "fit.png")
     assert r.returncode == 2 and (sim_plan / "run" / "fit.png").read_bytes() == picture
+
+
+def test_report_of_a_plan_that_keeps_the_defaults_and_of_a_bad_model(sim_plan, tmp_path):
+    """A plan that keeps the defaults sets nothing; its timeline is the defaults' (KeyError 'algo'
+    once plans set nothing). A model.yaml that show and search refuse was shown as valid, or
+    crashed the report (an empty file)."""
+    import yaml
+
+    kept = tmp_path / "kept.yaml"
+    cli("search", sim_plan / "run", "--min-gain", "0.9", "--out", kept, check=True)
+    assert yaml.safe_load(kept.read_text())["process"] == {}
+    r = cli("report", kept, "--out", tmp_path / "kept.html", check=True)
+    assert "(1.000×)" in (tmp_path / "kept.html").read_text(), r.stdout
+    run = tmp_path / "run"
+    shutil.copytree(sim_plan / "run", run)
+    for text in ("", "family: foo\n"):
+        (run / "model.yaml").write_text(text)
+        r = cli("report", run, "--out", tmp_path / "bad.html")
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "model" in r.stderr, r.stderr

@@ -17,7 +17,7 @@ from lagom_tune.artifact_io import read_yaml, write_yaml
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace, Settings
-from lagom_tune.workload.spec import OPS
+from lagom_tune.workload.spec import OPS, Workload
 
 SCHEMA_VERSION = 1
 KIND = "lagom-plan"
@@ -70,6 +70,27 @@ class Plan:
     # Optional: role -> the exact global rank sets of its groups, for roles that neither their size
     # nor a DeviceMesh dimension's name identifies (e.g. Megatron-style new_group layouts).
     group_ranks: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+
+    def modelled_settings(self, workload: Workload, default: Settings) -> Settings:
+        """The settings the plan runs ``workload`` with, as the model evaluates them: its own where
+        it sets a knob, ``default`` where it leaves one to the backend (a plan that keeps the
+        defaults sets nothing); a collective takes the first rule that matches it, as NCCL's
+        tuner plugin does.
+
+        Args:
+            workload: the workload (its collectives' ops, roles and sizes).
+            default: every knob at the backend's default (``search.space.default_assignment``).
+        Returns:
+            The Settings.
+        """
+        roles = set(default.communicators) | set(self.settings.communicators)
+        rules = {}
+        for c in workload.collectives():
+            rule = next((r for r in self.rules if r.op == c.op and r.group in (c.group, "*") and r.min_bytes <= c.nbytes <= r.max_bytes), None)
+            rules[c.rule_key] = {**default.collectives.get(c.rule_key, {}), **(rule.set if rule else {})}
+        return Settings({**default.process, **self.settings.process},
+                        {role: {**default.communicators.get(role, {}), **self.settings.communicators.get(role, {})} for role in roles},
+                        {key: kv for key, kv in rules.items() if kv})
 
     def refuse_if_simulated(self) -> None:
         """Raise UserError for a plan searched on a simulated cluster: a what-if result, which
