@@ -85,6 +85,8 @@ def test_a_time_in_measurements_csv_that_is_no_time_is_refused(tiny_run, tmp_pat
     (lambda df: df.drop(columns=["chunk_bytes"]), "column 'chunk_bytes' is missing"),
     (lambda df: df.assign(comm_us=df["comm_us"].where(df["kind"] != "overlap")), "has no comm_us"),
     (lambda df: df.drop(columns=["window_us"]), "has no window_us"),
+    (lambda df: df.assign(repeat=df["repeat"].where(df.index != 4, -1)), "is -1, not a repeat index"),
+    (lambda df: df.assign(kind=df["kind"].where(df.index != 4, "bogus")), "is 'bogus', not one of gemm, collective, overlap"),
 ])
 def test_a_shape_or_repeat_in_measurements_csv_that_cannot_be_is_refused(tiny_run, tmp_path, edit, said):
     """A negative GEMM dimension, a fraction of a byte and a repeat written twice were fitted

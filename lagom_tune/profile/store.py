@@ -21,7 +21,9 @@ from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, read_yaml, write_yaml
 from lagom_tune.backends.registry import backend_info, backend_names
 from lagom_tune.errors import UserError
-from lagom_tune.measurements import COUNT_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS, TIMED_COLUMNS
+from lagom_tune.measurements import (
+    COUNT_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS, ROW_KINDS, TIMED_COLUMNS,
+)
 from lagom_tune.workload.spec import Workload
 
 SCHEMA_VERSION = 1
@@ -197,6 +199,14 @@ class RunFolder:
                 if not bad.empty:
                     raise UserError(f"{self.csv_path}: {col} of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, "
                                     f"not a count of at least 1 ({len(bad)} such row(s))")
+        stray = df[~df["kind"].isin(ROW_KINDS)]
+        if not stray.empty:  # a kind of its own was listed by show, then fit said it found no GEMM
+            raise UserError(f"{self.csv_path}: kind of point {stray.iloc[0]['point']} is {stray.iloc[0]['kind']!r}, not one of "
+                            f"{', '.join(ROW_KINDS)} ({len(stray)} such row(s))")
+        bad = df["repeat"][~((df["repeat"] >= 0) & (df["repeat"] == np.floor(df["repeat"])))]
+        if not bad.empty:
+            raise UserError(f"{self.csv_path}: repeat of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, not a "
+                            f"repeat index (0, 1, ...) ({len(bad)} such row(s))")
         twice = df.duplicated(["point", "repeat"])  # a repeat is written once; resuming never measures it again
         if twice.any():
             first = df[twice].iloc[0]
