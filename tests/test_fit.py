@@ -203,3 +203,18 @@ def test_a_gpu_model_refuses_a_device_of_no_sms():
     d["device"]["sms"] = 0
     with pytest.raises(UserError, match="device.sms: must be >= 1"):
         model_from_dict(d)
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda d: d.update(foo=1), r"model.foo: unknown field"),
+    (lambda d: d.update(acuracy=d.pop("accuracy")), r"did you mean 'accuracy'"),  # a misspelt section read as absent
+    (lambda d: d["params"]["gemms"].update({"bogus:": {"theta": 1e-6, "dbytes": 1.0}}), r"'bogus:' is not a GEMM shape"),
+])
+def test_a_gpu_model_refuses_unknown_sections_and_shapes(edit, said):
+    """Each was accepted by show and search."""
+    from lagom_tune.model.contention import model_from_dict
+
+    d = yaml.safe_load((ROOT / "bench" / "results" / "gpu_check-mpt-7b-tp8-dp1-run" / "model.yaml").read_text())
+    edit(d)
+    with pytest.raises(UserError, match=said):
+        model_from_dict(d)

@@ -209,6 +209,10 @@ class CpuPairwiseModel:
 FAMILIES: dict[str, Any] = {"cpu-pairwise": CpuPairwiseModel, "lagom-gpu": LagomGpuModel}  # model.yaml's family -> reader
 
 
+# The sections a model.yaml may hold (what the families' to_dict and the fit write); any other is refused by name.
+MODEL_SECTIONS = ("schema_version", "kind", "family", "form", "simulated", "units", "device", "params", "accuracy")
+
+
 def model_from_dict(d: Any, path: str = "model") -> CostModel:
     """The cost model a ``model.yaml`` describes, of the family it names.
 
@@ -220,7 +224,7 @@ def model_from_dict(d: Any, path: str = "model") -> CostModel:
     Raises:
         UserError: for an unknown schema version or family, or a bad field.
     """
-    d = v.mapping(d, path)
+    d = v.known_keys(v.mapping(d, path), MODEL_SECTIONS, path)
     v.schema_version(d, path, SCHEMA_VERSION)
     family = v.one_of(v.field(d, "family", path, str), FAMILIES, f"{path}.family")
     return FAMILIES[family].from_dict(d, path)

@@ -695,8 +695,9 @@ def shape_of_key(key: str, path: str) -> Gemm:
 def _gemm_fit(key: str, d: Any, path: str) -> GemmFit:
     """A measured shape's terms as ``LagomGpuModel.to_dict`` writes them, checked."""
     d = v.mapping(d, path)
+    g = shape_of_key(key, path)
     return GemmFit(v.field(d, "theta", path, float, minimum=0.0), v.field(d, "dbytes", path, float, minimum=0.0),
-                   v.field(d, "ctas", path, int, 0, minimum=0) or blocks(gemm_of_key(key)),
+                   v.field(d, "ctas", path, int, 0, minimum=0) or blocks(g),  # 0 (or absent): Eq. 4's 128x128 blocks
                    v.field(d, "corun", path, float, 0.0), v.field(d, "drag", path, float, 0.0),
                    v.field(d, "own_drag", path, bool, False), v.field(d, "alone_s", path, float, 0.0, minimum=0.0))
 
