@@ -19,6 +19,8 @@ BAD = [
     ("profile", "--repeats", "99999999999999999999999", "--out", "OUT/run"),  # ran on, recorded in meta.yaml
     ("profile", "--backend", "sim", "--out", "OUT"),  # a folder with other files: `--out ""` profiled into the working folder
     ("workload", "import", "OUT/t.json", "--out", "OUT/t.json"),  # replaced the trace it reads
+    ("workload", "import", "OUT/t.json", "--ranks", "100000000000", "--out", "OUT/w.yaml"),  # blamed the trace
+    ("search", "OUT/t.json", "--out", "OUT/plan.yaml"),  # "run folder not found" for a file that is there
     ("profile", "--backend", "sim", "--seed", "-5", "--out", "OUT/run"),  # measured all, then unreadable
     ("profile", "--out", "/proc/lagom-run"),
     ("search", "RUN", "--n-trials", "-5", "--out", "OUT/plan.yaml"),

@@ -344,6 +344,8 @@ def open_run(path: str | Path) -> RunFolder:
         UserError: for a missing folder or one without ``meta.yaml``.
     """
     run = RunFolder(Path(path))
+    if run.path.exists() and not run.path.is_dir():
+        raise UserError(f"{run.path} is a file, not a run folder (give the folder `lagom-tune profile --out` made)")
     if not run.path.is_dir():
         raise UserError(f"run folder not found: {run.path}")
     if not run.exists():

@@ -277,6 +277,8 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
     info = data.get("distributedInfo")
     world = ranks or (info.get("world_size", 2) if isinstance(info, dict) else 2)
     if not (_count(world) and 1 <= world <= MAX_RANKS):
+        if ranks:
+            raise UserError(f"--ranks {ranks} is not a number of ranks (1 to {MAX_RANKS})")
         raise UserError(f"{path}: distributedInfo.world_size is {world!r}, not a number of ranks (1 to {MAX_RANKS}); give --ranks")
     if world < 2:  # over one rank a collective moves nothing: there is no overlap to tune
         raise UserError(f"{path}: a trace of one rank runs no collective; give --ranks with the job's world size (2 or more)")
