@@ -69,6 +69,11 @@ def _set_rule(d: dict, **match) -> None:
     (lambda d: d["target"]["hardware"].update(cluster="a40-pcie"), r"collectives\[0\].set.channels: 64"),
     (lambda d: d["target"]["hardware"].update(max_channels="many"), "hardware.max_channels: expected"),
     (lambda d: d["target"].update(simulated=False), "target.simulated: False, but the sim backend simulates"),  # apply ran it
+    # shown as they were ("plan for [1]")
+    (lambda d: d["workload"].update(name=[1]), "workload.name: expected str"),
+    (lambda d: d["validated"].update(repeats="abc"), "validated.repeats: expected int"),
+    (lambda d: d["validated"].update(method=[1]), "validated.method: expected str"),
+    (lambda d: d["validated"].update(spread_ms={"plan": 5}), r"validated.spread_ms.plan: expected \[least, most\]"),
 ])
 def test_plans_that_cannot_mean_what_they_say_are_refused(mutate, message):
     """Each was accepted by show and apply --dry-run: a rule that matches nothing, NCCL's tree on

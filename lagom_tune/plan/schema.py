@@ -203,7 +203,7 @@ class Plan:
             simulated=simulated,
             settings=Settings(process, comms, {}),
             rules=tuple(rules),
-            workload=v.mapping(v.field(d, "workload", path, dict, {}), f"{path}.workload"),
+            workload=_workload_record(v.field(d, "workload", path, dict, {}), f"{path}.workload"),
             model=_model_record(v.field(d, "model", path, dict, {}), f"{path}.model"),
             search=v.mapping(v.field(d, "search", path, dict, {}), f"{path}.search"),
             predicted=_times_record(v.field(d, "predicted", path, dict, {}), f"{path}.predicted"),
@@ -237,6 +237,14 @@ def _model_record(d: dict, path: str) -> dict[str, Any]:
     return {**d, "mape": v.number_map(v.field(d, "mape", path, dict, {}), f"{path}.mape", minimum=0.0)}
 
 
+def _workload_record(d: Any, path: str) -> dict[str, Any]:
+    """The plan's ``workload`` section (the searched workload's name and digest), checked."""
+    d = v.mapping(d, path)
+    v.field(d, "name", path, str, "")
+    v.field(d, "digest", path, str, "")
+    return d
+
+
 def _times_record(d: Any, path: str) -> dict[str, Any]:
     """The plan's ``predicted`` or ``validated`` section: iteration times by settings (ms), and the
     numbers beside them, checked as ``show`` reads them."""
@@ -245,6 +253,12 @@ def _times_record(d: Any, path: str) -> dict[str, Any]:
         v.field(d, key, path, float, None, minimum=0.0)
     v.field(d, "simulated", path, bool, False)
     v.field(d, "same_settings", path, bool, False)  # validated: both replays ran the defaults
+    v.field(d, "method", path, str, "")  # validated: how the replays were measured
+    v.field(d, "repeats", path, int, None, minimum=1)
+    for name, spread in v.mapping(v.field(d, "spread_ms", path, dict, {}), f"{path}.spread_ms").items():
+        ok = isinstance(spread, list) and len(spread) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in spread)
+        if not ok or not 0 <= spread[0] <= spread[1]:
+            raise UserError(f"{path}.spread_ms.{name}: expected [least, most] ms, got {spread!r}")
     if "iteration_ms" not in d:  # a plan written in code may have no predictions: loaded as it was saved
         return d
     return {**d, "iteration_ms": v.number_map(v.field(d, "iteration_ms", path, dict, {}), f"{path}.iteration_ms", minimum=0.0)}
