@@ -115,6 +115,8 @@ def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path
     meta = yaml.safe_load((run / "meta.yaml").read_text())  # ... in a workload that holds an all-gather (else refused on read)
     comm = next(g["comm"] for g in meta["workload"]["groups"] if g["comm"])
     comm.append({**comm[0], "name": "gather", "op": "all_gather"})
+    from lagom_tune.workload.spec import Workload
+    meta["workload_digest"] = Workload.from_dict(meta["workload"]).digest  # as profiled (an edited workload is refused)
     (run / "meta.yaml").write_text(yaml.safe_dump(meta))
     assert_one_line_error(cli("fit", run), "the model has no fit for all_reduce")
     assert not (run / "model.yaml").exists()
