@@ -265,8 +265,10 @@ def apply(
                         "you start yourself (eval them, then launch)")
     plan = load_plan(plan_file)
 
+    out = render.console if dry_run else render.err_console  # a run's own lines leave the command's stdout to it
+
     def warn(line: str) -> None:
-        render.console.print(f"[yellow]lagom-tune:[/] {line}", highlight=False)
+        out.print(f"[yellow]lagom-tune:[/] {line}", highlight=False)
 
     if print_env:  # the job may start on other machines (Slurm): refuse only what no machine may run
         launch.check_deployable(plan)
@@ -295,7 +297,7 @@ def apply(
             render.console.print(f"check: {n}")
         return
     result = launch.apply(plan, plan_file, cmd, applied, on_warning=warn,
-                          on_note=lambda n: render.console.print(f"[lagom-tune] check: {n}", style="dim", highlight=False, markup=False))
+                          on_note=lambda n: out.print(f"[lagom-tune] check: {n}", style="dim", highlight=False, markup=False))
     applied_n = sum(r["applied"] for rank in result.ranks.values() for r in rank["records"])
     missed = [f"rank {k}: {r['setting']} ({r['how']})" for k, rank in result.ranks.items() for r in rank["records"] if not r["applied"]]
     if result.unwritten:
@@ -306,9 +308,9 @@ def apply(
         summary = f"no rank reported; {result.applied_json} keeps the last run's record"
     else:
         summary = f"no rank reported; nothing written to {result.applied_json}"
-    render.console.print(f"[lagom-tune] {summary}", style="dim", highlight=False, markup=False)  # "[...]" is text here
+    out.print(f"[lagom-tune] {summary}", style="dim", highlight=False, markup=False)  # "[...]" is text here
     for m in missed:
-        render.console.print(f"[yellow]not applied[/] {escape(m)}")
+        out.print(f"[yellow]not applied[/] {escape(m)}")
     sys.exit(result.exit_code)  # not typer.Exit: typer returns an interrupt as Exit(130), and this 130 is the command's
 
 

@@ -19,6 +19,8 @@ from lagom_tune.workload.spec import Collective, Gemm, Workload
 # Wide enough for the comparison tables when output goes to a file or CI log; lines printed there
 # are never hard-wrapped (a wrapped path or message breaks whoever reads the log).
 console = Console(width=None if sys.stdout.isatty() else 140, soft_wrap=not sys.stdout.isatty())
+# What `apply` says while the user's command runs: on stderr, so the command's stdout is its own.
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140, soft_wrap=not sys.stderr.isatty())
 
 
 def simulated_tag(simulated: bool) -> str:

@@ -104,7 +104,7 @@ def test_a_command_not_after_dashes_is_refused(tmp_path):
     assert not (tmp_path / "a.json").exists()
     # a wrapped launcher hides the world size: the run says so (only --dry-run did)
     r = cli("apply", plan, "--", "env", "FOO=1", sys.executable, "-c", "print('ran')", check=True)
-    assert "ran" in r.stdout and "check: world size not known from the command; the plan expects 2" in r.stdout, r.stdout
+    assert r.stdout == "ran\n" and "check: world size not known from the command; the plan expects 2" in r.stderr, r.stdout  # the command's stdout is its own
 
 
 def test_print_env_refuses_a_simulated_plan():
@@ -155,7 +155,7 @@ def test_the_commands_exit_code_passes_through(tmp_path):
     plan = BASE.save(tmp_path / "p.yaml")
     r = cli("apply", plan, "--", sys.executable, "-c", "import sys; sys.exit(3)")
     assert r.returncode == 3
-    assert "[lagom-tune] no rank reported" in r.stdout  # the prefix is text, not markup
+    assert "[lagom-tune] no rank reported" in r.stderr  # the prefix is text, not markup
     r = cli("apply", plan, "--", sys.executable, "-c", "import sys; sys.exit(130)")
     assert r.returncode == 130 and "interrupted" not in r.stderr, r.stderr  # the command's 130, not a Ctrl-C to lagom-tune
     r = cli("apply", plan, "--", "no-such-program-xyz")
@@ -202,6 +202,44 @@ def test_sigint_sent_to_apply_alone_reaches_the_command(tmp_path):
         time.sleep(0.05)
     started = time.time()
     proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 5 and time.time() - started < 20, proc.returncode
+
+
+def test_a_second_stop_signal_does_not_leave_the_command_behind(tmp_path):
+    """A second SIGTERM (or SIGINT) while apply waited for its command after the first ended apply
+    at once, the command still running with no parent to report its exit."""
+    import signal
+    import time
+
+    marker = tmp_path / "started"
+    script = (f"import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              f"signal.signal(signal.SIGINT, signal.SIG_IGN); pathlib.Path({str(marker)!r}).touch(); time.sleep(4); sys.exit(3)")
+    proc = subprocess.Popen([str(BIN / "lagom-tune"), "apply", str(BASE.save(tmp_path / "p.yaml")), "--", sys.executable, "-c", script],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
+        proc.send_signal(sig)
+        time.sleep(0.3)
+    assert proc.poll() is None  # still waiting for its command
+    proc.communicate(timeout=60)
+    assert proc.returncode == 3, proc.returncode  # the command's own exit, once it ended
+
+
+def test_an_ignored_sigint_stays_ignored(tmp_path):
+    """A job started with & from a script ignores SIGINT, and so does its command: apply acted on
+    it anyway, and killed the command 30 s later."""
+    import time
+
+    script = "import sys, time; print('ready', flush=True); time.sleep(3); sys.exit(5)"
+    cmd = f"trap '' INT; exec {BIN / 'lagom-tune'} apply {BASE.save(tmp_path / 'p.yaml')} -- {sys.executable} -c \"{script}\""
+    proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "ready" in proc.stdout.readline()
+    proc.send_signal(__import__("signal").SIGINT)
+    started = time.time()
     proc.communicate(timeout=60)
     assert proc.returncode == 5 and time.time() - started < 20, proc.returncode
 
@@ -285,7 +323,7 @@ def test_a_command_that_fails_before_any_rank_keeps_the_last_applied_record(tmp_
     record = tmp_path / "applied.json"
     record.write_text('{"ranks": {"0": {"rank": "0", "records": []}}}')
     r = cli("apply", plan, "--applied", record, "--", "false")  # no Python rank ever starts
-    assert r.returncode == 1 and "keeps the last run's record" in r.stdout
+    assert r.returncode == 1 and "keeps the last run's record" in r.stderr
     assert record.read_text() == '{"ranks": {"0": {"rank": "0", "records": []}}}'
 
 
@@ -296,10 +334,10 @@ def test_a_record_that_cannot_be_written_is_refused_before_the_command_runs(tmp_
     assert r.returncode == 2 and "cannot write --applied record /proc/applied.json" in r.stderr
     assert not marker.exists()  # a long job is never run only to fail at the end
     r = cli("apply", plan, "--applied", tmp_path / "new" / "applied.json", "--", "true")
-    assert r.returncode == 0 and "nothing written to" in r.stdout
+    assert r.returncode == 0 and "nothing written to" in r.stderr
     # the record's folder replaced by a file during the run: the command's exit code still comes back
     gone = tmp_path / "gone"
     gone.mkdir()
     r = cli("apply", plan, "--applied", gone / "applied.json", "--", "sh", "-c",
             f"RANK=0 {sys.executable} -c 'import torch' && rm -r {gone} && touch {gone} && exit 5")
-    assert r.returncode == 5 and "1 rank(s) reported" in r.stdout and "not recorded: cannot write" in r.stdout, (r.stdout, r.stderr)
+    assert r.returncode == 5 and "1 rank(s) reported" in r.stderr and "not recorded: cannot write" in r.stderr, (r.stdout, r.stderr)

@@ -16,6 +16,7 @@ import shlex
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -383,20 +384,32 @@ def _run(cmd: list[str], env: dict[str, str]) -> int:
     except KeyboardInterrupt as e:
         if isinstance(e, Interrupted):
             proc.send_signal(e.signum)
+        code = _wait_grace(proc)
+    return code if code >= 0 else 128 - code
+
+
+def _wait_grace(proc: subprocess.Popen) -> int:
+    """After a stop signal: wait :data:`STOP_GRACE_S` for the command, passing on further stop
+    signals sent to lagom-tune (a second SIGINT here, like the first one from a terminal, reached
+    the command itself), then kill it: lagom-tune never ends before its command."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    while True:
         try:
-            code = proc.wait(timeout=STOP_GRACE_S)
+            return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
-            code = proc.wait()
-    return code if code >= 0 else 128 - code
+            return proc.wait()
+        except KeyboardInterrupt as e:
+            if isinstance(e, Interrupted):
+                proc.send_signal(e.signum)
 
 
 def _wait(proc: subprocess.Popen) -> int:
     """Wait for ``proc``; on SIGINT, pass it on when a process sent it (the terminal's Ctrl-C has
     no sender and reached the command itself), then raise KeyboardInterrupt. Where the sender cannot
     be known (no ``sigtimedwait``: macOS), SIGINT is not passed on."""
-    if not hasattr(signal, "sigtimedwait"):
-        return proc.wait()
+    if not hasattr(signal, "sigtimedwait") or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return proc.wait()  # (ignored, as a job started with & from a script: the command ignores it too)
     # blocked only now: the command, started already, keeps SIGINT unblocked
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
