@@ -258,8 +258,10 @@ def apply(
     the system C compiler on first use (`NCCL_TUNER_PLUGIN`, `LAGOM_TUNE_TUNER_RULES`).
     """
     cmd = list(ctx.args)
-    if len(cmd) != ctx.meta.get("after_dashes", 0):  # without "--" the command's own options were taken as apply's
-        raise UserError(f"put the command after `--` (`lagom-tune apply PLAN [OPTIONS] -- CMD ...`); got {shlex.join(cmd)!r} before it")
+    before = cmd[:len(cmd) - ctx.meta.get("after_dashes", 0)]
+    if before or str(applied) == "--":  # without "--" the command's own options were taken as apply's
+        taken = f"got {shlex.join(before)!r} before it" if before else "--applied took it as its path"
+        raise UserError(f"put the command after `--` (`lagom-tune apply PLAN [OPTIONS] -- CMD ...`); {taken}")
     if print_env and (dry_run or cmd):  # it prints settings for a job started elsewhere: it runs and checks nothing here
         raise UserError(f"--print-env takes no {'--dry-run' if dry_run else 'command'}: it prints export lines for a job "
                         "you start yourself (eval them, then launch)")
@@ -281,14 +283,14 @@ def apply(
         tuner = launch.prepare_tuner(plan)
         env = launch.plan_environment(plan, plan_file, None, dict(os.environ), tuner)
         if print_env:
-            for line in launch.deployment_warnings(env, dict(os.environ), tuner):
+            for line in launch.deployment_warnings(plan, env, dict(os.environ), tuner):
                 print(f"lagom-tune: {line}", file=sys.stderr)  # stdout stays `eval`-able
             print(launch.export_lines(env))
             return
         render.console.print(render.plan_table(plan))
         for line in render.deployment_lines(plan, env, tuner):
             render.console.print(line, highlight=False)
-        for line in launch.deployment_warnings(env, dict(os.environ), tuner):
+        for line in launch.deployment_warnings(plan, env, dict(os.environ), tuner):
             warn(line)
         if plan.simulated:  # a what-if plan: shown, never run
             render.console.print("check: simulated plan; `apply` will refuse to run it (profile the real cluster)")

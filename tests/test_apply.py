@@ -22,7 +22,7 @@ def launcher_world_size(cmd, env):
 @pytest.mark.parametrize("cmd, world", [
     (["torchrun", "--standalone", "--nproc-per-node", "2", "train.py", "--nproc-per-node", "9"], 2),
     (["torchrun", "--nproc_per_node=4", "--nnodes=2", "train.py"], 8),
-    (["torchrun", "--nnodes", "1:2", "--nproc-per-node", "3", "t.py"], 6),
+    (["torchrun", "--nnodes", "2:2", "--nproc-per-node", "3", "t.py"], 6),
     ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "t.py"], 2),
     (["torchrun", "--nproc-per-node", "gpu", "t.py"], None),
     (["python", "train.py"], None),
@@ -75,6 +75,10 @@ def test_a_plan_for_other_nodes_is_refused():
         check_fit(dataclasses.replace(BASE, world_size=4), ["torchrun", "--nnodes", "2", "--nproc-per-node", "2", "t.py"], {})
     assert "world size 4 matches on 2 node(s)" in check_fit(two, ["torchrun", "--nnodes", "2", "--nproc-per-node", "2", "t.py"], {})
     assert check_fit(two, ["python", "t.py"], {"WORLD_SIZE": "4"}) == ["world size 4 matches"]  # nodes not known: not refused
+    # elastic: one or two nodes join (a one-node plan was refused as two nodes, a two-node one matched)
+    for plan in (BASE, two):
+        notes = check_fit(plan, ["torchrun", "--nnodes", "1:2", "--nproc-per-node", str(plan.world_size // plan.nodes), "t.py"], {})
+        assert notes and "world size not known from the command (elastic --nnodes" in notes[0], notes
 
 
 def test_environment_puts_the_shim_first(tmp_path):
@@ -102,6 +106,8 @@ def test_a_command_not_after_dashes_is_refused(tmp_path):
         r = cli("apply", plan, *cmd)
         assert r.returncode == 2 and "put the command after `--`" in r.stderr and "ran" not in r.stdout, (r.stdout, r.stderr)
     assert not (tmp_path / "a.json").exists()
+    r = cli("apply", plan, "--applied", "--", "echo", "hi")  # the "--" was --applied's path
+    assert r.returncode == 2 and "--applied took it as its path" in r.stderr, r.stderr
     # a wrapped launcher hides the world size: the run says so (only --dry-run did)
     r = cli("apply", plan, "--", "env", "FOO=1", sys.executable, "-c", "print('ran')", check=True)
     assert r.stdout == "ran\n" and "check: world size not known from the command; the plan expects 2" in r.stderr, r.stdout  # the command's stdout is its own

@@ -83,6 +83,36 @@ def test_the_run_folder_reads_numeric_columns_as_numbers(sim_csv):
     assert all(pd.api.types.is_numeric_dtype(df[c]) for c in m.NUMERIC_COLUMNS if c in df.columns)
 
 
+def test_a_meta_yaml_without_its_simulated_flag_reads_as_its_backend_says(sim_csv, tmp_path):
+    """Without the flag, show dropped every SIMULATED label and search wrote a plan marked
+    measured, which then failed to load."""
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(sim_csv.parent, run)
+    meta = yaml.safe_load((run / "meta.yaml").read_text())
+    del meta["simulated"]
+    (run / "meta.yaml").write_text(yaml.safe_dump(meta))
+    assert RunFolder(run).read_meta()["simulated"] is True
+
+
+def test_a_folder_holding_only_dot_files_is_profiled_into(tmp_path):
+    """A profile killed while it wrote meta.yaml leaves the lock and a temp file: the rerun was
+    refused as "a folder with other files"."""
+    from lagom_tune.errors import UserError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").touch()
+    (out / ".meta.yaml.abc.tmp").touch()
+    RunFolder(out).lock()()  # taken and released
+    (out / "notes.txt").touch()
+    with pytest.raises(UserError, match="holds other files and no profile"):
+        RunFolder(out).lock()
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda m: m["fingerprint"].update(sms=0), "fingerprint.sms: must be >= 1"),  # fit divided by it
     (lambda m: m["fingerprint"].update(backend="foo"), "unknown backend 'foo'"),  # fit: ValueError

@@ -154,9 +154,10 @@ def test_a_measuring_child_ends_when_its_parent_is_killed(tmp_path):
     import sys
     from pathlib import Path
 
-    child = ("import os, sys, time; from lagom_tune.backends.parent_watch import exit_with_parent; exit_with_parent(0.1); "
+    child = ("import os, sys, time; from lagom_tune.backends.parent_watch import exit_with_parent; exit_with_parent(int(sys.argv[1]), 0.1); "
              "print(os.getpid(), flush=True); time.sleep(60)")
-    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"],
+    parent = subprocess.Popen([sys.executable, "-c", f"import os, subprocess, sys, time; "
+                               f"subprocess.Popen([sys.executable, '-c', {child!r}, str(os.getpid())]); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     pid = int(parent.stdout.readline())
 
@@ -173,3 +174,7 @@ def test_a_measuring_child_ends_when_its_parent_is_killed(tmp_path):
     while alive() and time.time() < deadline:
         time.sleep(0.05)
     assert not alive(), "the child outlived its killed parent"
+    # a parent dead before the child's watch starts (it imports torch first): the pid it was given is gone
+    late = subprocess.run([sys.executable, "-c", child, "999999999"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert late.returncode == 1, late

@@ -2,6 +2,7 @@
 the way NCCL drives it, with fake cost tables, for every rule of the plans in plans/."""
 
 import ctypes
+import dataclasses
 import random
 import shutil
 import subprocess
@@ -453,6 +454,11 @@ def test_the_users_own_nccl_variables_the_plan_replaces_or_that_narrow_its_rules
     assert "NCCL_NTHREADS=128 from your environment is replaced by the plan's 256" in r.stderr, r.stderr
     assert "NCCL_ALGO=Tree from your environment narrows NCCL's choices" in r.stderr and "NCCL_PROTO" not in r.stderr
     assert r.stdout.startswith("export ") and "NCCL_TUNER_PLUGIN" in r.stdout
+    # an earlier plan's plugin, left in the environment by `eval "$(apply --print-env)"`, under a plan that sets nothing
+    kept = dataclasses.replace(IN_TEST_PLAN, settings=Settings(), rules=()).save(tmp_path / "kept.yaml")
+    r = cli("apply", kept, "--print-env", env={**env, "NCCL_TUNER_PLUGIN": "/old/libnccl-tuner.so"}, check=True)
+    assert "NCCL_TUNER_PLUGIN=/old/libnccl-tuner.so from your environment stays in effect" in r.stderr, r.stderr
+    assert "NCCL_NTHREADS=128 from your environment stays in effect" in r.stderr, r.stderr
 
 
 def test_the_cache_is_absolute_and_a_garbled_cc_is_a_user_error(tmp_path):

@@ -131,7 +131,8 @@ class GlooBackend(LocalBackend):
             q.cancel_join_thread()
         port = free_port()
         procs = [
-            ctx.Process(target=_rank_main, args=(r, self.options.ranks, port, points, repeats, self.options.timeout_s, results, persisted[r]), daemon=True)
+            ctx.Process(target=_rank_main, args=(r, self.options.ranks, port, points, repeats, self.options.timeout_s, results, persisted[r],
+                                                 os.getpid()), daemon=True)
             for r in range(self.options.ranks)
         ]
         for p in procs:
@@ -224,12 +225,13 @@ def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: floa
 # Inside a rank
 
 
-def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: int, timeout_s: float, results, persisted) -> None:
+def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: int, timeout_s: float, results, persisted,
+               parent: int) -> None:
     """A rank's process: join the group, time each point (``gloo_timing.MEASURE``), report its rows,
     and wait for the parent's word that they are persisted before the next."""
     import torch.distributed as dist
 
-    exit_with_parent()
+    exit_with_parent(parent)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         dist.init_process_group(

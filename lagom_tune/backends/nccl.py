@@ -236,7 +236,7 @@ class NcclBackend(RegisteredBackend):
         ctx = torch.multiprocessing.get_context("spawn")
         results = ctx.Queue()
         with _environ(env):  # a spawned process starts with the parent's environment of the moment
-            proc = ctx.Process(target=worker_main, args=(spec, results), daemon=True)
+            proc = ctx.Process(target=worker_main, args=(spec, results, os.getpid()), daemon=True)
             proc.start()
         try:
             for i, point in enumerate(spec.points):

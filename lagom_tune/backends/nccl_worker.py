@@ -39,17 +39,18 @@ class WorkerSpec:
     standin: bool = False  # CPU and gloo instead of CUDA and NCCL: tests of the orchestration only
 
 
-def worker_main(spec: WorkerSpec, results) -> None:
+def worker_main(spec: WorkerSpec, results, parent: int) -> None:
     """Entry point of a worker process; reports ("rows", i, rows), then ("done",) or ("error", msg).
 
     Args:
         spec: the worker's rank, rendezvous and points.
         results: the queue to its parent.
+        parent: the parent's pid (the worker ends once it has gone).
     """
     import torch
     import torch.distributed as dist
 
-    exit_with_parent()
+    exit_with_parent(parent)
     try:
         timeout = datetime.timedelta(seconds=spec.timeout_s)
         store = dist.PrefixStore(spec.prefix, dist.TCPStore(spec.store_host, spec.store_port, is_master=False,

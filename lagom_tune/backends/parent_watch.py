@@ -14,15 +14,16 @@ import time
 POLL_S = 0.5  # how often a child looks for its parent
 
 
-def exit_with_parent(poll_s: float = POLL_S) -> threading.Thread:
+def exit_with_parent(parent: int, poll_s: float = POLL_S) -> threading.Thread:
     """Start a daemon thread that ends this process (exit code 1) once its parent has gone.
 
     Args:
+        parent: the parent's pid, as the parent gave it (a child that read its own ``getppid``
+            after a slow start, importing torch, would read init's once the parent had died).
         poll_s: seconds between looks.
     Returns:
         The thread (started).
     """
-    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:  # once the parent dies, the child is re-parented

@@ -97,7 +97,8 @@ class RunFolder:
         """
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"--out {self.path} exists and is not a folder")
-        if self.path.is_dir() and not self.exists() and any(p.name != ".lock" for p in self.path.iterdir()):
+        # (dot-files: this folder's lock and a meta.yaml written atomically when the run was killed, .DS_Store, .nfs*)
+        if self.path.is_dir() and not self.exists() and any(not p.name.startswith(".") for p in self.path.iterdir()):
             # not a run folder (no meta.yaml) but not empty: `--out ""` or `--out .` profiled into the working folder
             raise UserError(f"--out {self.path} holds other files and no profile; give a new or empty folder (runs/NAME)")
         self.path.mkdir(parents=True, exist_ok=True)
@@ -135,6 +136,7 @@ class RunFolder:
         if v.field(meta, "simulated", where, bool, simulated) != simulated:
             raise UserError(f"{where}.simulated: {meta['simulated']}, but the {fp['backend']} backend "
                             f"{'simulates' if simulated else 'measures'}")
+        meta["simulated"] = simulated  # a file without the flag still reads (and plans) as what its backend is
         v.field(meta, "repeats", where, int, None, minimum=1)
         v.field(meta, "complete", where, bool, False)
         total = v.field(meta, "points_total", where, int, None, minimum=0)

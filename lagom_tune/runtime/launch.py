@@ -41,6 +41,7 @@ class LaunchLayout:
     ranks_per_node: int
     nodes: int
     nodes_known: bool = True  # False: WORLD_SIZE without LOCAL_WORLD_SIZE (every rank counted on one node)
+    elastic: bool = False  # torchrun --nnodes MIN:MAX: as many nodes as join, ``nodes`` at most
 
     @property
     def world_size(self) -> int:
@@ -75,10 +76,11 @@ def launcher_layout(cmd: list[str], env: dict[str, str]) -> LaunchLayout | None:
     args = _torchrun_arguments(launcher, cmd[start:], env)
     if args is None:
         return None
-    nproc, nnodes = str(args.nproc_per_node), str(args.nnodes).split(":")[-1]  # nnodes "1:2": at most 2
-    if not (nproc.isdigit() and nnodes.isdigit()):  # "gpu", "auto": known only where it runs
+    nproc, bounds = str(args.nproc_per_node), str(args.nnodes).split(":")  # nnodes "1:2": one or two nodes
+    if not (nproc.isdigit() and all(b.isdigit() for b in bounds)):  # "gpu", "auto": known only where it runs
         return None
-    return LaunchLayout(int(nproc), int(nnodes))
+    elastic = len(set(bounds)) > 1
+    return LaunchLayout(int(nproc), int(bounds[-1]), nodes_known=not elastic, elastic=elastic)
 
 
 def _torchrun_arguments(launcher: str, argv: list[str], env: dict[str, str]) -> argparse.Namespace | None:
@@ -120,6 +122,9 @@ def check_fit(plan: Plan, cmd: list[str], env: dict[str, str]) -> list[str]:
     layout = launcher_layout(cmd, env)
     if layout is None:
         notes.append(f"world size not known from the command; the plan expects {plan.world_size}")
+    elif layout.elastic:  # the world is as large as the nodes that join
+        notes.append(f"world size not known from the command (elastic --nnodes, {layout.ranks_per_node} ranks per node); "
+                     f"the plan expects {plan.world_size} on {plan.nodes} node(s)")
     elif layout.world_size != plan.world_size:
         raise UserError(f"the plan was made for world size {plan.world_size}, the command starts {layout.world_size} ranks")
     elif layout.nodes_known and layout.nodes != plan.nodes:  # its rules match NCCL communicators by node count too
@@ -298,12 +303,14 @@ def plan_environment(plan: Plan, plan_path: Path, applied_dir: str | None, base:
 RESTRICTING_ENV = ("NCCL_ALGO", "NCCL_PROTO")  # set, NCCL offers its tuner only what they allow
 
 
-def deployment_warnings(env: dict[str, str], base: dict[str, str], tuner: TunerDeployment | None) -> list[str]:
+def deployment_warnings(plan: Plan, env: dict[str, str], base: dict[str, str], tuner: TunerDeployment | None) -> list[str]:
     """One line per thing of the plan that will not reach the command as planned: what the tuner
-    cannot deploy, the user's own variables the plan replaces, and those that narrow what NCCL may
-    pick (the plugin then skips every rule asking for something else).
+    cannot deploy, the user's own variables the plan replaces, those a plan may set that this one
+    leaves as they are, and those that narrow what NCCL may pick (the plugin then skips every rule
+    asking for something else).
 
     Args:
+        plan: the plan.
         env: what the plan sets (:func:`plan_environment`).
         base: the user's environment.
         tuner: the tuner plugin's deployment, if any.
@@ -313,6 +320,11 @@ def deployment_warnings(env: dict[str, str], base: dict[str, str], tuner: TunerD
     out = tuner.warnings() if tuner else []
     out += [f"{k}={base[k]} from your environment is replaced by the plan's {v}" for k, v in env.items()
             if k != "PYTHONPATH" and k in base and base[k] != v]  # PYTHONPATH is kept, after the shim's folder
+    # what a plan may set, left in the environment (by an earlier plan's `eval "$(apply --print-env)"`, say)
+    info = backend_info(plan.backend)
+    owned = [k.env for k in knob_space_for(plan.backend).knobs if k.env] + (["NCCL_TUNER_PLUGIN", RULES_ENV] if info.deploys_tuner_rules else [])
+    out += [f"{k}={base[k]} from your environment stays in effect: this plan does not set it" for k in owned
+            if base.get(k) and k not in env]
     if tuner is not None and tuner.deployed:
         out += [f"{k}={base[k]} from your environment narrows NCCL's choices: the plan's rules asking for anything "
                 "else are skipped" for k in RESTRICTING_ENV if base.get(k)]
@@ -351,7 +363,7 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
     tuner = prepare_tuner(plan)
     with tempfile.TemporaryDirectory(prefix="lagom-applied-") as applied_dir:
         planned = plan_environment(plan, plan_path, applied_dir, dict(os.environ), tuner)
-        for line in deployment_warnings(planned, dict(os.environ), tuner):
+        for line in deployment_warnings(plan, planned, dict(os.environ), tuner):
             if on_warning:
                 on_warning(line)
         env = {**os.environ, **planned}
