@@ -274,11 +274,6 @@ def apply(
 
     if print_env:  # the job may start on other machines (Slurm): refuse only what no machine may run
         launch.check_deployable(plan)
-    notes: list[str] = []
-    if dry_run and not plan.simulated:  # refused before anything is shown: a refusal last reads as a plan that fits
-        if not cmd:
-            launch.check_roles(plan)  # check_fit checks them too, with the command
-        notes = launch.check_fit(plan, cmd, dict(os.environ)) if cmd else ["no command given: world size not checked"]
     if dry_run or print_env:
         tuner = launch.prepare_tuner(plan)
         env = launch.plan_environment(plan, plan_file, None, dict(os.environ), tuner)
@@ -295,6 +290,10 @@ def apply(
         if plan.simulated:  # a what-if plan: shown, never run
             render.console.print("check: simulated plan; `apply` will refuse to run it (profile the real cluster)")
             return
+        # checked after it is shown: an NCCL plan is inspected on a login node without GPUs too (refused there, exit 2)
+        if not cmd:
+            launch.check_roles(plan)  # check_fit checks them too, with the command
+        notes = launch.check_fit(plan, cmd, dict(os.environ)) if cmd else ["no command given: world size not checked"]
         for n in notes:
             render.console.print(f"check: {n}")
         return
