@@ -170,21 +170,28 @@ def test_the_commands_exit_code_passes_through(tmp_path):
     assert r.returncode == 128 + 9, r.returncode  # as a shell says it (was 247: -9 passed to sys.exit)
 
 
+def apply_started(tmp_path, before: str, after: str, **popen) -> subprocess.Popen:
+    """`lagom-tune apply` of a gloo plan to `python -c "{before}; <touch a marker>; {after}"`,
+    returned once the command has touched the marker (it runs, its signal handlers set)."""
+    import time
+
+    marker = tmp_path / "started"
+    script = f"import pathlib, signal, sys, time; {before}; pathlib.Path({str(marker)!r}).touch(); {after}"
+    proc = subprocess.Popen([str(BIN / "lagom-tune"), "apply", str(BASE.save(tmp_path / "p.yaml")), "--", sys.executable, "-c", script],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+    deadline = time.time() + 60
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return proc
+
+
 def test_a_stop_signal_to_apply_reaches_the_command(tmp_path):
     """SIGTERM to apply alone (a scheduler's stop) ended apply and left the command running."""
     import signal
     import time
 
-    plan = BASE.save(tmp_path / "p.yaml")
-    marker = tmp_path / "started"
-    script = (f"import pathlib, signal, sys, time; pathlib.Path({str(marker)!r}).touch(); "
-              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); time.sleep(60)")
-    proc = subprocess.Popen([str(BIN / "lagom-tune"), "apply", str(plan), "--", sys.executable, "-c", script],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not marker.exists():
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.05)
+    proc = apply_started(tmp_path, "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))", "time.sleep(60)")
     started = time.time()
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
@@ -192,20 +199,12 @@ def test_a_stop_signal_to_apply_reaches_the_command(tmp_path):
 
 
 def test_sigint_sent_to_apply_alone_reaches_the_command(tmp_path):
-    """`kill -INT` of apply's pid (timeout -s INT, a script's send_signal) was not passed on: the
-    command ran on until apply killed it 30 s later (exit 137)."""
+    """`kill -INT` of apply's pid (a script's send_signal) was not passed on: the command ran on
+    until apply killed it 30 s later (exit 137)."""
     import signal
     import time
 
-    marker = tmp_path / "started"
-    script = (f"import pathlib, signal, sys, time; signal.signal(signal.SIGINT, lambda *a: sys.exit(5)); "
-              f"pathlib.Path({str(marker)!r}).touch(); time.sleep(60)")
-    proc = subprocess.Popen([str(BIN / "lagom-tune"), "apply", str(BASE.save(tmp_path / "p.yaml")), "--", sys.executable, "-c", script],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not marker.exists():
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.05)
+    proc = apply_started(tmp_path, "signal.signal(signal.SIGINT, lambda *a: sys.exit(5))", "time.sleep(60)")
     started = time.time()
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
@@ -218,15 +217,8 @@ def test_a_second_stop_signal_does_not_leave_the_command_behind(tmp_path):
     import signal
     import time
 
-    marker = tmp_path / "started"
-    script = (f"import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-              f"signal.signal(signal.SIGINT, signal.SIG_IGN); pathlib.Path({str(marker)!r}).touch(); time.sleep(4); sys.exit(3)")
-    proc = subprocess.Popen([str(BIN / "lagom-tune"), "apply", str(BASE.save(tmp_path / "p.yaml")), "--", sys.executable, "-c", script],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not marker.exists():
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.05)
+    proc = apply_started(tmp_path, "signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, signal.SIG_IGN)",
+                         "time.sleep(4); sys.exit(3)")
     for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
         proc.send_signal(sig)
         time.sleep(0.3)
@@ -256,23 +248,15 @@ def test_ctrl_c_reaches_the_command_once(tmp_path):
     import fcntl
     import os
     import termios
-    import time
 
-    marker = tmp_path / "started"
-    script = (f"import pathlib, signal, sys, time; got = []; signal.signal(signal.SIGINT, lambda *a: got.append(1)); "
-              f"pathlib.Path({str(marker)!r}).touch(); time.sleep(3); time.sleep(1); sys.exit(10 + len(got))")
     master, slave = os.openpty()
 
     def own_terminal():  # a session of its own, whose controlling terminal is the pty
         os.setsid()
         fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
 
-    proc = subprocess.Popen([str(BIN / "lagom-tune"), "apply", str(BASE.save(tmp_path / "p.yaml")), "--", sys.executable, "-c", script],
-                            cwd=ROOT, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=own_terminal)
-    deadline = time.time() + 60
-    while not marker.exists():
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.05)
+    proc = apply_started(tmp_path, "got = []; signal.signal(signal.SIGINT, lambda *a: got.append(1))",
+                         "time.sleep(3); time.sleep(1); sys.exit(10 + len(got))", stdin=slave, preexec_fn=own_terminal)
     os.write(master, b"\x03")  # the terminal's interrupt character: SIGINT to its foreground process group
     proc.communicate(timeout=60)
     os.close(master), os.close(slave)
