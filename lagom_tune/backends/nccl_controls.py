@@ -17,6 +17,8 @@ TUNER_COLL = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scat
               "broadcast": "broadcast", "all_to_all": "alltoall"}
 # Set, these override every communicator's own CTA config.
 OVERRIDING_ENV = ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
+# Set, these narrow what NCCL offers its tuner: a rule asking for anything else is skipped.
+RESTRICTING_ENV = ("NCCL_ALGO", "NCCL_PROTO")
 
 
 @dataclass(frozen=True)

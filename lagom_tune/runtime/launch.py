@@ -23,10 +23,11 @@ from typing import Callable
 from unittest import mock
 
 from lagom_tune.artifact_io import atomic_write_text, check_writable
+from lagom_tune.backends.nccl_controls import RESTRICTING_ENV
 from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads_per_rank, usable_cores
 from lagom_tune.errors import Interrupted, UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
-from lagom_tune.runtime.nccl import RULES_ENV, TunerRule, TunerRules, ambiguous_roles, communicator_configs, tuner_rules
+from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, TunerRule, TunerRules, ambiguous_roles, communicator_configs, tuner_rules
 from lagom_tune.runtime.shim import rank_reports
 from lagom_tune.runtime.tuner_build import PluginBuild, ensure_plugin, rules_path
 
@@ -191,7 +192,7 @@ class TunerDeployment:
         """``NCCL_TUNER_PLUGIN`` (absolute path) and the rules-file variable, when the plugin is deployed."""
         if not self.deployed:
             return {}
-        return {"NCCL_TUNER_PLUGIN": str(self.plugin.path), RULES_ENV: str(self.rules_file)}
+        return {PLUGIN_ENV: str(self.plugin.path), RULES_ENV: str(self.rules_file)}
 
     def warnings(self) -> list[str]:
         """One line per thing that will not reach NCCL (empty when everything does)."""
@@ -300,9 +301,6 @@ def plan_environment(plan: Plan, plan_path: Path, applied_dir: str | None, base:
     return env
 
 
-RESTRICTING_ENV = ("NCCL_ALGO", "NCCL_PROTO")  # set, NCCL offers its tuner only what they allow
-
-
 def deployment_warnings(plan: Plan, env: dict[str, str], base: dict[str, str], tuner: TunerDeployment | None) -> list[str]:
     """One line per thing of the plan that will not reach the command as planned: what the tuner
     cannot deploy, the user's own variables the plan replaces, those a plan may set that this one
@@ -322,7 +320,7 @@ def deployment_warnings(plan: Plan, env: dict[str, str], base: dict[str, str], t
             if k != "PYTHONPATH" and k in base and base[k] != v]  # PYTHONPATH is kept, after the shim's folder
     # what a plan may set, left in the environment (by an earlier plan's `eval "$(apply --print-env)"`, say)
     info = backend_info(plan.backend)
-    owned = [k.env for k in knob_space_for(plan.backend).knobs if k.env] + (["NCCL_TUNER_PLUGIN", RULES_ENV] if info.deploys_tuner_rules else [])
+    owned = [k.env for k in knob_space_for(plan.backend).knobs if k.env] + ([PLUGIN_ENV, RULES_ENV] if info.deploys_tuner_rules else [])
     out += [f"{k}={base[k]} from your environment stays in effect: this plan does not set it" for k in owned
             if base.get(k) and k not in env]
     if tuner is not None and tuner.deployed:

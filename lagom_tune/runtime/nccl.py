@@ -18,6 +18,7 @@ NOT_TUNABLE = {"all_to_all": "NCCL runs all-to-all as send/recv, which no tuner 
 
 # The contract with lagom_tuner.c: keep these in step with its RULES_ENV, RULES_MAGIC and PLUGIN_NAME.
 RULES_ENV = "LAGOM_TUNE_TUNER_RULES"
+PLUGIN_ENV = "NCCL_TUNER_PLUGIN"  # NCCL loads the tuner plugin this names
 RULES_HEADER = "lagom-tune-tuner-rules 1"
 PLUGIN_NAME = "lagom-tune"
 ANY = "*"

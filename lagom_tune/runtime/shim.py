@@ -29,7 +29,7 @@ from lagom_tune.backends.registry import (
     CHUNKED_ALL_REDUCE, DDP_BUCKET_CAP, NCCL_ENVIRONMENT, NCCL_TUNER_RULES, THREAD_COUNT, backend_info,
 )
 from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
-from lagom_tune.runtime.nccl import RULES_ENV, GroupIdentity, communicator_configs, match_role, mesh_dim_of, plan_roles
+from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, match_role, mesh_dim_of, plan_roles
 
 DDP_MODULE = "torch.nn.parallel.distributed"
 C10D_MODULE = "torch.distributed.distributed_c10d"
@@ -326,7 +326,7 @@ class Shim:
 
     def on_torch_nccl(self, torch) -> None:
         if self.plan.rules:
-            plugin, rules = os.environ.get("NCCL_TUNER_PLUGIN"), os.environ.get(RULES_ENV)
+            plugin, rules = os.environ.get(PLUGIN_ENV), os.environ.get(RULES_ENV)
             ok = bool(plugin and rules) and os.path.isfile(plugin) and os.path.isfile(rules)
             self.record("collective_rules", len(self.plan.rules), ok,
                         f"NCCL_TUNER_PLUGIN={plugin} reads {RULES_ENV}={rules}" if ok else
