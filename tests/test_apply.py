@@ -96,6 +96,10 @@ def test_a_plan_that_keeps_the_defaults_leaves_nccl_alone(tmp_path):
     kept = dataclasses.replace(BASE, backend="nccl", settings=Settings(), rules=())
     assert prepare_tuner(kept, tmp_path) is None
     assert set(plan_environment(kept, tmp_path / "p.yaml", None, {})) == {"LAGOM_TUNE_PLAN", "PYTHONPATH"}
+    from lagom_tune.runtime.launch import deployment_warnings
+    assert deployment_warnings(dataclasses.replace(kept, search={"kept_default": "why"}), {}, {}, None) == []
+    old = dataclasses.replace(BASE, search={"kept_default": "why"})  # written before: the defaults pinned
+    assert any("pins them as the model knew them" in w for w in deployment_warnings(old, {}, {}, None))
 
 
 def test_a_command_not_after_dashes_is_refused(tmp_path):

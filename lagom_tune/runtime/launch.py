@@ -316,6 +316,9 @@ def deployment_warnings(plan: Plan, env: dict[str, str], base: dict[str, str], t
         The lines (empty when the plan reaches the command whole).
     """
     out = tuner.warnings() if tuner else []
+    if plan.search.get("kept_default") and (plan.settings.process or plan.settings.communicators or plan.rules):
+        out.append("this plan keeps the defaults but pins them as the model knew them (written before 2026-12-01); "
+                   "rerun `lagom-tune search` for one that leaves them to the backend")
     out += [f"{k}={base[k]} from your environment is replaced by the plan's {v}" for k, v in env.items()
             if k != "PYTHONPATH" and k in base and base[k] != v]  # PYTHONPATH is kept, after the shim's folder
     # what a plan may set, left in the environment (by an earlier plan's `eval "$(apply --print-env)"`, say)
