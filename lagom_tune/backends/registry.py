@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lagom_tune import validate as v
 from lagom_tune.errors import UserError
 
 if TYPE_CHECKING:  # types only: base.py imports this module, and knob spaces load lazily
@@ -118,6 +119,22 @@ class BackendInfo:
             able = [n for n in backend_names() if backend_info(n).ops is None or ops <= backend_info(n).ops]
             raise UserError(f"the {self.name} backend measures {', '.join(sorted(self.ops or ()))} only, not the workload's "
                             f"{', '.join(missing)}; profile it with --backend {' or '.join(able)}")
+
+    def simulated_flag(self, d: dict[str, Any], path: str) -> bool:
+        """A file's ``simulated`` field (absent: this backend's), refused unless it says what this
+        backend is: a flag edited to false dropped every SIMULATED label and let apply run a
+        what-if plan.
+
+        Args:
+            d: the mapping that holds the field (a run's meta.yaml, a plan's target).
+            path: its field path, for the error.
+        Returns:
+            Whether this backend simulates.
+        """
+        if v.field(d, "simulated", path, bool, self.simulated) != self.simulated:
+            raise UserError(f"{path}.simulated: {d['simulated']}, but the {self.name} backend "
+                            f"{'simulates' if self.simulated else 'measures'}")
+        return self.simulated
 
     def setup_change(self, before: dict[str, Any], now: dict[str, Any]) -> str | None:
         """What differs between two fingerprints in :attr:`setup`, or None.

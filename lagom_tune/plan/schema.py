@@ -183,11 +183,7 @@ class Plan:
             for where, role in named:
                 if role not in groups:
                     raise UserError(f"{where}: no role {role!r} in {path}.target.groups ({', '.join(map(str, groups))})")
-        # what is simulated is the backend's to say: a flag edited to false made apply run a what-if plan
-        simulated = backend_info(backend).simulated
-        if v.field(target, "simulated", f"{path}.target", bool, simulated) != simulated:
-            raise UserError(f"{path}.target.simulated: {target['simulated']}, but the {backend} backend "
-                            f"{'simulates' if simulated else 'measures'}")
+        simulated = backend_info(backend).simulated_flag(target, f"{path}.target")
         nodes = v.field(target, "nodes", f"{path}.target", int, 1, minimum=1)
         if world_size % nodes:  # torchrun starts as many ranks on every node
             raise UserError(f"{path}.target.nodes: {nodes} nodes cannot hold {world_size} ranks evenly")

@@ -19,7 +19,7 @@ import pandas as pd
 
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, read_yaml, write_yaml
-from lagom_tune.backends.registry import backend_info, backend_names
+from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.measurements import (
     COUNT_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS, ROW_KINDS, TIMED_COLUMNS,
@@ -129,14 +129,8 @@ class RunFolder:
             v.field(fp, key, f"{where}.fingerprint", kind, None, minimum=least)
         for key in FINGERPRINT_NAMES:  # every backend records which it is; the rest where they apply
             v.field(fp, key, f"{where}.fingerprint", str, ... if key == "backend" else None)
-        if fp["backend"] not in backend_names():
-            raise UserError(f"{where}.fingerprint.backend: unknown backend {fp['backend']!r} (one of {', '.join(backend_names())})")
-        # what is simulated is the backend's to say: a flag edited to false dropped every label, and apply ran its plan
-        simulated = backend_info(fp["backend"]).simulated
-        if v.field(meta, "simulated", where, bool, simulated) != simulated:
-            raise UserError(f"{where}.simulated: {meta['simulated']}, but the {fp['backend']} backend "
-                            f"{'simulates' if simulated else 'measures'}")
-        meta["simulated"] = simulated  # a file without the flag still reads (and plans) as what its backend is
+        # a file without the flag still reads (and plans) as what its backend is
+        meta["simulated"] = backend_info(fp["backend"], f"{where}.fingerprint.backend: ").simulated_flag(meta, where)
         v.field(meta, "repeats", where, int, None, minimum=1)
         v.field(meta, "complete", where, bool, False)
         total = v.field(meta, "points_total", where, int, None, minimum=0)
@@ -242,7 +236,7 @@ class RunFolder:
         have settings of their own."""
         fp = meta["fingerprint"]
         timed = df[df["kind"].isin(("collective", "overlap"))]
-        if timed.empty or fp["backend"] not in backend_names():
+        if timed.empty:
             return
         info = backend_info(fp["backend"])
         ops = {c.op for c in self.workload(meta).collectives()}

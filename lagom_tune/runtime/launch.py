@@ -395,16 +395,16 @@ def _run(cmd: list[str], env: dict[str, str]) -> int:
     try:
         code = _wait(proc)
     except KeyboardInterrupt as e:
-        if isinstance(e, Interrupted):
-            proc.send_signal(e.signum)
-        code = _wait_grace(proc)
+        code = _wait_grace(proc, e)
     return code if code >= 0 else 128 - code
 
 
-def _wait_grace(proc: subprocess.Popen) -> int:
-    """After a stop signal: wait :data:`STOP_GRACE_S` for the command, passing on further stop
-    signals sent to lagom-tune (a second SIGINT here, like the first one from a terminal, reached
-    the command itself), then kill it: lagom-tune never ends before its command."""
+def _wait_grace(proc: subprocess.Popen, stop: KeyboardInterrupt) -> int:
+    """After a stop signal (``stop``): pass it and any further one sent to lagom-tune on (a SIGINT
+    here, like one from a terminal, reached the command itself), wait :data:`STOP_GRACE_S` for the
+    command, then kill it: lagom-tune never ends before its command."""
+    if isinstance(stop, Interrupted):
+        proc.send_signal(stop.signum)
     deadline = time.monotonic() + STOP_GRACE_S
     while True:
         try:
