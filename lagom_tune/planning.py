@@ -54,7 +54,7 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
         raise UserError(f"{run.path}: {unfinished}; rerun `lagom-tune profile` to resume")
     if not run.model_path.is_file():
         raise UserError(f"{run.path} has no model.yaml: rerun `lagom-tune fit {run.path}`")
-    model, accuracy = load_model(run.model_path)
+    model, accuracy = load_model(run.model_path, run.model_family(meta))
     fp = meta["fingerprint"]
     if fp.get("standin"):
         raise UserError(f"{run.path} was measured by the CPU stand-in for GPUs (a test of the nccl backend's plumbing): "

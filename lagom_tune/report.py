@@ -129,7 +129,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
     """The HTML page for ``run``, and for ``plan`` when given."""
     meta = run.read_meta()
     simulated = bool(meta.get("simulated"))
-    model_doc: dict[str, Any] = read_model_file(run.model_path) if run.model_path.is_file() else {}
+    model_doc: dict[str, Any] = read_model_file(run.model_path, run.model_family(meta)) if run.model_path.is_file() else {}
     title = f"lagom-tune report · {meta.get('workload', {}).get('name', '?')}" + (" · SIMULATED" if simulated else "")
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if simulated:
@@ -147,7 +147,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
         if f.is_file():
             parts.append(f"<h2>{html.escape(alt.capitalize())}</h2>" + _img(base64.b64encode(f.read_bytes()).decode(), alt))
     if plan is not None:
-        model, _ = load_model(run.model_path)
+        model, _ = load_model(run.model_path, run.model_family(meta))
         workload = run.workload()
         vars_ = variables(workload, knob_space_for(plan.backend, fp))
         default = Settings.from_assignment(default_assignment(vars_), vars_)

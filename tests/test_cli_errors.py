@@ -122,6 +122,21 @@ def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path
     assert not (run / "model.yaml").exists()
 
 
+@pytest.mark.parametrize("verb", [["search", "--out", "p.yaml"], ["show"], ["report", "-o", "r.html"]])
+def test_a_model_of_another_family_than_the_runs_backend_is_refused(tiny_run, tmp_path, verb):
+    """A GPU model.yaml in a gloo run (copied, or a sim folder relabelled gloo): search crashed with
+    KeyError 'algo' (gloo's knob space has no algorithm)."""
+    import shutil
+
+    from conftest import ROOT
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    shutil.copy(ROOT / "bench" / "results" / "gpu_check-mpt-7b-tp8-dp1-run" / "model.yaml", run / "model.yaml")
+    r = cli(verb[0], run, *verb[1:])
+    assert_one_line_error(r, "model.yaml.family: lagom-gpu, but the run's backend fits cpu-pairwise models")
+
+
 @pytest.mark.parametrize("argv, resumes", [(["profile", "--out", "r"], True), (["search", "r", "--out", "p.yaml"], False),
                                            (["search", "r", "--storage=sqlite:///s.db"], True), (["fit", "r"], False)])
 def test_an_interrupt_says_rerun_to_resume_only_where_the_verb_resumes(argv, resumes, capsys):

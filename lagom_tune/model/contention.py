@@ -213,20 +213,24 @@ FAMILIES: dict[str, Any] = {"cpu-pairwise": CpuPairwiseModel, "lagom-gpu": Lagom
 MODEL_SECTIONS = ("schema_version", "kind", "family", "form", "simulated", "units", "device", "params", "accuracy")
 
 
-def model_from_dict(d: Any, path: str = "model") -> CostModel:
+def model_from_dict(d: Any, path: str = "model", expected: str | None = None) -> CostModel:
     """The cost model a ``model.yaml`` describes, of the family it names.
 
     Args:
         d: the loaded YAML.
         path: its field path, for errors.
+        expected: the family the run's backend fits (``BackendInfo.model_family``); None: any.
     Returns:
         The CostModel.
     Raises:
-        UserError: for an unknown schema version or family, or a bad field.
+        UserError: for an unknown schema version or family, one other than ``expected``, or a bad field.
     """
     d = v.known_keys(v.mapping(d, path), MODEL_SECTIONS, path)
     v.schema_version(d, path, SCHEMA_VERSION)
     family = v.one_of(v.field(d, "family", path, str), FAMILIES, f"{path}.family")
+    if expected is not None and family != expected:  # a GPU model asked for a CPU run's settings: no such knobs
+        raise UserError(f"{path}.family: {family}, but the run's backend fits {expected} models; "
+                        f"rerun `lagom-tune fit` on the run folder")
     return FAMILIES[family].from_dict(d, path)
 
 
@@ -264,29 +268,31 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
             "ranking": {**ranking, "shapes": shapes} if ranking else {}}
 
 
-def read_model_file(path: str | Path) -> dict[str, Any]:
+def read_model_file(path: str | Path, expected: str | None = None) -> dict[str, Any]:
     """``model.yaml`` as loaded, once its model and accuracy sections are checked.
 
     Args:
         path: the model file.
+        expected: the family the run's backend fits; None: any.
     Returns:
         The document.
     Raises:
         UserError: for a file that is missing, not YAML, or has a bad field.
     """
     d = read_yaml(path, "model file")
-    model_from_dict(d, str(path))
+    model_from_dict(d, str(path), expected)
     return {**d, "accuracy": accuracy_record(d.get("accuracy"), f"{path}.accuracy")}
 
 
-def load_model(path: str | Path) -> tuple[CostModel, dict[str, Any]]:
+def load_model(path: str | Path, expected: str | None = None) -> tuple[CostModel, dict[str, Any]]:
     """The model and its accuracy record from ``model.yaml``.
 
     Args:
         path: the model file.
+        expected: the family the run's backend fits; None: any.
     Returns:
         The CostModel and its ``accuracy`` mapping ({} when absent).
     """
     d = read_yaml(path, "model file")
-    model = model_from_dict(d, str(path))
+    model = model_from_dict(d, str(path), expected)
     return model, accuracy_record(d.get("accuracy"), f"{path}.accuracy")

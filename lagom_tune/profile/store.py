@@ -163,6 +163,12 @@ class RunFolder:
             raise UserError(f"{self.meta_path}: its workload is not the one profiled (digest {w.digest}, recorded {digest}): edited?")
         return w
 
+    def model_family(self, meta: dict[str, Any] | None = None) -> str:
+        """The cost-model family fitted to this folder's profiles: its backend's (``meta`` as in
+        :meth:`workload`); what its ``model.yaml`` must hold."""
+        meta = meta or self.read_meta()
+        return backend_info(meta["fingerprint"]["backend"], f"{self.meta_path}: fingerprint.backend: ").model_family
+
     def _read_rows(self) -> tuple[pd.DataFrame, bool]:
         """Every whole row of ``measurements.csv``, and whether a partial last line was dropped
         (a writer stopped mid-line, or a copy was cut short)."""
