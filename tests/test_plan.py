@@ -9,7 +9,7 @@ from lagom_tune.plan.schema import Plan, load_plan
 
 from conftest import ROOT
 
-BASE = Plan(backend="gloo", world_size=2, hardware={"device": "cpu", "cores": 2},
+BASE = Plan(backend="gloo", world_size=2, hardware={"device": "cpu", "cores": 2}, groups={"dp": 2},
             settings=Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 8}}),
             workload={"name": "cpu-demo", "digest": "sha256:0"},
             predicted={"iteration_ms": {"default": 10.0, "autoccl": 10.0, "plan": 9.0}, "bound_ms": 8.0})
@@ -33,6 +33,8 @@ def test_round_trip(tmp_path):
     (lambda d: d["process"].update(bucket_cap_mb=8), "deploys per communicator"),
     (lambda d: d["communicators"]["dp"].update(warp_speed=9), "communicators.dp.warp_speed: unknown knob"),
     (lambda d: d["target"].update(world_size=0), "world_size: must be >= 1"),
+    # no roles: the runtime applied "dp"'s settings to every communicator
+    (lambda d: d["target"].update(groups={}), r"communicators.dp: no role 'dp' in .*target.groups \(none\)"),
     (lambda d: d.update(collectives=[{"match": {"op": "all_reduce"}, "set": {"threads": 1}}]), "deploys per process"),
 ])
 def test_bad_plans_are_refused_with_the_field(mutate, message):

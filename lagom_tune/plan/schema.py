@@ -177,12 +177,12 @@ class Plan:
         for role, size in groups.items():
             if size > world_size:
                 raise UserError(f"{path}.target.groups.{role}: {size} ranks, more than the world size {world_size}")
-        if groups:  # roles named by settings must be the target's (plans written in code may name none)
-            named = [(f"{path}.communicators.{c}", c) for c in comms] + \
-                    [(f"{path}.collectives[{i}].match.group", r.group) for i, r in enumerate(rules) if r.group != "*"]
-            for where, role in named:
-                if role not in groups:
-                    raise UserError(f"{where}: no role {role!r} in {path}.target.groups ({', '.join(map(str, groups))})")
+        # a role named by settings must be the target's: one it lacks (``groups: {}``) matched any communicator
+        named = [(f"{path}.communicators.{c}", c) for c in comms] + \
+                [(f"{path}.collectives[{i}].match.group", r.group) for i, r in enumerate(rules) if r.group != "*"]
+        for where, role in named:
+            if role not in groups:
+                raise UserError(f"{where}: no role {role!r} in {path}.target.groups ({', '.join(map(str, groups)) or 'none'})")
         simulated = backend_info(backend).simulated_flag(target, f"{path}.target")
         nodes = v.field(target, "nodes", f"{path}.target", int, 1, minimum=1)
         if world_size % nodes:  # torchrun starts as many ranks on every node
