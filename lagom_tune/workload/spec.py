@@ -164,7 +164,11 @@ class Workload:
             if not compute and not comm:
                 raise UserError(f"{gp}: a group needs at least one computation or collective")
             _check_group(compute, comm, sizes, gp)
-            groups.append(OverlapGroup(v.field(gd, "name", gp, str), compute, comm, v.field(gd, "repeat", gp, int, 1, minimum=1)))
+            name = v.field(gd, "name", gp, str)
+            twice = next((j for j, g in enumerate(groups) if g.name == name), None)
+            if twice is not None:  # tables and the report's timelines name groups: two could not be told apart
+                raise UserError(f"{gp}.name: {name!r} is also groups[{twice}]'s; group names are unique")
+            groups.append(OverlapGroup(name, compute, comm, v.field(gd, "repeat", gp, int, 1, minimum=1)))
         if not groups:
             raise UserError(f"{path}.groups: a workload needs at least one group")
         return cls(
