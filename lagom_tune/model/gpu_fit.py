@@ -263,7 +263,11 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
     math bounded below by the data sheet's peak (that cell 4.7%, but leave-one-shape-out on the
     real H200 runs 4.3/3.9/4.5% -> 4.9/5.7/5.0%, and the simulated Hopper sets 2.3-3.9% -> 4.0-4.9%);
     a second start from each shape's least-math kernel, keeping the lower training error (5.2%,
-    real H200 2026-11-29 4.3% -> 5.2%)."""
+    real H200 2026-11-29 4.3% -> 5.2%). On 2026-12-01 (14), regression alone on that cell's folds
+    11.0%: choosing the columns by leave-one-shape-out within the training shapes 7.0% (real H200
+    5.3/5.3/4.5%); re-reads fitted to what launch, math and the bytes moved once leave 6.9% (real
+    4.9/5.8/5.4%); re-reads counted per wave (a wave's panels read once) 6.9% (real 5.0/8.4/5.9%);
+    reference GEMMs timed beside the workload's, 5.8-10.0% by which squares were picked."""
 
     def features(g: Gemm, tile: tuple[int, int], split: int) -> list[float]:
         return [math.ceil(kernel_ctas(g, tile, split) / sms) * cta_kflop(g, tile, split), min_traffic(g) / hbm,
