@@ -32,6 +32,25 @@ def mapping(value: Any, path: str) -> dict:
     return value
 
 
+def named(value: Any, path: str) -> dict[str, Any]:
+    """``value`` if it is a mapping keyed by names: YAML reads a key ``2:`` as a number, which no
+    role or communicator is called.
+
+    Args:
+        value: loaded data.
+        path: its field path, for the error.
+    Returns:
+        The dict.
+    Raises:
+        UserError: for anything but a mapping, or a key that is not a string.
+    """
+    d = mapping(value, path)
+    for key in d:
+        if not isinstance(key, str):
+            raise UserError(f"{path}: key {key!r} is read as {type(key).__name__}, not a name; quote it ('{key}')")
+    return d
+
+
 def known_keys(d: dict, allowed: tuple[str, ...], path: str) -> dict:
     """``d`` if every key is one of ``allowed``: a misspelt section (``communicator:``) would
     otherwise be read as absent, and what it holds silently never applied.
@@ -70,7 +89,7 @@ def seq(value: Any, path: str) -> list:
 
 
 def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., *, minimum: float | None = None,
-          finite: bool = True) -> Any:
+          maximum: float | None = None, finite: bool = True) -> Any:
     """Return ``d[key]`` checked against ``kind`` (bool is never accepted as a number).
 
     Args:
@@ -80,6 +99,7 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
         kind: the accepted type or types (an int is accepted, as a float, where float is).
         default: the value of a missing or null field; ``...`` makes the field required.
         minimum: the smallest accepted value, for numbers.
+        maximum: the largest accepted value, for numbers.
         finite: refuse NaN and infinities (False where NaN is a recorded "undefined", e.g. a
             rank correlation of constant values).
     Returns:
@@ -106,6 +126,8 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
         return value
     if minimum is not None and value < minimum:
         raise UserError(f"{path}.{key}: must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise UserError(f"{path}.{key}: must be <= {maximum}, got {value!r}")
     return value
 
 

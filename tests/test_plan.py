@@ -35,6 +35,13 @@ def test_round_trip(tmp_path):
     (lambda d: d["target"].update(world_size=0), "world_size: must be >= 1"),
     # no roles: the runtime applied "dp"'s settings to every communicator
     (lambda d: d["target"].update(groups={}), r"communicators.dp: no role 'dp' in .*target.groups \(none\)"),
+    # the tuner plugin refused each when NCCL loaded it, dropping every rule of the plan
+    (lambda d: d.update(collectives=[{"match": {"op": "all_reduce"}, "set": {}}]), r"collectives\[0\].set: the rule sets nothing"),
+    (lambda d: d.update(collectives=[{"match": {"op": "all_reduce", "max_bytes": 2 ** 64}, "set": {}}]),
+     r"collectives\[0\].match.max_bytes: must be <= 9223372036854775807"),
+    # YAML reads `2:` as a number: show crashed, apply ran with the setting never applied
+    (lambda d: d.update(communicators={2: {"bucket_cap_mb": 8}}), r"communicators: key 2 is read as int, not a name"),
+    (lambda d: d["target"].update(groups={2: 2}), r"target.groups: key 2 is read as int, not a name"),
     (lambda d: d.update(collectives=[{"match": {"op": "all_reduce"}, "set": {"threads": 1}}]), "deploys per process"),
 ])
 def test_bad_plans_are_refused_with_the_field(mutate, message):

@@ -3,6 +3,7 @@ the way NCCL drives it, with fake cost tables, for every rule of the plans in pl
 
 import ctypes
 import dataclasses
+import os
 import random
 import shutil
 import subprocess
@@ -295,6 +296,23 @@ def test_tuner_api_v1_has_one_context_per_process(lib, tmp_path, monkeypatch):
     assert (algo.value, proto.value, nch.value) == (ALGO["ring"], PROTO["simple"], 2)
     assert v1.destroy() == 0
 
+    # NCCL 2.19 inits once per communicator, with no context to tell their calls apart: each init
+    # replaced the last, and the last communicator's rules then reached every communicator
+    said = []
+    logger = LOGGER(lambda level, flags, file, line, fmt, msg: said.append(msg))
+    for ranks, nodes in ((16, 2), (8, 1), (16, 2)):  # world, tp, dp
+        assert v1.init(ranks, nodes, logger) == 0
+
+    def call(func, nbytes):
+        algo, proto, nch = c_int(-1), c_int(-1), c_int(UNTOUCHED)
+        v1.getCollInfo(FUNC[func], nbytes, 0, 0, 1, ctypes.byref(algo), ctypes.byref(proto), ctypes.byref(nch))
+        return algo.value, proto.value, nch.value
+
+    assert call("all_gather", 1 << 20) == (-1, -1, UNTOUCHED)  # dp's rule: this call may come from tp
+    assert call("broadcast", 1024) == (ALGO["ring"], PROTO["ll"], UNTOUCHED)  # a rule for any communicator stays
+    assert any(b"cannot tell this process's communicators apart; 2 rule(s) for particular communicators are not applied, 1 for any" in m for m in said), said
+    assert v1.destroy() == 0
+
 
 # -- bad rules never break NCCL ------------------------------------------------------------------
 
@@ -485,3 +503,41 @@ def test_rules_the_plugin_would_refuse_are_refused_before_the_run(tmp_path):
     huge = dataclasses.replace(plan, rules=(dataclasses.replace(plan.rules[0], max_bytes=10 ** 23),) + plan.rules[1:])
     with pytest.raises(UserError, match=r"would refuse the plan's rules and NCCL would use none of them: line \d+: bad maxBytes"):
         prepare_tuner(huge, cache=tmp_path)
+
+
+def test_a_library_that_cannot_be_loaded_is_never_cached(tmp_path):
+    """A CC that wrote no real library (a wrapper, an ASan build that aborts on load) was renamed
+    into the cache: every later apply ended in an internal error (OSError: file too short)."""
+    fake = tmp_path / "fakecc"
+    fake.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && echo garbage > "$2"; shift; done\n')
+    fake.chmod(0o755)
+    build = ensure_plugin(cache=tmp_path, env={"CC": str(fake), "PATH": os.environ["PATH"]})
+    assert not build.ok and "cannot be loaded" in build.reason and "file too short" in build.reason, build.reason
+    assert not list(tmp_path.glob(f"nccl-tuner-*/{LIBRARY_NAME}")) and not list(tmp_path.glob("nccl-tuner-*/.*.tmp"))
+
+
+def test_a_cached_library_that_cannot_be_loaded_falls_back_to_cta_bounds(tmp_path):
+    from lagom_tune.runtime.launch import prepare_tuner
+
+    plan = PLANS["sim-h100-nvlink-mpt-7b-tp8-dp2.yaml"]
+    built = prepare_tuner(plan, cache=tmp_path)
+    assert built.deployed
+    built.plugin.path.write_text("garbage")  # left by a version that cached whatever CC wrote
+    again = prepare_tuner(plan, cache=tmp_path)
+    assert not again.deployed and "cannot load the NCCL tuner plugin" in again.plugin.reason and again.env() == {}
+
+
+def test_a_read_only_cache_takes_a_prebuilt_plugin_and_the_rules_go_to_a_temporary_folder(tmp_path, monkeypatch):
+    """The rules file was written before the plugin was looked for: a shared cache holding a
+    prebuilt plugin, read-only to the job, stopped apply (exit 2) instead of being used."""
+    import tempfile
+
+    from lagom_tune.runtime.launch import prepare_tuner
+
+    plan = PLANS["sim-h100-nvlink-mpt-7b-tp8-dp2.yaml"]
+    ensure_plugin(cache=tmp_path / "shared")
+    (tmp_path / "shared" / "tuner-rules").write_text("")  # its rules folder cannot be made (as read-only)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    d = prepare_tuner(plan, cache=tmp_path / "shared")
+    assert d.deployed and d.rules_file.is_relative_to(tmp_path / "tmp") and d.rules_file.read_text() == tuner_rules(plan).text()

@@ -26,6 +26,7 @@ SECTIONS = ("schema_version", "kind", "tool", "target", "workload", "model", "se
             "collectives", "predicted", "validated")
 TARGET_FIELDS = ("backend", "simulated", "hardware", "world_size", "nodes", "groups", "group_ranks")
 MATCH_FIELDS = ("op", "group", "min_bytes", "max_bytes")
+MAX_RULE_BYTES = (1 << 63) - 1  # a rule's byte bounds as the tuner plugin reads them (int64)
 
 
 def knob_space_for(backend: str, fingerprint: dict[str, Any] | None = None) -> KnobSpace:
@@ -150,7 +151,7 @@ class Plan:
         # or a section misspelt must not read as a plan that sets nothing.
         process = knobs(v.field(d, "process", path, dict), f"{path}.process", "process")
         comms = {name: knobs(val, f"{path}.communicators.{name}", "communicator")
-                 for name, val in v.mapping(v.field(d, "communicators", path, dict), f"{path}.communicators").items()}
+                 for name, val in v.named(v.field(d, "communicators", path, dict), f"{path}.communicators").items()}
         rules = []
         for i, r in enumerate(v.field(d, "collectives", path, list)):
             rp = f"{path}.collectives[{i}]"
@@ -159,10 +160,12 @@ class Plan:
             rule = CollectiveRule(
                 op=v.one_of(v.field(m, "op", f"{rp}.match", str), OPS, f"{rp}.match.op"),
                 group=v.field(m, "group", f"{rp}.match", str, "*"),
-                min_bytes=v.field(m, "min_bytes", f"{rp}.match", int, 0, minimum=0),
-                max_bytes=v.field(m, "max_bytes", f"{rp}.match", int, 1 << 62, minimum=0),
+                min_bytes=v.field(m, "min_bytes", f"{rp}.match", int, 0, minimum=0, maximum=MAX_RULE_BYTES),
+                max_bytes=v.field(m, "max_bytes", f"{rp}.match", int, 1 << 62, minimum=0, maximum=MAX_RULE_BYTES),
                 set=knobs(v.field(r, "set", rp, dict), f"{rp}.set", "collective"),
             )
+            if not rule.set:  # the tuner plugin refuses it, and with it every rule of the plan
+                raise UserError(f"{rp}.set: the rule sets nothing; remove it or set a knob")
             if rule.min_bytes > rule.max_bytes:
                 raise UserError(f"{rp}.match: min_bytes {rule.min_bytes} is above max_bytes {rule.max_bytes}; the rule matches nothing")
             for name, value in rule.set.items():  # e.g. NCCL's tree algorithm is all-reduce only
@@ -170,7 +173,7 @@ class Plan:
                 if value not in valid:
                     raise UserError(f"{rp}.set.{name}: {value!r} does not apply to {rule.op} (valid: {', '.join(map(str, valid))})")
             rules.append(rule)
-        groups = v.mapping(v.field(target, "groups", f"{path}.target", dict, {}), f"{path}.target.groups")
+        groups = v.named(v.field(target, "groups", f"{path}.target", dict, {}), f"{path}.target.groups")
         for role in groups:
             v.field(groups, role, f"{path}.target.groups", int, minimum=1)
         world_size = v.field(target, "world_size", f"{path}.target", int, minimum=1)

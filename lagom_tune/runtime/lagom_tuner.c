@@ -466,14 +466,33 @@ static ncclResult_t coll_info_direct(context_t* c, ncclFunc_t coll, size_t nByte
 
 /* ---- one entry point per tuner API version ----------------------------------------------------- */
 
-static context_t* v1_context; /* v1 has no context argument: one per process */
+/* v1 has no context argument: one per process, which every communicator's calls share. Once a
+ * second communicator of another size has been made, the calls cannot be told apart: only the
+ * rules for any communicator stay (each init replaced the last, and the last communicator's
+ * rules were applied to all of them). */
+static context_t* v1_context;
+static size_t v1_ranks, v1_nodes;
+static int v1_mixed;
 
 static ncclResult_t init_v1(size_t nRanks, size_t nNodes, ncclDebugLogger_t log) {
+  if (v1_context && (nRanks != v1_ranks || nNodes != v1_nodes)) v1_mixed = 1;
+  v1_ranks = nRanks;
+  v1_nodes = nNodes;
   plugin_destroy(v1_context);
   v1_context = NULL;
   void* ctx = NULL;
   ncclResult_t res = plugin_init(nRanks, nNodes, log, &ctx);
   v1_context = ctx;
+  if (v1_context && v1_mixed) {
+    context_t* c = v1_context;
+    int kept = 0;
+    for (int i = 0; i < c->n; i++)
+      if (c->rules[i].nRanks == ANY && c->rules[i].nNodes == ANY) c->rules[kept++] = c->rules[i];
+    if (kept < c->n)
+      say(c, NCCL_LOG_WARN, __LINE__, "lagom-tune tuner: NCCL's v1 tuner API cannot tell this process's communicators "
+          "apart; %d rule(s) for particular communicators are not applied, %d for any communicator are", c->n - kept, kept);
+    c->n = kept;
+  }
   return res;
 }
 static ncclResult_t coll_info_v1(ncclFunc_t coll, size_t nBytes, int collNetSupport, int nvlsSupport, int numPipeOps,
@@ -484,6 +503,7 @@ static ncclResult_t coll_info_v1(ncclFunc_t coll, size_t nBytes, int collNetSupp
 static ncclResult_t destroy_v1(void) {
   plugin_destroy(v1_context);
   v1_context = NULL;
+  v1_mixed = 0; /* the next init starts afresh */
   return ncclSuccess;
 }
 

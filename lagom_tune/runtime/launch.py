@@ -175,8 +175,8 @@ class TunerDeployment:
     """How a plan's per-collective rules reach NCCL: our tuner plugin and its rules file.
 
     ``plugin`` is None when the plan has no rule for the plugin; ``rules_file`` is written (in the
-    cache, named by its content's hash) whenever there are rules, so it can be inspected even when
-    the plugin could not be built.
+    cache, or a temporary folder where the cache is read-only; named by its content's hash)
+    whenever there are rules, so it can be inspected even when the plugin could not be built.
     """
 
     rules: TunerRules
@@ -254,17 +254,40 @@ def prepare_tuner(plan: Plan, cache: Path | None = None) -> TunerDeployment | No
     if not rules.rules:
         return TunerDeployment(rules, None, None, ())
     text = rules.text()
-    path = rules_path(text, cache)
-    if not _holds(path, text):
-        try:
-            atomic_write_text(path, text)
-        except OSError as e:
-            raise UserError(f"cannot write the tuner rules file {path}: {e.strerror}") from None
+    path = _write_rules(text, cache)
     plugin = ensure_plugin(cache)
-    refusal = plugin.refusal(path) if plugin.ok else ""
+    try:
+        refusal = plugin.refusal(path) if plugin.ok else ""
+    except OSError as e:  # a cached library this version did not build (each build is load-tested first)
+        plugin, refusal = PluginBuild(None, f"cannot load the NCCL tuner plugin {plugin.path}: {e}; delete it to rebuild"), ""
     if refusal:  # NCCL would load the plugin, which would then drop every rule
         raise UserError(f"the tuner plugin would refuse the plan's rules and NCCL would use none of them: {refusal} of {path}")
     return TunerDeployment(rules, path, plugin, rules_needing_plugin(plan, rules))
+
+
+def _write_rules(text: str, cache: Path | None) -> Path:
+    """The rules file for ``text``, written once: in the cache, or where the cache cannot be
+    written (a shared, read-only one holding a prebuilt plugin) in this user's temporary folder.
+
+    Args:
+        text: the rules.
+        cache: the cache root (default ``$XDG_CACHE_HOME/lagom-tune``).
+    Returns:
+        Its path.
+    Raises:
+        UserError: when neither place can be written.
+    """
+    fallback = Path(tempfile.gettempdir()) / f"lagom-tune-{os.getuid()}"
+    errors = []
+    for root in (cache, fallback):
+        path = rules_path(text, root)
+        if _holds(path, text):
+            return path
+        try:
+            return atomic_write_text(path, text)
+        except (OSError, UserError) as e:  # the folder (UserError), or the file itself
+            errors.append(str(e) if isinstance(e, UserError) else f"cannot write {path}: {e.strerror}")
+    raise UserError(f"the tuner rules file: {'; '.join(errors)}")
 
 
 def _holds(path: Path, text: str) -> bool:

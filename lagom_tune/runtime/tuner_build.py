@@ -9,13 +9,13 @@ declares the few NCCL types it uses itself.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import platform
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,7 @@ CFLAGS = ("-O2", "-std=c99", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall",
 # a longer path would be cut and not found.
 NCCL_MAX_PLUGIN_PATH = 254
 COMPILE_TIMEOUT_S = 120
+CHECK_SYMBOL = "lagom_tuner_check_file"  # the plugin's rules-file parser, for apply to run before NCCL does
 
 
 @dataclass(frozen=True)
@@ -57,13 +58,51 @@ class PluginBuild:
             rules_file: a rules file (``TunerRules.text``).
         Returns:
             The parser's one-line error, or "".
+        Raises:
+            OSError: when the library cannot be loaded (a cached file this version did not build).
         """
         assert self.path is not None, "no plugin was built"
-        err = ctypes.create_string_buffer(256)
-        lib = ctypes.CDLL(str(self.path))
-        lib.lagom_tuner_check_file.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t)
-        n = lib.lagom_tuner_check_file(str(rules_file).encode(), err, len(err))
-        return err.value.decode(errors="replace") if n < 0 else ""
+        failure, refusal = _probe(str(self.path), rules_file)
+        if failure:
+            raise OSError(failure)
+        return refusal
+
+
+# Run in a child: a library that aborts as it loads (an ASan build) must not end apply, and this
+# process's loader would answer a second load of one path from the first, not from the file.
+_PROBE = f"""
+import ctypes, sys
+try:
+    check = ctypes.CDLL(sys.argv[1]).{CHECK_SYMBOL}
+except (OSError, AttributeError) as e:
+    sys.exit(str(e))
+if len(sys.argv) > 2:
+    err = ctypes.create_string_buffer(256)
+    check.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t)
+    if check(sys.argv[2].encode(), err, len(err)) < 0:
+        print(err.value.decode(errors="replace"))
+"""
+
+
+def _probe(library: str, rules_file: Path | None = None) -> tuple[str, str]:
+    """Load ``library`` as the plugin in a child process and, given ``rules_file``, parse it there.
+
+    Args:
+        library: the built file.
+        rules_file: a rules file to check, or None.
+    Returns:
+        Why it cannot be loaded ("" when it can: the loader's last line), and the parser's refusal
+        of ``rules_file`` ("" when it takes it).
+    """
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE, library, *([str(rules_file)] if rules_file else [])],
+                              capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e), ""
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        return (lines[-1] if lines else f"exit code {proc.returncode}")[:200], ""
+    return "", proc.stdout.strip()
 
 
 def cache_root(env: dict[str, str] | None = None) -> Path:
@@ -148,6 +187,10 @@ def ensure_plugin(cache: Path | None = None, env: dict[str, str] | None = None) 
                          proc.stderr.strip()[:200] or f"exit code {proc.returncode}")
             return PluginBuild(None, f"{compiler[0]} could not build the NCCL tuner plugin: {first}", compiler=compiler[0])
         os.chmod(tmp, 0o755)
+        unloadable, _ = _probe(tmp)
+        if unloadable:  # a wrapper CC that wrote no library, a sanitizer runtime: never cached
+            return PluginBuild(None, f"{compiler[0]} built an NCCL tuner plugin that cannot be loaded: {unloadable}",
+                               compiler=compiler[0])
         os.replace(tmp, target)  # atomic: readers see the old state or the whole library
     except (OSError, subprocess.TimeoutExpired) as e:
         return PluginBuild(None, f"building the NCCL tuner plugin failed: {e}", compiler=compiler[0])
