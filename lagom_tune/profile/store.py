@@ -302,9 +302,43 @@ class RunFolder:
         return health
 
     def append_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Add ``rows`` to ``measurements.csv``: appended in one write when the file ends in a whole
+        line and its header holds their columns (a profile flushes every second, and rewriting
+        tens of thousands of rows each time took longer than that); else the whole file is
+        rewritten atomically, its complete points and the new rows. An append cut short leaves a
+        partial line or a point short of repeats, which :meth:`read` leaves out and a resume measures
+        again.
+
+        Args:
+            rows: one dict per repeat, keyed by column.
+        """
         new = pd.DataFrame(rows)
+        header = self._header()
+        if header is not None and set(new.columns) <= set(header):
+            buf = io.StringIO()
+            new.reindex(columns=header).to_csv(buf, index=False, header=False)
+            with open(self.csv_path, "a") as f:
+                f.write(buf.getvalue())
+                f.flush()
+                os.fsync(f.fileno())
+            return
         old = self.measurements() if self.csv_path.is_file() else None
         self._write(new if old is None or old.empty else pd.concat([old, new], ignore_index=True))
+
+    def _header(self) -> list[str] | None:
+        """The CSV's columns, if it exists, is not empty and ends in a whole line (else None)."""
+        try:
+            with open(self.csv_path, "rb") as f:
+                first = f.readline()
+                f.seek(0, os.SEEK_END)
+                if not first.endswith(b"\n") or f.tell() == 0:
+                    return None
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    return None
+        except OSError:
+            return None
+        return first.decode(errors="replace").rstrip("\r\n").split(",")
 
     def _write(self, df: pd.DataFrame) -> None:
         buf = io.StringIO()
