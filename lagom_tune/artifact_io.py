@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
@@ -12,14 +13,18 @@ import yaml
 from lagom_tune.errors import UserError
 
 
-def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterable[str | os.PathLike] = ()) -> Path:
-    """Refuse, before any work starts, an output path that cannot be written, or that is one of
-    the command's inputs (``search RUN --out RUN/meta.yaml`` replaced the profile's record).
+def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterable[str | os.PathLike] = (),
+                   replaces: str | None = None) -> Path:
+    """Refuse, before any work starts, an output path that cannot be written, that is one of the
+    command's inputs (``search RUN --out RUN/meta.yaml`` replaced the profile's record), or that
+    holds something other than what the command writes (another run's ``meta.yaml``, a user's notes).
 
     Args:
         path: the file to be written later (its folder may not exist yet).
         what: what the file is, for the message.
         inputs: files the command reads.
+        replaces: a regular expression an existing file must match to be replaced (the first line
+            of what the command writes, e.g. ``^kind: lagom-plan$``); None: any file is replaced.
 
     Returns:
         The path. Raises ``UserError`` naming the reason.
@@ -30,10 +35,23 @@ def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterab
     clash = next((Path(i) for i in inputs if Path(i).exists() and os.path.samefile(path, i)), None) if path.exists() else None
     if clash is not None:
         raise UserError(f"{what} {path} is {clash}, which this command reads; give another file")
+    if replaces is not None and path.is_file() and not _holds_match(path, replaces):
+        raise UserError(f"{what} {path} exists and is not a {what} lagom-tune wrote; give another file (or remove it)")
     folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or folder.resolve().parts[:2] in (("/", "proc"), ("/", "sys")):
         raise UserError(f"cannot write {what} {path}: {folder} is not a writable folder")
     return path
+
+
+def _holds_match(path: Path, pattern: str) -> bool:
+    """Whether the first 64 KiB of ``path`` match ``pattern`` (multi-line); False for a file that
+    cannot be read as text."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            head = f.read(1 << 16)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return re.search(pattern, head, re.MULTILINE) is not None
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

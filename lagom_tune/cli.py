@@ -22,14 +22,14 @@ from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.backends.registry import backend_help
 from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_signals, stop_signal
 from lagom_tune.model.contention import read_model_file
-from lagom_tune.plan.schema import Plan, load_plan
+from lagom_tune.plan.schema import FILE_MARK as PLAN_FILE_MARK, Plan, load_plan
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.profile.store import open_run
 from lagom_tune.profile.summary import collective_summary
 from lagom_tune.report import write_report
 from lagom_tune.runtime import launch
 from lagom_tune.workload.presets import PRESETS, resolve_workload
-from lagom_tune.workload.spec import Workload
+from lagom_tune.workload.spec import FILE_MARK as WORKLOAD_FILE_MARK, Workload
 from lagom_tune.workload.trace import import_trace, summary
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -220,7 +220,7 @@ def search(
         return
     if out is None:
         raise UserError("--out PLAN.yaml is required (or use --compare)")
-    check_writable(out, "plan", open_run(run_dir).files)
+    check_writable(out, "plan", open_run(run_dir).files, replaces=PLAN_FILE_MARK)
     if not 0 <= min_gain < 1:  # NaN too
         raise UserError(f"--min-gain must be a fraction in [0, 1), e.g. 0.02; got {min_gain:g}")
     with bar:
@@ -413,7 +413,7 @@ def workload_import(
     ranks: Optional[int] = typer.Option(None, min=2, help="World size of the collectives (default: from the trace)."),
 ) -> None:
     """Build a workload from a trace: where GEMMs overlap collectives, and what runs alone."""
-    check_writable(out, "workload", [trace])  # `--out TRACE` replaced the trace
+    check_writable(out, "workload", [trace], replaces=WORKLOAD_FILE_MARK)  # `--out TRACE` replaced the trace
     w = import_trace(trace, name=name, ranks=ranks)
     w.save(out)
     s = summary(w)

@@ -125,12 +125,15 @@ def build_report(target: str | Path) -> str:
     return _page(*_sources(Path(target)))
 
 
+REPORT_MARK = "<title>lagom-tune report"  # what every page holds (``report --out`` replaces only such a file)
+
+
 def _page(plan: Plan | None, run: RunFolder) -> str:
     """The HTML page for ``run``, and for ``plan`` when given."""
     meta = run.read_meta()
     simulated = bool(meta.get("simulated"))
     model_doc: dict[str, Any] = read_model_file(run.model_path, run.model_family(meta)) if run.model_path.is_file() else {}
-    title = f"lagom-tune report · {meta.get('workload', {}).get('name', '?')}" + (" · SIMULATED" if simulated else "")
+    title = f"{REPORT_MARK.removeprefix('<title>')} · {meta.get('workload', {}).get('name', '?')}" + (" · SIMULATED" if simulated else "")
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if simulated:
         parts.append('<p class="sim">Every number on this page comes from a <b>simulated</b> GPU cluster: a what-if result, not a measurement.</p>')
@@ -174,4 +177,4 @@ def write_report(target: str | Path, out: str | Path) -> Path:
         The written path.
     """
     plan, run = _sources(Path(target))
-    return atomic_write_text(check_writable(out, "report", [Path(target), *run.files]), _page(plan, run))
+    return atomic_write_text(check_writable(out, "report", [Path(target), *run.files], replaces=REPORT_MARK), _page(plan, run))

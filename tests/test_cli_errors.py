@@ -122,6 +122,26 @@ def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path
     assert not (run / "model.yaml").exists()
 
 
+def test_an_output_that_holds_something_else_is_never_replaced(tiny_run, tmp_path):
+    """search --out, report --out and workload import --out replaced any file: another run's
+    meta.yaml (that profile was lost), a user's notes. A file of their own kind is still rewritten."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_run, other)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious\n")
+    meta = (other / "meta.yaml").read_text()
+    assert_one_line_error(cli("search", tiny_run, "--out", other / "meta.yaml"), "exists and is not a plan lagom-tune wrote")
+    assert_one_line_error(cli("report", tiny_run, "--out", notes), "exists and is not a report lagom-tune wrote")
+    (tmp_path / "t.json").write_text("{}")
+    assert_one_line_error(cli("workload", "import", tmp_path / "t.json", "--out", notes), "exists and is not a workload lagom-tune wrote")
+    assert (other / "meta.yaml").read_text() == meta and notes.read_text() == "precious\n"
+    for _ in range(2):  # the second run replaces the first's plan and report
+        cli("search", tiny_run, "--out", tmp_path / "p.yaml", check=True)
+        cli("report", tiny_run, "--out", tmp_path / "r.html", check=True)
+
+
 @pytest.mark.parametrize("verb", [["search", "--out", "p.yaml"], ["show"], ["report", "-o", "r.html"]])
 def test_a_model_of_another_family_than_the_runs_backend_is_refused(tiny_run, tmp_path, verb):
     """A GPU model.yaml in a gloo run (copied, or a sim folder relabelled gloo): search crashed with

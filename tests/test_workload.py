@@ -62,6 +62,7 @@ def test_yaml_round_trip(tmp_path):
     (lambda d: d["groups"][1]["comm"][0].update(rank=8), "groups[1].comm[0].rank: unknown field (did you mean 'ranks'?"),
     (lambda d: d["groups"][1].update(repeats=40), "groups[1].repeats: unknown field (did you mean 'repeat'?"),
     (lambda d: d["groups"][1]["comm"][1].update(name="grad.head"), "groups[1].comm[1].name: 'grad.head' is also comm[0]'s"),
+    (lambda d: d.update(kind="lagom-plan"), "workload.kind: expected 'lagom-workload', got 'lagom-plan'"),
     (lambda d: d["groups"][1].update(name=d["groups"][0]["name"]), "groups[1].name: 'forward' is also groups[0]'s"),  # tables and timelines name groups: two could not be told apart
     (lambda d: d["groups"][1]["comm"][2].update(ranks=4), "groups[1].comm[2].ranks: communicator 'dp_replicate' has 2 ranks in workload.groups[1].comm[0], 4 here"),
     (lambda d: d["groups"][1]["comm"][0].update(ranks=10 ** 12), "groups[1].comm[0].ranks: 1000000000000 ranks, more than 1048576"),

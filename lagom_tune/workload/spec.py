@@ -18,6 +18,8 @@ DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 SCHEMA_VERSION = 1
 MAX_RANKS = 1 << 20  # ranks (and nodes) of a communicator, at most: a million GPUs, beyond any job
 WORKLOAD_FIELDS = ("schema_version", "kind", "name", "exposed_ms", "meta", "groups")
+KIND = "lagom-workload"
+FILE_MARK = rf"^kind: {KIND}$"  # a workload file's top-level line (``workload import`` replaces only such a file)
 GROUP_FIELDS = ("name", "repeat", "compute", "comm")
 
 
@@ -126,7 +128,7 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
-            "kind": "lagom-workload",
+            "kind": KIND,
             "name": self.name,
             "exposed_ms": self.exposed_ms,
             "meta": dict(self.meta),
@@ -154,6 +156,9 @@ class Workload:
         d = v.mapping(data, path)
         v.schema_version(d, path, SCHEMA_VERSION, default=SCHEMA_VERSION)
         v.known_keys(d, WORKLOAD_FIELDS, path)
+        kind = d.get("kind", KIND)  # optional in hand-written workloads; another artifact's is refused
+        if kind != KIND:
+            raise UserError(f"{path}.kind: expected {KIND!r}, got {kind!r} (is this a workload file?)")
         groups = []
         sizes: dict[str, tuple[int, str]] = {}  # communicator -> its ranks, and where first given
         for i, gd in enumerate(v.seq(v.field(d, "groups", path, list), f"{path}.groups")):
