@@ -89,6 +89,21 @@ def test_a_study_of_another_space_is_refused_not_resumed(demo, tmp_path):
         optuna_search(ModelEvaluator(demo, TRUE), wider, n_trials=3, storage=storage, study_name="s")
 
 
+def test_a_study_of_another_workload_in_the_same_space_is_refused(demo, tmp_path):
+    """Resumed, another run's trials (its times, from its model) were mixed with this one's and its
+    best could be the plan; the README said such a study is refused."""
+    import dataclasses
+
+    from lagom_tune.errors import UserError
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna_search(ModelEvaluator(demo, TRUE), variables(demo, SPACE), n_trials=3, storage=storage, study_name="s")
+    longer = dataclasses.replace(demo, groups=tuple(dataclasses.replace(g, repeat=g.repeat * 1000) for g in demo.groups))
+    assert variables(longer, SPACE) == variables(demo, SPACE)
+    with pytest.raises(UserError, match="searched another run's or workload's model"):
+        optuna_search(ModelEvaluator(longer, TRUE), variables(longer, SPACE), n_trials=3, storage=storage, study_name="s")
+
+
 @pytest.mark.parametrize("storage, said", [("bogus://x", "Can't load plugin"), ("sqlite:////proc/study.db", "unable to open")])
 def test_a_storage_optuna_cannot_open_is_a_one_line_user_error(demo, storage, said):
     from lagom_tune.errors import UserError

@@ -6,6 +6,8 @@ Results are cached per settings, and every distinct evaluation is counted.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 from lagom_tune.knobs import Settings
@@ -38,6 +40,13 @@ class ModelEvaluator:
         # Per-group timelines, keyed by what the group's time depends on: a change to one
         # collective's settings replays only the groups that hold it.
         self._groups: dict[tuple, Timeline] = {}
+
+    @property
+    def identity(self) -> str:
+        """What this evaluator predicts from, as a digest: the workload and the model's parameters
+        (a stored study must be resumed against the same objective, not only the same space)."""
+        blob = json.dumps([self.workload.digest, self.model.to_dict()], sort_keys=True, default=str)
+        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def __call__(self, settings: Settings) -> Evaluation:
         key = settings.key

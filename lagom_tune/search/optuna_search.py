@@ -20,6 +20,9 @@ from lagom_tune.search.result import SearchResult
 from lagom_tune.search.space import Var, default_assignment
 
 
+OBJECTIVE_ATTR = "lagom_tune.objective"  # the study's user attribute: the evaluator's identity it was started with
+
+
 def comm_sms(settings: Settings) -> int:
     """SMs given to communication: the most channels any collective may hold at once.
 
@@ -68,8 +71,9 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
     except (ValueError, ImportError, optuna.exceptions.OptunaError, sqlalchemy.exc.SQLAlchemyError) as e:
         # an unknown URL scheme, a database that cannot be opened: one line, the first of the driver's message
         raise UserError(f"cannot open the Optuna storage {storage!r}: {str(e).splitlines()[0]}") from None
-    _check_resumed(study, vars_, 2 if multi_objective else 1, study_name)
+    _check_resumed(study, vars_, 2 if multi_objective else 1, study_name, evaluate.identity)
     if not study.trials:  # a resumed study already holds its seeds
+        study.set_user_attr(OBJECTIVE_ATTR, evaluate.identity)
         study.enqueue_trial(default_assignment(vars_))
         if enqueue_lagom:
             study.enqueue_trial(_assignment_of(lagom_search(evaluate, vars_).settings, vars_))
@@ -94,9 +98,14 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
     return SearchResult("optuna", best, evaluate(best), evaluate.evaluations - start, time.perf_counter() - t0, extra)
 
 
-def _check_resumed(study: optuna.Study, vars_: list[Var], objectives: int, name: str | None) -> None:
-    """Refuse to resume a study that searched something else: another objective count, or other
-    knobs or domains (another run's search space), which Optuna fails on mid-search."""
+def _check_resumed(study: optuna.Study, vars_: list[Var], objectives: int, name: str | None, identity: str) -> None:
+    """Refuse to resume a study that searched something else: another objective count, other knobs
+    or domains (another run's search space), which Optuna fails on mid-search, or another workload
+    or model (``identity``: its trials' times are not this search's, and its best would win)."""
+    recorded = study.user_attrs.get(OBJECTIVE_ATTR)
+    if study.trials and recorded != identity:  # one an earlier version stored records none: refused, its objective unknown
+        raise UserError(f"the Optuna study {name!r} searched another run's or workload's model ({recorded or 'not recorded'}, "
+                        f"this search {identity}): give another --study-name")
     if len(study.directions) != objectives:
         raise UserError(f"the Optuna study {name!r} has {len(study.directions)} objective(s), this search {objectives} "
                         "(--multi-objective differs): give another --study-name")
