@@ -78,6 +78,7 @@ def test_a_time_in_measurements_csv_that_is_no_time_is_refused(tiny_run, tmp_pat
 @pytest.mark.parametrize("edit, said", [
     (lambda df: df.assign(m=df["m"].where(df["kind"] != "gemm", -64)), "m of point gemm|"),
     (lambda df: df.assign(nbytes=df["nbytes"].where(df["kind"] != "collective", 0.5)), "not a count of at least 1"),
+    (lambda df: df.assign(nbytes=df["nbytes"].where(df["kind"] != "collective", float("inf"))), "is inf, not a count"),  # 1e400: OverflowError
     (lambda df: pd.concat([df, df.iloc[[0]]]), "appears twice"),
     (lambda df: df.assign(chunk_bytes=df["chunk_bytes"].where(df["kind"] != "collective", 12345)), "not one of the gloo backend's"),
     (lambda df: df.assign(window_us=df["window_us"].where(df["kind"] != "overlap", df["time_us"] / 2)), "before one of its streams ended"),

@@ -197,7 +197,7 @@ class RunFolder:
         for col in COUNT_COLUMNS:
             if col in df.columns:
                 values = df[col].dropna()
-                bad = values[(values < 1) | (values != np.floor(values))]
+                bad = values[~np.isfinite(values) | (values < 1) | (values != np.floor(values))]  # 1e400 reads as inf
                 if not bad.empty:
                     raise UserError(f"{self.csv_path}: {col} of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, "
                                     f"not a count of at least 1 ({len(bad)} such row(s))")
