@@ -209,6 +209,9 @@ def test_a_gpu_model_refuses_a_device_of_no_sms():
     (lambda d: d.update(foo=1), r"model.foo: unknown field"),
     (lambda d: d.update(acuracy=d.pop("accuracy")), r"did you mean 'accuracy'"),  # a misspelt section read as absent
     (lambda d: d["params"]["gemms"].update({"bogus:": {"theta": 1e-6, "dbytes": 1.0}}), r"'bogus:' is not a GEMM shape"),
+    # shown, then search crashed on NaN times (a log of 0, a bandwidth overflowing to inf)
+    (lambda d: d["params"]["comm"]["probe|copy|copy|1"].update(threads_knee=0), r"threads_knee: must be > 0, got 0"),
+    (lambda d: d["params"]["comm"]["probe|copy|copy|1"].update(link_GBps=1e300), r"link_GBps: must be <= 1000000.0"),
 ])
 def test_a_gpu_model_refuses_unknown_sections_and_shapes(edit, said):
     """Each was accepted by show and search."""

@@ -132,7 +132,8 @@ STEP_PARAMS = ("latency_us", "link_GBps", "per_channel_GBps", "threads_knee", "t
                "warm_gain", "l2_bytes")
 CURVE_EXP, CURVE_STEPS = "exp-pipeline", "steps"
 DIVISORS = ("link_GBps", "per_channel_GBps")  # parameters times are divided by: positive, never 0
-SOFT_CAP_POWERS = ("threads_exp", "saturation")  # ... and, in the steps curve, those a soft minimum divides by
+SOFT_CAP_POWERS = ("threads_exp", "saturation", "threads_knee")  # ... and, in the steps curve, those a soft minimum takes logs of
+MAX_GBPS = 1e6  # a bandwidth parameter above 1 PB/s is no link's (1e300 overflowed to NaN times in the search)
 STEPS_PER_BUFFER = 8  # NCCL moves a channel's buffer in 8 steps
 
 
@@ -393,7 +394,7 @@ class CommFit:
         curve = v.one_of(v.field(d, "curve", path, str, CURVE_EXP), (CURVE_EXP, CURVE_STEPS), f"{path}.curve")
 
         def param(name: str, default: Any = ...) -> float:  # every parameter is fitted positive (log-parameters)
-            value = v.field(d, name, path, float, default, minimum=0.0)
+            value = v.field(d, name, path, float, default, minimum=0.0, maximum=MAX_GBPS if name in DIVISORS else None)
             if value == 0 and name in (DIVISORS + (SOFT_CAP_POWERS if curve == CURVE_STEPS else ())):  # times infinite or NaN
                 raise UserError(f"{path}.{name}: must be > 0, got 0")
             return value
