@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from lagom_tune import __version__, render
 from lagom_tune.artifact_io import check_writable, read_yaml
 from lagom_tune.backends.base import BackendOptions, get_backend
-from lagom_tune.backends.registry import backend_help
+from lagom_tune.backends.registry import backend_help, backend_info
 from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_signals, stop_signal
 from lagom_tune.model.contention import read_model_file
 from lagom_tune.plan.schema import FILE_MARK as PLAN_FILE_MARK, Plan, load_plan
@@ -102,9 +102,9 @@ def profile(
                                            "(default h100-nvlink, said in the output)."),
     nodes: Optional[int] = typer.Option(None, min=1, help="sim: nodes of 8 GPUs, joined by InfiniBand (default: as many as "
                                         "the workload's largest communicator needs)."),
-    ib_gbps: int = typer.Option(400, help="sim: InfiniBand speed per GPU, 100 or 400 Gb/s."),
-    noise: float = typer.Option(0.0, min=0.0, max=0.5, help="sim: multiplicative noise (sigma), e.g. 0.02."),
-    seed: int = typer.Option(0, min=0, help="sim: noise seed."),
+    ib_gbps: Optional[int] = typer.Option(None, help="sim: InfiniBand speed per GPU, 100 or 400 Gb/s (default 400)."),
+    noise: Optional[float] = typer.Option(None, min=0.0, max=0.5, help="sim: multiplicative noise (sigma), e.g. 0.02 (default 0)."),
+    seed: Optional[int] = typer.Option(None, min=0, help="sim: noise seed (default 0)."),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder to create or resume."),
     repeats: int = typer.Option(7, min=1, max=1000, help="Timed repeats per point (every one is kept)."),
     parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | tp=8,dp=2 | ep=8."),
@@ -119,9 +119,11 @@ def profile(
     from lagom_tune.model.fit import fit_run  # local: fitting imports torch; other verbs start without it
 
     check_writable(out / "meta.yaml", "run folder")
+    own = {k: val for k, val in dict(hardware=hardware, nodes=nodes, ib_gbps=ib_gbps, noise=noise, seed=seed).items() if val is not None}
+    backend_info(backend, "--backend: ").check_options(set(own))
     w = resolve_workload(workload, parallel=parallel, seq=seq, mbs=mbs, ranks=ranks)
-    b = get_backend(backend, BackendOptions(ranks=ranks, timeout_s=timeout, hardware=hardware, nodes=nodes, seed=seed,
-                                            noise=noise, extra={"ib_gbps": ib_gbps}))
+    extra = {"ib_gbps": own.pop("ib_gbps")} if "ib_gbps" in own else {}
+    b = get_backend(backend, BackendOptions(ranks=ranks, timeout_s=timeout, extra=extra, **own))
     if not b.writer:  # another rank of a torchrun job: measure, and leave the run folder to rank 0
         run_profile(w, b, out, repeats=repeats)
         return
@@ -324,6 +326,8 @@ def show(
 ) -> None:
     """Pretty-print a plan, a workload, or a run folder (with its model's accuracy)."""
     path = Path(target)
+    if collectives and not path.is_dir():
+        raise UserError(f"--collectives applies to a run folder; {target} is not one")
     if path.is_dir():
         run = open_run(path)
         meta = run.read_meta()

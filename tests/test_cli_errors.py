@@ -122,6 +122,26 @@ def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path
     assert not (run / "model.yaml").exists()
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["profile", "--backend", "gloo", "--noise", "0.1", "--out", "{tmp}/run"], "--noise applies to the sim backend, not gloo"),
+    (["profile", "--backend", "gloo", "--hardware", "h100-nvlink", "--out", "{tmp}/run"], "--hardware applies to the sim backend"),
+    (["workload", "show", "{tmp}/w.yaml", "--seq", "7"], "--seq applies to presets; {tmp}/w.yaml is a workload file"),
+    (["profile", "--backend", "sim", "--workload", "{tmp}/w.yaml", "--parallel", "fsdp=2", "--out", "{tmp}/run"],
+     "--parallel applies to presets"),
+    (["workload", "show", "llama3-8b-fsdp8", "--parallel", "fsdp=8,fsdp=4"], "fsdp= is given twice"),
+    (["show", "plans/demo-cpu.yaml", "--collectives"], "--collectives applies to a run folder"),
+])
+def test_an_option_that_would_be_ignored_is_refused(tmp_path, argv, said):
+    """Each ran (a real gloo profile with --noise 0.1, a file's shapes unchanged), the option
+    silently ignored, as search already refuses an optimizer's flags another would ignore."""
+    from lagom_tune.workload.presets import build_preset
+
+    build_preset("cpu-demo").save(tmp_path / "w.yaml")
+    r = cli(*[a.format(tmp=tmp_path) for a in argv])
+    assert_one_line_error(r, said.format(tmp=tmp_path))
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_output_that_holds_something_else_is_never_replaced(tiny_run, tmp_path):
     """search --out, report --out and workload import --out replaced any file: another run's
     meta.yaml (that profile was lost), a user's notes. A file of their own kind is still rewritten."""

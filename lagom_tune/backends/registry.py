@@ -91,6 +91,8 @@ class BackendInfo:
             refuses a workload with others before measuring.
         instruments: ops of its measurement rows that no workload holds, with settings of their
             own (the single-GPU probe's copy kernel, :data:`PROBE_OP`).
+        options: the ``profile`` options of its own it reads (``BackendOptions`` fields, and
+            ``extra`` keys); the others are refused when given, as it would ignore them.
     """
 
     name: str
@@ -105,6 +107,20 @@ class BackendInfo:
     setup: tuple[str, ...] = ()
     ops: frozenset[str] | None = None  # the collectives it measures (None: every op a workload may hold)
     instruments: frozenset[str] = frozenset()  # ops it measures that no workload holds (the GPU probe's copy kernel)
+    options: frozenset[str] = frozenset()
+
+    def check_options(self, given: set[str]) -> None:
+        """Refuse backend options this backend would ignore (``--noise 0.1`` on real gloo ranks).
+
+        Args:
+            given: the backend options the user gave (names as in :attr:`options`).
+        Raises:
+            UserError: naming the first, and the backends that take it.
+        """
+        for name in sorted(given - self.options):
+            able = [n for n in backend_names() if name in backend_info(n).options]
+            raise UserError(f"--{name.replace('_', '-')} applies to the {' or '.join(able)} backend, not {self.name}, "
+                            "which would ignore it")
 
     def check_ops(self, ops: set[str]) -> None:
         """Refuse collectives this backend does not measure (it would time them as another op).
@@ -266,6 +282,7 @@ def backend_help() -> str:
 
 # -- the backends, one registration each -----------------------------------------------------------
 
+SIM_OPTIONS = frozenset({"hardware", "nodes", "ib_gbps", "noise", "seed"})  # what a simulated cluster is
 PROBE_OP = "probe"  # the op of the single-GPU probe's rows: a copy kernel of 1-64 blocks beside each GEMM
 
 register_backend(BackendInfo(
@@ -283,4 +300,4 @@ register_backend(BackendInfo(
     "sim", "lagom_tune.backends.sim:SimBackend", "lagom_tune.backends.nccl_knobs:knob_space_from_fingerprint",
     GPU_FAMILY, frozenset({NCCL_ENVIRONMENT, NCCL_COMMUNICATOR_OPTIONS, NCCL_TUNER_RULES}), simulated=True,
     summary="a SIMULATED GPU cluster, for what-if questions",
-    setup=("cluster", "nodes", "gpus_per_node", "ib_gbps", "noise", "seed")))
+    setup=("cluster", "nodes", "gpus_per_node", "ib_gbps", "noise", "seed"), options=SIM_OPTIONS))

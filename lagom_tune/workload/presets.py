@@ -447,6 +447,8 @@ def parse_parallel(spec: str) -> dict[str, int]:
         m = re.fullmatch(r"(fsdp|tp|dp|ep|ddp)=(\d+)", part)
         if not m or int(m.group(2)) < 1:
             raise UserError(f"--parallel {spec!r}: expected e.g. fsdp=8, tp=8,dp=2, ep=8 or ddp=2")
+        if m.group(1) in out:  # the last one won, silently
+            raise UserError(f"--parallel {spec!r}: {m.group(1)}= is given twice")
         out[m.group(1)] = int(m.group(2))
     families = {"fsdp", "tp", "ep", "ddp"} & set(out)
     if len(families) != 1:
@@ -550,6 +552,9 @@ def build_preset(name: str, **shape: Any) -> Workload:
     return PRESETS[name].build(**{k: val for k, val in shape.items() if val is not None})
 
 
+PRESET_SHAPE = ("parallel", "seq", "mbs")  # the options that reshape a preset (--ranks also sizes gloo's ranks)
+
+
 def resolve_workload(name_or_file: str, **shape: Any) -> Workload:
     """A preset name (see ``lagom-tune workload list``) or a path to a workload YAML.
 
@@ -559,12 +564,15 @@ def resolve_workload(name_or_file: str, **shape: Any) -> Workload:
     Returns:
         The Workload.
     Raises:
-        UserError: for a name that is neither.
+        UserError: for a name that is neither, or a file with shape options given.
     """
     if not name_or_file.strip():  # Path("") is the current folder
         raise UserError("--workload is empty: give a preset (see `lagom-tune workload list`) or a workload file")
     if name_or_file in PRESETS:
         return build_preset(name_or_file, **shape)
     if Path(name_or_file).suffix in (".yaml", ".yml") or Path(name_or_file).exists():
+        given = [k for k in PRESET_SHAPE if shape.get(k) is not None]
+        if given:  # a file's shapes are its own: the option was ignored
+            raise UserError(f"--{given[0]} applies to presets; {name_or_file} is a workload file, whose shapes are its own")
         return load_workload(name_or_file)
     raise UserError(f"unknown workload {name_or_file!r}: not a preset (see `lagom-tune workload list`) nor a file")
