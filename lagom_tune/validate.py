@@ -131,6 +131,26 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
     return value
 
 
+def name(d: dict, key: str, path: str, default: Any = ...) -> str:
+    """``d[key]`` as a name: a string with something besides spaces in it (an empty communicator
+    name made a plan role ``''``; an empty op name cannot be told from another).
+
+    Args:
+        d: the mapping that holds the field.
+        key: the field's name.
+        path: the mapping's field path, for the error.
+        default: as :func:`field`'s.
+    Returns:
+        The name.
+    Raises:
+        UserError: for a missing required field, a non-string or a blank one.
+    """
+    value = field(d, key, path, str, default)
+    if not value.strip():
+        raise UserError(f"{path}.{key}: expected a name, got {value!r}")
+    return value
+
+
 def number_map(value: Any, path: str, *, minimum: float | None = None) -> dict[str, float]:
     """``value`` if it maps names to finite numbers (each at least ``minimum``).
 

@@ -20,6 +20,7 @@ BAD = [
     ("profile", "--backend", "sim", "--out", "OUT"),  # a folder with other files: `--out ""` profiled into the working folder
     ("workload", "import", "OUT/t.json", "--out", "OUT/t.json"),  # replaced the trace it reads
     ("workload", "import", "OUT/t.json", "--ranks", "100000000000", "--out", "OUT/w.yaml"),  # blamed the trace
+    ("workload", "import", "OUT/inf.json", "--out", "OUT/w.yaml"),  # each number finite, their sum not: every time inf
     ("search", "OUT/t.json", "--out", "OUT/plan.yaml"),  # "run folder not found" for a file that is there
     ("profile", "--backend", "sim", "--seed", "-5", "--out", "OUT/run"),  # measured all, then unreadable
     ("profile", "--out", "/proc/lagom-run"),
@@ -47,6 +48,7 @@ def snapshot(*folders):
 def test_bad_numbers_exit_2_with_one_line_and_write_nothing(args, request, tmp_path):
     run = request.getfixturevalue("tiny_run") if "RUN" in args else tmp_path  # profile only where a run is read
     (tmp_path / "t.json").write_text(TRACE)  # an input the command must not replace, in the folder OUT names
+    (tmp_path / "inf.json").write_text(TRACE.replace('"ts": 0, "dur": 100', '"ts": 1.7e308, "dur": 1.7e308'))
     argv = [str(run) if a == "RUN" else a.replace("OUT", str(tmp_path)) for a in args]
     before = snapshot(tmp_path, run, ROOT / "plans")
     r = cli(*argv)

@@ -63,6 +63,11 @@ def test_yaml_round_trip(tmp_path):
     (lambda d: d["groups"][1].update(repeats=40), "groups[1].repeats: unknown field (did you mean 'repeat'?"),
     (lambda d: d["groups"][1]["comm"][1].update(name="grad.head"), "groups[1].comm[1].name: 'grad.head' is also comm[0]'s"),
     (lambda d: d.update(kind="lagom-plan"), "workload.kind: expected 'lagom-workload', got 'lagom-plan'"),
+    # each reached a plan: a 30-digit iteration time, a role named ''
+    (lambda d: d["groups"][0].update(repeat=10 ** 30), "groups[0].repeat: must be <= 1000000"),
+    (lambda d: d.update(exposed_ms=1e308), "exposed_ms: must be <= 10000000.0"),
+    (lambda d: d["groups"][1]["comm"][0].update(group=""), "groups[1].comm[0].group: expected a name, got ''"),
+    (lambda d: d["groups"][0]["compute"][0].update(name=" "), "groups[0].compute[0].name: expected a name, got ' '"),
     (lambda d: d["groups"][1].update(name=d["groups"][0]["name"]), "groups[1].name: 'forward' is also groups[0]'s"),  # tables and timelines name groups: two could not be told apart
     (lambda d: d["groups"][1]["comm"][2].update(ranks=4), "groups[1].comm[2].ranks: communicator 'dp_replicate' has 2 ranks in workload.groups[1].comm[0], 4 here"),
     (lambda d: d["groups"][1]["comm"][0].update(ranks=10 ** 12), "groups[1].comm[0].ranks: 1000000000000 ranks, more than 1048576"),

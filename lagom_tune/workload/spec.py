@@ -17,6 +17,8 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 SCHEMA_VERSION = 1
 MAX_RANKS = 1 << 20  # ranks (and nodes) of a communicator, at most: a million GPUs, beyond any job
+MAX_REPEAT = 10 ** 6  # a group's repeats in one iteration, at most (80 layers x 64 micro-batches is 5,120)
+MAX_EXPOSED_MS = 1e7  # exposed time per iteration, at most: under three hours (1e308 printed 300-digit times)
 WORKLOAD_FIELDS = ("schema_version", "kind", "name", "exposed_ms", "meta", "groups")
 KIND = "lagom-workload"
 FILE_MARK = rf"^kind: {KIND}$"  # a workload file's top-level line (``workload import`` replaces only such a file)
@@ -169,17 +171,17 @@ class Workload:
             if not compute and not comm:
                 raise UserError(f"{gp}: a group needs at least one computation or collective")
             _check_group(compute, comm, sizes, gp)
-            name = v.field(gd, "name", gp, str)
+            name = v.name(gd, "name", gp)
             twice = next((j for j, g in enumerate(groups) if g.name == name), None)
             if twice is not None:  # tables and the report's timelines name groups: two could not be told apart
                 raise UserError(f"{gp}.name: {name!r} is also groups[{twice}]'s; group names are unique")
-            groups.append(OverlapGroup(name, compute, comm, v.field(gd, "repeat", gp, int, 1, minimum=1)))
+            groups.append(OverlapGroup(name, compute, comm, v.field(gd, "repeat", gp, int, 1, minimum=1, maximum=MAX_REPEAT)))
         if not groups:
             raise UserError(f"{path}.groups: a workload needs at least one group")
         return cls(
-            name=v.field(d, "name", path, str),
+            name=v.name(d, "name", path),
             groups=tuple(groups),
-            exposed_ms=v.field(d, "exposed_ms", path, float, 0.0, minimum=0.0),
+            exposed_ms=v.field(d, "exposed_ms", path, float, 0.0, minimum=0.0, maximum=MAX_EXPOSED_MS),
             meta=v.mapping(v.field(d, "meta", path, dict, {}), f"{path}.meta"),
         )
 
@@ -204,7 +206,7 @@ def _check_group(compute: tuple[Gemm, ...], comm: tuple[Collective, ...], sizes:
 def _gemm(x: Any, path: str) -> Gemm:
     x = v.known_keys(v.mapping(x, path), tuple(f.name for f in fields(Gemm)), path)
     return Gemm(
-        name=v.field(x, "name", path, str),
+        name=v.name(x, "name", path),
         m=v.field(x, "m", path, int, minimum=1),
         n=v.field(x, "n", path, int, minimum=1),
         k=v.field(x, "k", path, int, minimum=1),
@@ -225,10 +227,10 @@ def _collective(x: Any, path: str, n_compute: int) -> Collective:
     if nodes > ranks:
         raise UserError(f"{path}.nodes: {nodes} nodes for {ranks} ranks; a node holds at least one")
     return Collective(
-        name=v.field(x, "name", path, str),
+        name=v.name(x, "name", path),
         op=v.one_of(v.field(x, "op", path, str), OPS, f"{path}.op"),
         nbytes=v.field(x, "nbytes", path, int, minimum=1),
-        group=v.field(x, "group", path, str, "dp"),
+        group=v.name(x, "group", path, "dp"),
         ranks=ranks,
         nodes=nodes,
         after=after,

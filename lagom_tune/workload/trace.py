@@ -110,7 +110,7 @@ def _read_spans(path: Path) -> tuple[dict, list[dict]]:
     events = data.get("traceEvents") if isinstance(data, dict) else None
     if not isinstance(events, list):
         raise UserError(f"{path}: no traceEvents list (export it with prof.export_chrome_trace)")
-    return data, [_checked_span(e) for e in events if _is_span(e)]
+    return data, [_checked_span(e, path) for e in events if _is_span(e)]
 
 
 def _is_span(e: Any) -> bool:
@@ -122,8 +122,14 @@ def _is_span(e: Any) -> bool:
             and number(e.get("dur")) and e["dur"] >= 0)
 
 
-def _checked_span(e: dict) -> dict:
-    """The span with ``args`` a mapping (``{}`` when the trace has none or something else)."""
+def _checked_span(e: dict, path: Path) -> dict:
+    """The span with ``args`` a mapping (``{}`` when the trace has none or something else).
+
+    Raises:
+        UserError: for a span whose end (``ts + dur``) is past any float: imported, every time was inf.
+    """
+    if not math.isfinite(e["ts"] + e["dur"]):
+        raise UserError(f"{path}: span {e['name']!r}: ts {e['ts']} + dur {e['dur']} µs ends past any time; is this a trace?")
     return {**e, "args": e["args"] if isinstance(e.get("args"), dict) else {}}
 
 
