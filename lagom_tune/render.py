@@ -284,7 +284,8 @@ def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | 
     t.add_row("rows", f"{len(df)} ({df['point'].nunique() if len(df) else 0} complete points in measurements.csv)")
     out.append(t)
     if not df.empty:
-        k = Table(title="measured medians by kind", title_justify="left")
+        simulated = meta.get("simulated", False)
+        k = Table(title=f"{'medians' if simulated else 'measured medians'} by kind{simulated_tag(simulated)}", title_justify="left")
         for col in ("kind", "points", "median µs", "p90 µs"):
             k.add_column(col)
         for kind, rows in df.groupby("kind"):

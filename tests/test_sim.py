@@ -63,7 +63,9 @@ def test_every_sim_artifact_says_simulated(llama_sim, tmp_path):
     assert meta["simulated"] is True and "simulated" in meta["fingerprint"]["device"]
     header, first = (llama_sim / "measurements.csv").read_text().splitlines()[:2]
     assert first.split(",")[header.split(",").index("simulated")] == "True"
-    assert "simulated" in cli("show", llama_sim, check=True).stdout
+    shown = cli("show", llama_sim, check=True).stdout
+    assert "simulated" in shown
+    assert "measured medians" not in shown and "medians by kind (simulated)" in shown  # was titled so, untagged
     for args in ((), ("--json",)):  # fit's tables and show's collectives as JSON said nothing of it
         assert "simulated" in cli("show", llama_sim, "--collectives", *args, check=True).stdout.lower()
     refit = tmp_path / "refit"
