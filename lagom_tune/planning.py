@@ -11,7 +11,7 @@ from typing import Any
 
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace, Settings
-from lagom_tune.model.contention import CostModel, load_model
+from lagom_tune.model.contention import CostModel, load_model, stale_reason
 from lagom_tune.plan.schema import CollectiveRule, Plan, knob_space_for
 from lagom_tune.profile.store import open_run
 from lagom_tune.search.replay import validate
@@ -49,12 +49,16 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
     """
     run = open_run(run_dir)
     meta = run.read_meta()
-    unfinished = run.unfinished()
+    df, health = run.read()
+    unfinished = run.unfinished(health)
     if unfinished:  # a model fitted to part of a profile (`fit` allows it) is no basis for a plan
         raise UserError(f"{run.path}: {unfinished}; rerun `lagom-tune profile` to resume")
     if not run.model_path.is_file():
         raise UserError(f"{run.path} has no model.yaml: rerun `lagom-tune fit {run.path}`")
     model, accuracy = load_model(run.model_path, run.model_family(meta))
+    stale = stale_reason(accuracy, len(df))
+    if stale:
+        raise UserError(f"{run.path}: {stale}; rerun `lagom-tune fit {run.path}`")
     fp = meta["fingerprint"]
     if fp.get("standin"):
         raise UserError(f"{run.path} was measured by the CPU stand-in for GPUs (a test of the nccl backend's plumbing): "

@@ -142,6 +142,26 @@ def test_an_option_that_would_be_ignored_is_refused(tmp_path, argv, said):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_csv_that_lost_points_or_a_model_fitted_to_other_rows_is_no_basis_for_a_plan(tiny_run, tmp_path):
+    """A CSV cut at a line boundary (a finished profile, meta.yaml complete) was searched with
+    no word; so was the model a resumed profile's interrupted refit left, fitted to the partial one."""
+    import shutil
+
+    cut, stale = tmp_path / "cut", tmp_path / "stale"
+    shutil.copytree(tiny_run, cut)
+    lines = (cut / "measurements.csv").read_text().splitlines(keepends=True)
+    (cut / "measurements.csv").write_text("".join(lines[: len(lines) // 2]))
+    assert_one_line_error(cli("search", cut, "--out", tmp_path / "p.yaml"), "points the profile measured; rerun `lagom-tune profile`")
+    assert "points the profile measured; rerun the same profile command" in " ".join(cli("show", cut, check=True).stdout.split())
+    shutil.copytree(tiny_run, stale)
+    doc = yaml.safe_load((stale / "model.yaml").read_text())
+    doc["accuracy"]["rows"] -= 7
+    (stale / "model.yaml").write_text(yaml.safe_dump(doc))
+    assert_one_line_error(cli("search", stale, "--out", tmp_path / "p.yaml"), "model.yaml was fitted to")
+    assert "rerun `lagom-tune fit" in " ".join(cli("show", stale, check=True).stdout.split())
+    assert not (tmp_path / "p.yaml").exists()
+
+
 def test_an_output_that_holds_something_else_is_never_replaced(tiny_run, tmp_path):
     """search --out, report --out and workload import --out replaced any file: another run's
     meta.yaml (that profile was lost), a user's notes. A file of their own kind is still rewritten."""

@@ -268,6 +268,22 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
             "ranking": {**ranking, "shapes": shapes} if ranking else {}}
 
 
+def stale_reason(accuracy: dict[str, Any], rows: int) -> str | None:
+    """Why a model no longer describes its run's measurements, or None: it was fitted to another
+    number of rows (a resumed profile whose refit was interrupted left the partial profile's model).
+
+    Args:
+        accuracy: the model's ``accuracy`` record (:func:`accuracy_record`).
+        rows: the complete rows ``measurements.csv`` holds now.
+    Returns:
+        One line, or None (also for a model that recorded no row count).
+    """
+    fitted = accuracy.get("rows")
+    if isinstance(fitted, int) and not isinstance(fitted, bool) and fitted != rows:
+        return f"model.yaml was fitted to {fitted} measurement rows, measurements.csv now holds {rows}"
+    return None
+
+
 def read_model_file(path: str | Path, expected: str | None = None) -> dict[str, Any]:
     """``model.yaml`` as loaded, once its model and accuracy sections are checked.
 

@@ -142,12 +142,13 @@ class RunFolder:
         meta["fingerprint"] = {k: val for k, val in fp.items() if val is not None}
         return meta
 
-    def unfinished(self) -> str | None:
+    def unfinished(self, health: CsvHealth | None = None) -> str | None:
         """Why the profile is not yet a basis for a plan ("the profile did not finish (47 of 76
-        points)"), or None once every point is measured."""
+        points)", or its CSV lacks points it measured), or None once every point is measured and kept;
+        ``health``: this folder's, when just read (else read here)."""
         meta = self.read_meta()
         if meta.get("complete", False):
-            return None
+            return (health or self.health()).lacking  # finished, but rows were lost since (a CSV cut short, replaced)
         return f"the profile did not finish ({meta.get('points_done', 0)} of {meta.get('points_total', '?')} points)"
 
     def write_meta(self, meta: dict[str, Any]) -> None:
@@ -281,7 +282,9 @@ class RunFolder:
         counts = df.groupby("point").size() if repeats and not df.empty else pd.Series(dtype=int)
         short = tuple(sorted(str(p) for p, n in counts.items() if n < repeats))
         complete = df[~df["point"].astype(str).isin(short)].reset_index(drop=True) if short else df
-        return complete, CsvHealth(partial, short, repeats)
+        total = meta.get("points_total") if meta is not None and meta.get("complete") else None
+        missing = max(0, total - int(complete["point"].nunique())) if isinstance(total, int) else 0
+        return complete, CsvHealth(partial, short, repeats, missing, total)
 
     def health(self) -> CsvHealth:
         """What is wrong with ``measurements.csv``, if anything (see :meth:`read`)."""
@@ -353,10 +356,18 @@ class CsvHealth:
     partial_line: bool  # the last line was cut short (dropped when read)
     short_points: tuple[str, ...]  # points with fewer rows than repeats (left out when read)
     repeats: int | None
+    missing: int = 0  # points a finished profile measured that no complete row holds (a CSV cut short, edited)
+    total: int | None = None  # the points it measured
 
     @property
     def ok(self) -> bool:
+        """Whether every row read is whole (else :meth:`RunFolder.drop_incomplete` rewrites the file)."""
         return not self.partial_line and not self.short_points
+
+    @property
+    def lacking(self) -> str | None:
+        """Why the rows are not the whole finished profile, or None."""
+        return f"measurements.csv holds {self.total - self.missing} of the {self.total} points the profile measured" if self.missing else None
 
     def problems(self) -> list[str]:
         """One line per problem, for ``show`` and ``report``."""
@@ -366,6 +377,8 @@ class CsvHealth:
         if self.short_points:
             out.append(f"{len(self.short_points)} point(s) have fewer than {self.repeats} repeats and are left out "
                        f"(e.g. {self.short_points[0]}); rerun the same profile command to re-measure them")
+        if self.lacking:
+            out.append(f"{self.lacking}; rerun the same profile command to measure the rest")
         return out
 
 
