@@ -92,6 +92,14 @@ def test_a_time_in_measurements_csv_that_is_no_time_is_refused(tiny_run, tmp_pat
     (lambda df: df.drop(columns=["window_us"]), "has no window_us"),
     (lambda df: df.assign(repeat=df["repeat"].where(df.index != 4, -1)), "is -1, not a repeat index"),
     (lambda df: df.assign(kind=df["kind"].where(df.index != 4, "bogus")), "is 'bogus', not one of gemm, collective, overlap"),
+    # rows that contradict their point's key or their run, each fitted as written (gemm MAPE 22% -> 4498%)
+    (lambda df: df.assign(m=df["m"].where(df["point"] != df["point"].iloc[0], 99999)), "m is 99999.0, but its shape"),
+    (lambda df: df.assign(dtype=df["dtype"].where(df["kind"] != "gemm", "bogus")), "dtype is bogus, but its shape"),  # KeyError in fit
+    (lambda df: df.assign(backend="sim", simulated=True), "backend of point"),
+    (lambda df: pd.concat([df, df[df["point"] == df["point"].iloc[0]].assign(repeat=lambda x: x["repeat"] + 7)]),
+     "but the profile takes"),
+    (lambda df: df.assign(nbytes=df["nbytes"].where(df["kind"] != "collective", 1)), "are not the collective its key names"),
+    (lambda df: df.assign(m=df["m"].where(df.index != 3, 5)), "disagree on m"),
 ])
 def test_a_shape_or_repeat_in_measurements_csv_that_cannot_be_is_refused(tiny_run, tmp_path, edit, said):
     """A negative GEMM dimension, a fraction of a byte and a repeat written twice were fitted

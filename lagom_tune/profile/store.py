@@ -22,9 +22,10 @@ from lagom_tune.artifact_io import atomic_write_text, read_yaml, write_yaml
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.measurements import (
-    COUNT_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS, ROW_KINDS, TIMED_COLUMNS,
+    COUNT_COLUMNS, DESCRIBING_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS, ROW_KINDS,
+    SETTING_COLUMNS, TIMED_COLUMNS,
 )
-from lagom_tune.workload.spec import Workload
+from lagom_tune.workload.spec import Workload, gemm_of_key
 
 SCHEMA_VERSION = 1
 
@@ -269,6 +270,41 @@ class RunFolder:
                 raise UserError(f"{self.csv_path}: {knob.name} of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, not one of "
                                 f"the {fp['backend']} backend's {', '.join(map(str, knob.domain))} ({len(bad)} such row(s))")
 
+    def _check_points(self, df: pd.DataFrame, meta: dict[str, Any]) -> None:
+        """Refuse rows that contradict their point or their run: a point's columns that differ from
+        what its key says (its kind, GEMM shape, collective and settings) or between its repeats, a
+        GEMM of a shape the workload does not hold, a backend or simulated label other than the
+        run's, a repeat index at or past the profile's repeats. Each was fitted as written (an m
+        of 99999 under a key saying 128; repeats 7-13 of a 7-repeat point, 50 times slower)."""
+        if df.empty:
+            return
+        fp = meta["fingerprint"]
+        where = f"{self.csv_path}:"
+        for col, want in (("backend", fp["backend"]), ("simulated", bool(meta.get("simulated", False)))):
+            if col in df.columns:
+                bad = df[df[col].astype(str) != str(want)]
+                if not bad.empty:
+                    raise UserError(f"{where} {col} of point {bad.iloc[0]['point']} is {bad.iloc[0][col]!r}, but the run's is "
+                                    f"{want!r} ({len(bad)} such row(s))")
+        repeats = meta.get("repeats")
+        if isinstance(repeats, int):
+            late = df[df["repeat"] >= repeats]
+            if not late.empty:
+                raise UserError(f"{where} repeat {late.iloc[0]['repeat']} of point {late.iloc[0]['point']}, but the profile "
+                                f"takes {repeats} repeats (0..{repeats - 1}) ({len(late)} such row(s))")
+        describing = [c for c in DESCRIBING_COLUMNS if c in df.columns]
+        differ = df.groupby("point", sort=False)[describing].nunique(dropna=False)
+        differ = differ[(differ > 1).any(axis=1)]
+        if not differ.empty:
+            col = differ.columns[(differ.iloc[0] > 1).to_numpy()][0]
+            raise UserError(f"{where} the repeats of point {differ.index[0]} disagree on {col} ({len(differ)} such point(s))")
+        shapes = set(self.workload(meta).gemms())
+        instruments = backend_info(fp["backend"]).instruments  # the GPU probe's rows report the bytes it copied in all
+        for _, row in df.drop_duplicates("point").iterrows():
+            wrong = _key_contradiction(row, shapes, instruments)
+            if wrong:
+                raise UserError(f"{where} point {row['point']}: {wrong}")
+
     def read(self) -> tuple[pd.DataFrame, CsvHealth]:
         """One read of ``measurements.csv``: the rows of every complete point (all its repeats), and
         what was left out (a partial last line, points with fewer rows than repeats; a resumed
@@ -277,6 +313,7 @@ class RunFolder:
         meta = self.read_meta() if self.meta_path.is_file() else None
         if meta is not None:
             self._check_settings(df, meta)
+            self._check_points(df, meta)
         repeats = meta.get("repeats") if meta is not None else None
         repeats = repeats if isinstance(repeats, int) and repeats > 0 else None
         counts = df.groupby("point").size() if repeats and not df.empty else pd.Series(dtype=int)
@@ -347,6 +384,43 @@ class RunFolder:
         buf = io.StringIO()
         df.to_csv(buf, index=False)
         atomic_write_text(self.csv_path, buf.getvalue())
+
+
+def _key_contradiction(row: pd.Series, shapes: set[str], instruments: frozenset[str]) -> str | None:
+    """What in ``row`` contradicts its point key (``Point.key``: kind, GEMM shape, op:bytes:ranks,
+    then knob=value settings), or a GEMM shape outside ``shapes``; None when nothing does. The
+    collective of an ``instruments`` op is its own (the probe's bytes are what it copied)."""
+    parts = str(row["point"]).split("|")
+    if parts[0] != row["kind"]:
+        return f"its key says {parts[0]}, its kind column {row['kind']}"
+    gemm = row.get("gemm")
+    if isinstance(gemm, str):
+        try:
+            g = gemm_of_key(gemm)
+        except ValueError:
+            return f"gemm {gemm!r} is not a GEMM shape"
+        if gemm not in parts:
+            return f"its gemm column {gemm} is not the shape its key names"
+        if gemm not in shapes:
+            return f"GEMM {gemm} is not one of the workload's shapes"
+        for col in ("m", "n", "k", "batch", "dtype"):
+            if col in row and str(row[col]) != str(getattr(g, col)) and not (col != "dtype" and row[col] == getattr(g, col)):
+                return f"{col} is {row[col]}, but its shape {gemm} says {getattr(g, col)}"
+    op = row.get("op")
+    if isinstance(op, str) and op not in instruments and f"{op}:{_whole(row.get('nbytes'))}:{_whole(row.get('ranks'))}" not in parts:
+        return f"op, nbytes and ranks ({op}, {row.get('nbytes')}, {row.get('ranks')}) are not the collective its key names"
+    said = dict(part.split("=", 1) for part in parts if "=" in part)
+    for col in SETTING_COLUMNS:
+        value = row.get(col)
+        given = None if value is None or pd.isna(value) else str(_whole(value))
+        if given != said.get(col):
+            return f"{col} is {given or 'blank'}, but its key says {said.get(col, 'none')}"
+    return None
+
+
+def _whole(value: Any) -> Any:
+    """A number read back from the CSV as a float (``64.0``) as the key wrote it (``64``)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 @dataclass(frozen=True)
