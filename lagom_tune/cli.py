@@ -331,7 +331,7 @@ def show(
     if path.is_dir():
         run = open_run(path)
         meta = run.read_meta()
-        model = read_model_file(run.model_path, run.model_family(meta)) if run.model_path.is_file() else None
+        model = read_model_file(run.model_path, run.fitted_as(meta)) if run.model_path.is_file() else None
         df, health = run.read()
         if collectives:
             table = collective_summary(df)

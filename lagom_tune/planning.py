@@ -55,7 +55,7 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
         raise UserError(f"{run.path}: {unfinished}; rerun `lagom-tune profile` to resume")
     if not run.model_path.is_file():
         raise UserError(f"{run.path} has no model.yaml: rerun `lagom-tune fit {run.path}`")
-    model, accuracy = load_model(run.model_path, run.model_family(meta))
+    model, accuracy = load_model(run.model_path, run.fitted_as(meta))
     stale = stale_reason(accuracy, len(df))
     if stale:
         raise UserError(f"{run.path}: {stale}; rerun `lagom-tune fit {run.path}`")

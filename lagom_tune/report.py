@@ -132,7 +132,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
     """The HTML page for ``run``, and for ``plan`` when given."""
     meta = run.read_meta()
     simulated = bool(meta.get("simulated"))
-    model_doc: dict[str, Any] = read_model_file(run.model_path, run.model_family(meta)) if run.model_path.is_file() else {}
+    model_doc: dict[str, Any] = read_model_file(run.model_path, run.fitted_as(meta)) if run.model_path.is_file() else {}
     title = f"{REPORT_MARK.removeprefix('<title>')} · {meta.get('workload', {}).get('name', '?')}" + (" · SIMULATED" if simulated else "")
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if simulated:
@@ -153,7 +153,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
         if f.is_file():
             parts.append(f"<h2>{html.escape(alt.capitalize())}</h2>" + _img(base64.b64encode(f.read_bytes()).decode(), alt))
     if plan is not None:
-        model, _ = load_model(run.model_path, run.model_family(meta))
+        model, _ = load_model(run.model_path, run.fitted_as(meta))
         workload = run.workload()
         vars_ = variables(workload, knob_space_for(plan.backend, fp))
         default = Settings.from_assignment(default_assignment(vars_), vars_)

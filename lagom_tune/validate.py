@@ -16,6 +16,8 @@ from lagom_tune.errors import UserError
 _EXPONENT_TEXT = re.compile(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+")  # 1e9, 1.0e9: numbers to Python, text to YAML 1.1 (which needs 1.0e+9)
 
 
+POSITIVE = 1e-9  # the least a number other code divides by may be, where a file gives it (0 divided by zero)
+
 def mapping(value: Any, path: str) -> dict:
     """``value`` if it is a mapping.
 

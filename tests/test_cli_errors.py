@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from conftest import cli
+from conftest import ROOT, cli
 
 
 def assert_one_line_error(r, fragment):
@@ -182,19 +182,28 @@ def test_an_output_that_holds_something_else_is_never_replaced(tiny_run, tmp_pat
         cli("report", tiny_run, "--out", tmp_path / "r.html", check=True)
 
 
+GPU_RUN = "bench/results/gpu_check-mpt-7b-tp8-dp1-run"
+
+
 @pytest.mark.parametrize("verb", [["search", "--out", "p.yaml"], ["show"], ["report", "-o", "r.html"]])
-def test_a_model_of_another_family_than_the_runs_backend_is_refused(tiny_run, tmp_path, verb):
-    """A GPU model.yaml in a gloo run (copied, or a sim folder relabelled gloo): search crashed with
-    KeyError 'algo' (gloo's knob space has no algorithm)."""
+@pytest.mark.parametrize("source, edit, said", [
+    # a GPU model in a gloo run: search crashed with KeyError 'algo' (gloo's knob space has no algorithm)
+    ("tiny", lambda run, doc: yaml.safe_load((ROOT / GPU_RUN / "model.yaml").read_text()),
+     "model.yaml.family: lagom-gpu, but its run's profiles say cpu-pairwise"),
+    # show dropped the (simulated) tags of a sim run whose model said false
+    ("tiny", lambda run, doc: {**doc, "simulated": True}, "model.yaml.simulated: True, but its run's profiles say False"),
+    # an H100's model in an A40 run: a plan for the A40 carried the H100's predictions
+    ("gpu", lambda run, doc: {**doc, "device": {**doc["device"], "sms": 84}}, "model.yaml.device.sms: 84, but its run's profiles say 132"),
+])
+def test_a_model_that_is_not_its_runs_is_refused(tiny_run, tmp_path, verb, source, edit, said):
     import shutil
 
-    from conftest import ROOT
-
     run = tmp_path / "run"
-    shutil.copytree(tiny_run, run)
-    shutil.copy(ROOT / "bench" / "results" / "gpu_check-mpt-7b-tp8-dp1-run" / "model.yaml", run / "model.yaml")
+    shutil.copytree(tiny_run if source == "tiny" else ROOT / GPU_RUN, run)
+    doc = yaml.safe_load((run / "model.yaml").read_text())
+    (run / "model.yaml").write_text(yaml.safe_dump(edit(run, doc)))
     r = cli(verb[0], run, *verb[1:])
-    assert_one_line_error(r, "model.yaml.family: lagom-gpu, but the run's backend fits cpu-pairwise models")
+    assert_one_line_error(r, said)
 
 
 @pytest.mark.parametrize("argv, resumes", [(["profile", "--out", "r"], True), (["search", "r", "--out", "p.yaml"], False),

@@ -221,3 +221,19 @@ def test_a_gpu_model_refuses_unknown_sections_and_shapes(edit, said):
     edit(d)
     with pytest.raises(UserError, match=said):
         model_from_dict(d)
+
+
+def test_a_model_of_zero_slowdowns_or_zero_time_gemms_is_refused():
+    """Each was shown, then ended search in a ZeroDivisionError."""
+    from lagom_tune.model.contention import model_from_dict
+
+    cpu = yaml.safe_load((ROOT / "tests" / "data" / "cpu-demo-model.yaml").read_text())
+    model_from_dict(cpu)
+    cpu["params"]["compute_slowdown"]["threads=1"] = 0.0
+    with pytest.raises(UserError, match=r"compute_slowdown.threads=1: must be >= 1e-09"):
+        model_from_dict(cpu)
+    gpu = yaml.safe_load((ROOT / "bench" / "results" / "gpu_check-mpt-7b-tp8-dp1-run" / "model.yaml").read_text())
+    key = next(iter(gpu["params"]["gemms"]))
+    gpu["params"]["gemms"][key].update(theta=0.0, dbytes=0.0, alone_s=0.0)
+    with pytest.raises(UserError, match="theta, dbytes and alone_s are all 0"):
+        model_from_dict(gpu)

@@ -17,6 +17,7 @@ from lagom_tune import validate as v
 from lagom_tune.artifact_io import read_yaml
 from lagom_tune.errors import UserError
 from lagom_tune.model.gpu import LagomGpuModel
+from lagom_tune.profile.store import ModelExpectation
 from lagom_tune.workload.spec import Collective, Gemm
 
 SCHEMA_VERSION = 1
@@ -181,9 +182,9 @@ class CpuPairwiseModel:
                     raise UserError(f"{where}: bad key {name!r} (expected threads=N)")
             return table, {int(name[8:]): name for name in table}
 
-        def numbers(key: str) -> dict[int, float]:
+        def numbers(key: str) -> dict[int, float]:  # slowdowns: ratios of times, which the search divides by
             table, names = by_threads(key)
-            return {t: v.field(table, name, f"{path}.params.{key}", float, minimum=0.0) for t, name in names.items()}
+            return {t: v.field(table, name, f"{path}.params.{key}", float, minimum=v.POSITIVE) for t, name in names.items()}
 
         def measured() -> dict[tuple[str, int], float]:
             tables, names = by_threads("measured_gemms_us")
@@ -191,7 +192,7 @@ class CpuPairwiseModel:
             for t, name in names.items():
                 where = f"{path}.params.measured_gemms_us.{name}"
                 table = v.mapping(tables[name], where)
-                out.update({(str(k), t): v.field(table, k, where, float, minimum=0.0) for k in table})
+                out.update({(str(k), t): v.field(table, k, where, float, minimum=v.POSITIVE) for k in table})
             return out
 
         compute, names = by_threads("compute")
@@ -213,24 +214,33 @@ FAMILIES: dict[str, Any] = {"cpu-pairwise": CpuPairwiseModel, "lagom-gpu": Lagom
 MODEL_SECTIONS = ("schema_version", "kind", "family", "form", "simulated", "units", "device", "params", "accuracy")
 
 
-def model_from_dict(d: Any, path: str = "model", expected: str | None = None) -> CostModel:
+def model_from_dict(d: Any, path: str = "model", expected: ModelExpectation | None = None) -> CostModel:
     """The cost model a ``model.yaml`` describes, of the family it names.
 
     Args:
         d: the loaded YAML.
         path: its field path, for errors.
-        expected: the family the run's backend fits (``BackendInfo.model_family``); None: any.
+        expected: what its run folder's profiles say it must be (``RunFolder.fitted_as``); None: any.
     Returns:
         The CostModel.
     Raises:
-        UserError: for an unknown schema version or family, one other than ``expected``, or a bad field.
+        UserError: for an unknown schema version or family, a model other than ``expected`` (another
+            family: a GPU model asked for a CPU run's knobs; another GPU; another simulated label),
+            or a bad field.
     """
     d = v.known_keys(v.mapping(d, path), MODEL_SECTIONS, path)
     v.schema_version(d, path, SCHEMA_VERSION)
     family = v.one_of(v.field(d, "family", path, str), FAMILIES, f"{path}.family")
-    if expected is not None and family != expected:  # a GPU model asked for a CPU run's settings: no such knobs
-        raise UserError(f"{path}.family: {family}, but the run's backend fits {expected} models; "
-                        f"rerun `lagom-tune fit` on the run folder")
+    simulated = v.field(d, "simulated", path, bool, False)
+    if expected is not None:
+        said = {"family": family, "simulated": simulated}
+        if expected.sms is not None and isinstance(d.get("device"), dict):
+            said["device.sms"] = d["device"].get("sms")
+        wanted = {"family": expected.family, "simulated": expected.simulated, "device.sms": expected.sms}
+        for key, value in said.items():
+            if value != wanted[key]:
+                raise UserError(f"{path}.{key}: {value}, but its run's profiles say {wanted[key]} (a model.yaml copied from "
+                                f"another run?); rerun `lagom-tune fit` on the run folder")
     return FAMILIES[family].from_dict(d, path)
 
 
@@ -284,12 +294,12 @@ def stale_reason(accuracy: dict[str, Any], rows: int) -> str | None:
     return None
 
 
-def read_model_file(path: str | Path, expected: str | None = None) -> dict[str, Any]:
+def read_model_file(path: str | Path, expected: ModelExpectation | None = None) -> dict[str, Any]:
     """``model.yaml`` as loaded, once its model and accuracy sections are checked.
 
     Args:
         path: the model file.
-        expected: the family the run's backend fits; None: any.
+        expected: what its run folder's profiles say it must be; None: any.
     Returns:
         The document.
     Raises:
@@ -300,12 +310,12 @@ def read_model_file(path: str | Path, expected: str | None = None) -> dict[str, 
     return {**d, "accuracy": accuracy_record(d.get("accuracy"), f"{path}.accuracy")}
 
 
-def load_model(path: str | Path, expected: str | None = None) -> tuple[CostModel, dict[str, Any]]:
+def load_model(path: str | Path, expected: ModelExpectation | None = None) -> tuple[CostModel, dict[str, Any]]:
     """The model and its accuracy record from ``model.yaml``.
 
     Args:
         path: the model file.
-        expected: the family the run's backend fits; None: any.
+        expected: what its run folder's profiles say it must be; None: any.
     Returns:
         The CostModel and its ``accuracy`` mapping ({} when absent).
     """

@@ -647,7 +647,7 @@ class LagomGpuModel:
                                         kappa_traffic=v.field(p, "kappa_traffic", pp, float, 0.0))
             return cls(
                 sms=v.field(dev, "sms", f"{path}.device", int, minimum=1),
-                hbm=v.field(dev, "hbm_GBps", f"{path}.device", float, minimum=1e-9) * 1e9,
+                hbm=v.field(dev, "hbm_GBps", f"{path}.device", float, minimum=v.POSITIVE) * 1e9,
                 gemms={k: _gemm_fit(k, x, f"{pp}.gemms.{k}") for k, x in gemms.items()},
                 new_shapes=ShapeRegression(v.field(p, "theta_per_kflop", pp, float), v.field(p, "d_per_block_byte", pp, float, 0.0),
                                            v.field(p, "d_per_tile_byte", pp, float, 0.0), v.field(p, "launch_s", pp, float, 0.0),
@@ -697,10 +697,13 @@ def _gemm_fit(key: str, d: Any, path: str) -> GemmFit:
     """A measured shape's terms as ``LagomGpuModel.to_dict`` writes them, checked."""
     d = v.mapping(d, path)
     g = shape_of_key(key, path)
-    return GemmFit(v.field(d, "theta", path, float, minimum=0.0), v.field(d, "dbytes", path, float, minimum=0.0),
-                   v.field(d, "ctas", path, int, 0, minimum=0) or blocks(g),  # 0 (or absent): Eq. 4's 128x128 blocks
-                   v.field(d, "corun", path, float, 0.0), v.field(d, "drag", path, float, 0.0),
-                   v.field(d, "own_drag", path, bool, False), v.field(d, "alone_s", path, float, 0.0, minimum=0.0))
+    fit = GemmFit(v.field(d, "theta", path, float, minimum=0.0), v.field(d, "dbytes", path, float, minimum=0.0),
+                  v.field(d, "ctas", path, int, 0, minimum=0) or blocks(g),  # 0 (or absent): Eq. 4's 128x128 blocks
+                  v.field(d, "corun", path, float, 0.0), v.field(d, "drag", path, float, 0.0),
+                  v.field(d, "own_drag", path, bool, False), v.field(d, "alone_s", path, float, 0.0, minimum=0.0))
+    if fit.theta == 0 and fit.dbytes == 0 and fit.alone == 0:  # a GEMM of no time: the search divided by it
+        raise UserError(f"{path}: theta, dbytes and alone_s are all 0; a GEMM takes some time")
+    return fit
 
 
 # ---------------------------------------------------------------------------------------------

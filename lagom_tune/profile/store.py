@@ -47,10 +47,9 @@ def row_settings(row: pd.Series) -> dict:
 
 # The fingerprint's numbers, where a backend records them (a hand-edited meta.yaml is checked on
 # load), and the least each may be: counts and sizes are positive (fit divides by them).
-POSITIVE = 1e-9
 FINGERPRINT_NUMBERS = {"ranks": (int, 1), "nodes": (int, 1), "gpus_per_node": (int, 1), "sms": (int, 1), "cores": (int, 1),
-                       "seed": (int, 0), "max_channels": (int, 1), "default_channels": (int, 1), "hbm_GBps": (float, POSITIVE),
-                       "noise": (float, 0), "memory_GiB": (float, POSITIVE), "rank_memory_GiB": (float, POSITIVE)}
+                       "seed": (int, 0), "max_channels": (int, 1), "default_channels": (int, 1), "hbm_GBps": (float, v.POSITIVE),
+                       "noise": (float, 0), "memory_GiB": (float, v.POSITIVE), "rank_memory_GiB": (float, v.POSITIVE)}
 FINGERPRINT_NAMES = ("backend", "cluster", "device", "gpu", "mode", "host")  # ... and its names, looked up in tables
 
 
@@ -165,11 +164,13 @@ class RunFolder:
             raise UserError(f"{self.meta_path}: its workload is not the one profiled (digest {w.digest}, recorded {digest}): edited?")
         return w
 
-    def model_family(self, meta: dict[str, Any] | None = None) -> str:
-        """The cost-model family fitted to this folder's profiles: its backend's (``meta`` as in
-        :meth:`workload`); what its ``model.yaml`` must hold."""
+    def fitted_as(self, meta: dict[str, Any] | None = None) -> "ModelExpectation":
+        """What this folder's ``model.yaml`` must say of itself to describe its profiles (``meta`` as in
+        :meth:`workload`): its backend's model family, its simulated label, its GPU's SMs."""
         meta = meta or self.read_meta()
-        return backend_info(meta["fingerprint"]["backend"], f"{self.meta_path}: fingerprint.backend: ").model_family
+        fp = meta["fingerprint"]
+        info = backend_info(fp["backend"], f"{self.meta_path}: fingerprint.backend: ")
+        return ModelExpectation(info.model_family, bool(meta.get("simulated", False)), fp.get("sms") if info.gpu_model else None)
 
     def _read_rows(self) -> tuple[pd.DataFrame, bool]:
         """Every whole row of ``measurements.csv``, and whether a partial last line was dropped
@@ -421,6 +422,15 @@ def _key_contradiction(row: pd.Series, shapes: set[str], instruments: frozenset[
 def _whole(value: Any) -> Any:
     """A number read back from the CSV as a float (``64.0``) as the key wrote it (``64``)."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+@dataclass(frozen=True)
+class ModelExpectation:
+    """What a run folder's ``model.yaml`` must say to be its profiles' model (:meth:`RunFolder.fitted_as`)."""
+
+    family: str  # BackendInfo.model_family of its backend
+    simulated: bool
+    sms: int | None  # the GPU's SMs (GPU families), which the model's device must be
 
 
 @dataclass(frozen=True)
