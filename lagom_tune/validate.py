@@ -133,7 +133,7 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
     return value
 
 
-def name(d: dict, key: str, path: str, default: Any = ...) -> str:
+def name(d: dict, key: str, path: str, default: Any = ...) -> Any:
     """``d[key]`` as a name: a string with something besides spaces in it (an empty communicator
     name made a plan role ``''``; an empty op name cannot be told from another).
 
@@ -143,12 +143,12 @@ def name(d: dict, key: str, path: str, default: Any = ...) -> str:
         path: the mapping's field path, for the error.
         default: as :func:`field`'s.
     Returns:
-        The name.
+        The name (or the default).
     Raises:
         UserError: for a missing required field, a non-string or a blank one.
     """
     value = field(d, key, path, str, default)
-    if not value.strip():
+    if value is not None and not value.strip():  # None: an absent field's default
         raise UserError(f"{path}.{key}: expected a name, got {value!r}")
     return value
 

@@ -39,6 +39,13 @@ def test_round_trip(tmp_path):
     (lambda d: d.update(collectives=[{"match": {"op": "all_reduce"}, "set": {}}]), r"collectives\[0\].set: the rule sets nothing"),
     (lambda d: d.update(collectives=[{"match": {"op": "all_reduce", "max_bytes": 2 ** 64}, "set": {}}]),
      r"collectives\[0\].match.max_bytes: must be <= 9223372036854775807"),
+    # the sections beside the settings, shown as they were (a plan of 0 ms below its bound)
+    (lambda d: d["target"]["hardware"].update(cores=-1), r"target.hardware.cores: must be >= 1"),
+    (lambda d: d["target"]["hardware"].update(gpu=[1]), r"target.hardware.gpu: expected str"),
+    (lambda d: d["target"]["hardware"].update(sm=132), r"target.hardware.sm: unknown field \(did you mean 'sms'"),
+    (lambda d: d["search"].update(evaluations=float("nan")), r"search.evaluations: expected int"),
+    (lambda d: d["predicted"]["iteration_ms"].update(plan=0), r"predicted.iteration_ms.plan: must be >= 1e-09"),
+    (lambda d: d.update(tool={"name": [1]}), r"tool.name: expected str"),
     # YAML reads `2:` as a number: show crashed, apply ran with the setting never applied
     (lambda d: d.update(communicators={2: {"bucket_cap_mb": 8}}), r"communicators: key 2 is read as int, not a name"),
     (lambda d: d["target"].update(groups={2: 2}), r"target.groups: key 2 is read as int, not a name"),

@@ -132,9 +132,12 @@ class Plan:
             raise UserError(f"{path}.kind: expected {KIND!r}, got {kind!r} (is this a plan file?)")
         v.schema_version(d, path, SCHEMA_VERSION)
         v.known_keys(d, SECTIONS, path)
+        tool = v.known_keys(v.mapping(v.field(d, "tool", path, dict, {}), f"{path}.tool"), ("name", "version"), f"{path}.tool")
+        for key in ("name", "version"):  # which lagom-tune wrote it, shown as it is
+            v.field(tool, key, f"{path}.tool", str, None)
         target = v.known_keys(v.mapping(v.field(d, "target", path, dict), f"{path}.target"), TARGET_FIELDS, f"{path}.target")
         backend = v.field(target, "backend", f"{path}.target", str)
-        hardware = v.mapping(v.field(target, "hardware", f"{path}.target", dict, {}), f"{path}.target.hardware")
+        hardware = _hardware_record(v.field(target, "hardware", f"{path}.target", dict, {}), f"{path}.target.hardware")
         space = knob_space_for(backend, _machine(hardware, f"{path}.target.hardware"))
 
         def knobs(values: Any, where: str, scope: str) -> dict[str, Any]:
@@ -205,7 +208,7 @@ class Plan:
             rules=tuple(rules),
             workload=_workload_record(v.field(d, "workload", path, dict, {}), f"{path}.workload"),
             model=_model_record(v.field(d, "model", path, dict, {}), f"{path}.model"),
-            search=v.mapping(v.field(d, "search", path, dict, {}), f"{path}.search"),
+            search=_search_record(v.field(d, "search", path, dict, {}), f"{path}.search"),
             predicted=_times_record(v.field(d, "predicted", path, dict, {}), f"{path}.predicted"),
             validated=validated,
             groups={str(k): int(val) for k, val in groups.items()},
@@ -225,6 +228,36 @@ def _machine(hardware: dict[str, Any], path: str) -> dict[str, Any]:
         if key in hardware:
             out[key] = v.field(hardware, key, path, str) if key == "cluster" else v.field(hardware, key, path, int, minimum=1)
     return out
+
+
+HARDWARE_NAMES = ("device", "gpu", "cluster")  # the plan's hardware record: names (the GPU check in apply compares gpu) ...
+HARDWARE_COUNTS = ("sms", "cores", "max_channels")  # ... and counts
+
+
+def _hardware_record(d: Any, path: str) -> dict[str, Any]:
+    """The plan's ``target.hardware`` (what ``planning.build_plan`` copies from the fingerprint), checked."""
+    d = v.known_keys(v.mapping(d, path), HARDWARE_NAMES + HARDWARE_COUNTS, path)
+    for key in HARDWARE_NAMES:
+        v.name(d, key, path, None)
+    for key in HARDWARE_COUNTS:
+        v.field(d, key, path, int, None, minimum=1)
+    return d
+
+
+def _search_record(d: Any, path: str) -> dict[str, Any]:
+    """The plan's ``search`` section (which optimizer, its effort, why it kept the defaults), checked
+    as ``show`` and ``apply`` read it."""
+    d = v.mapping(d, path)
+    v.field(d, "optimizer", path, str, "")
+    v.field(d, "evaluations", path, int, None, minimum=0)
+    v.field(d, "seconds", path, float, None, minimum=0.0)
+    v.field(d, "kept_default", path, str, None)
+    for i, point in enumerate(v.field(d, "pareto", path, list, [])):
+        where = f"{path}.pareto[{i}]"
+        point = v.mapping(point, where)
+        v.field(point, "iteration_ms", where, float, minimum=v.POSITIVE)
+        v.field(point, "comm_sms", where, int, minimum=0)
+    return d
 
 
 def _model_record(d: dict, path: str) -> dict[str, Any]:
@@ -261,7 +294,8 @@ def _times_record(d: Any, path: str) -> dict[str, Any]:
             raise UserError(f"{path}.spread_ms.{name}: expected [least, most] ms, got {spread!r}")
     if "iteration_ms" not in d:  # a plan written in code may have no predictions: loaded as it was saved
         return d
-    return {**d, "iteration_ms": v.number_map(v.field(d, "iteration_ms", path, dict, {}), f"{path}.iteration_ms", minimum=0.0)}
+    # an iteration of no time (0) was shown as the plan's, below its own contention-free bound
+    return {**d, "iteration_ms": v.number_map(v.field(d, "iteration_ms", path, dict, {}), f"{path}.iteration_ms", minimum=v.POSITIVE)}
 
 
 def _group_ranks(target: dict[str, Any], groups: dict[str, int], world_size: int, path: str
