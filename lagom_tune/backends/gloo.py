@@ -161,6 +161,18 @@ def _quiet_resource_tracker() -> None:
         sys.warnoptions.append(option)
 
 
+DEATH_NOTICE_S = 1.0  # how long a rank's failure waits for a peer's death to show (it is the cause, then)
+
+
+def _stopped(pid: int | None) -> bool:
+    """Whether process ``pid`` is stopped (state T or t in /proc; False where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: float, persisted) -> None:
     """Merge per-rank timings (max over ranks per repeat); end the run if a rank dies or hangs."""
     # A rank stopped mid-message would block a direct read forever; a daemon thread does the
@@ -186,18 +198,29 @@ def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: floa
             late = min(set(progress) - ready)
             return RunError(f"rank {late} did not start within {max(timeout_s, STARTUP_S):.0f} s",
                             hint="the machine may be overloaded; rerun to resume")
-        behind = min(progress, key=progress.get)
-        return RunError(f"rank {behind} made no progress for {timeout_s:.0f} s (stuck at point {progress[behind] + 2} of {len(points)})",
+        stopped = [r for r, p in enumerate(procs) if _stopped(p.pid)]
+        least = min(progress.values())
+        # the others wait in the collective for the one that stopped: ties name every rank at the least
+        behind = stopped or [r for r in progress if progress[r] == least]
+        who = f"rank {behind[0]}" if len(behind) == 1 else "ranks " + ", ".join(map(str, behind))
+        why = f"{'is' if len(behind) == 1 else 'are'} stopped (SIGSTOP or a debugger): no progress" if stopped else "made no progress"
+        return RunError(f"{who} {why} for {timeout_s:.0f} s (stuck at point {least + 2} of {len(points)})",
                         hint="a rank is hung; rerun to resume, or raise --timeout for slow points")
+
+    def dead() -> RunError | None:
+        for r, p in enumerate(procs):
+            if not p.is_alive() and p.exitcode not in (0, None):
+                return RunError(f"rank {r} died (exit code {p.exitcode}) while measuring point {progress[r] + 2} of {len(points)}",
+                                hint="rerun the same command to resume from the last completed point")
+        return None
 
     while done < len(points):
         try:
             msg = inbox.get(timeout=0.5)
         except queue.Empty:
-            for r, p in enumerate(procs):
-                if not p.is_alive() and p.exitcode not in (0, None):
-                    raise RunError(f"rank {r} died (exit code {p.exitcode}) while measuring point {progress[r] + 2} of {len(points)}",
-                                   hint="rerun the same command to resume from the last completed point")
+            died = dead()
+            if died:
+                raise died
             # --timeout is for measuring: starting a rank (importing torch, joining the group)
             # is allowed at least STARTUP_S, however loaded the machine.
             limit = timeout_s if len(ready) == len(procs) else max(timeout_s, STARTUP_S)
@@ -205,7 +228,13 @@ def _collect(procs, points: list[Point], results, sink: RowSink, timeout_s: floa
                 raise hung()
             continue
         last_news = time.monotonic()
-        if msg[0] == "error":
+        if msg[0] == "error":  # a peer killed outright shows first as this rank's broken connection
+            deadline = time.monotonic() + DEATH_NOTICE_S
+            while time.monotonic() < deadline and not dead():
+                time.sleep(0.05)
+            died = dead()
+            if died:
+                raise RunError(f"{died}; rank {msg[1]} then failed: {msg[2].splitlines()[0][:200]}", hint=died.hint)
             raise RunError(f"rank {msg[1]} failed: {msg[2]}")
         if msg[0] == "ready":
             ready.add(msg[1])
