@@ -95,7 +95,19 @@ def write_yaml(path: str | os.PathLike, data: Any) -> Path:
     Returns:
         The path.
     """
-    return atomic_write_text(path, yaml.dump(data, Dumper=_DUMPER, sort_keys=False, default_flow_style=None))
+    return atomic_write_text(path, yaml_text(data))
+
+
+def yaml_text(data: Any) -> str:
+    """``data`` as the YAML :func:`write_yaml` writes (keys in their given order): the dumps of two
+    mappings, one after the other, are the dump of the two merged.
+
+    Args:
+        data: plain data (dicts, lists, scalars).
+    Returns:
+        The text.
+    """
+    return yaml.dump(data, Dumper=_DUMPER, sort_keys=False, default_flow_style=None)
 
 
 class _DuplicateKey(yaml.YAMLError):

@@ -160,3 +160,19 @@ def test_rows_are_appended_and_a_file_that_cannot_take_an_append_is_rewritten(tm
     df = run.measurements()
     assert list(df["point"]) == ["g1", "g1", "g2", "g2", "c1", "c1", "g3", "g3"] and run.health().ok
     assert list(df["m"].iloc[[0, 2, 6]]) == [64, 128, 256] and df["nbytes"].iloc[4] == 1024
+
+
+def test_meta_yaml_is_the_same_text_with_its_workload_dumped_once(tmp_path):
+    """meta.yaml is rewritten every flush; its workload section (16 s to dump for a 30,000-group
+    trace) is dumped once per workload and joined to the rest, the same text as one dump."""
+    from lagom_tune.artifact_io import yaml_text
+    from lagom_tune.workload.presets import build_preset
+
+    run, w = RunFolder(tmp_path), build_preset("olmoe-1b-7b-ep8")
+    for done in (1, 2):
+        meta = {"points_done": done, "workload_digest": w.digest, "workload": w.to_dict()}
+        run.write_meta(meta)
+        assert run.meta_path.read_text() == yaml_text({"schema_version": 1, "kind": "lagom-profile", **meta})
+    other = build_preset("cpu-demo")
+    run.write_meta({"workload_digest": other.digest, "workload": other.to_dict()})
+    assert run.workload().name == "cpu-demo"

@@ -110,6 +110,7 @@ class _Recorder:
         self.fingerprint = fingerprint
         self.total, self.todo, self.started, self.progress = total, todo, started, progress
         self.finished = 0
+        self.workload_record = workload.to_dict()  # written with every flush: made once
         self.buffer: list[dict] = []
         self.last_flush = time.monotonic()
 
@@ -126,7 +127,7 @@ class _Recorder:
             "complete": complete,
             "started": self.started,
             "updated": _now(),
-            "workload": self.workload.to_dict(),
+            "workload": self.workload_record,
         })
 
     def start(self) -> None:

@@ -10,7 +10,7 @@ import io
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from lagom_tune import validate as v
-from lagom_tune.artifact_io import atomic_write_text, read_yaml, write_yaml
+from lagom_tune.artifact_io import atomic_write_text, read_yaml, yaml_text
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.measurements import (
@@ -56,6 +56,9 @@ FINGERPRINT_NAMES = ("backend", "cluster", "device", "gpu", "mode", "host")  # .
 @dataclass
 class RunFolder:
     path: Path
+    # meta.yaml's workload section as text, by the workload's digest: a profile rewrites meta.yaml
+    # every second, and a 30,000-group trace took 16 s to dump each time
+    _workload_text: tuple[str, str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def meta_path(self) -> Path:
@@ -152,7 +155,15 @@ class RunFolder:
         return f"the profile did not finish ({meta.get('points_done', 0)} of {meta.get('points_total', '?')} points)"
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        write_yaml(self.meta_path, {"schema_version": SCHEMA_VERSION, "kind": "lagom-profile", **meta})
+        """Write ``meta.yaml`` atomically; its ``workload`` (last) is dumped once per workload digest."""
+        meta = {"schema_version": SCHEMA_VERSION, "kind": "lagom-profile", **meta}
+        workload, digest = meta.pop("workload", None), meta.get("workload_digest")
+        text = yaml_text(meta)
+        if workload is not None:
+            if digest is None or self._workload_text is None or self._workload_text[0] != digest:
+                self._workload_text = (digest, yaml_text({"workload": workload}))
+            text += self._workload_text[1]
+        atomic_write_text(self.meta_path, text)
 
     def workload(self, meta: dict[str, Any] | None = None) -> Workload:
         """The profiled workload, from ``meta`` (this folder's ``meta.yaml``, read if not given),
