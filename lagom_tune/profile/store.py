@@ -157,13 +157,15 @@ class RunFolder:
     def write_meta(self, meta: dict[str, Any]) -> None:
         """Write ``meta.yaml`` atomically; its ``workload`` (last) is dumped once per workload digest."""
         meta = {"schema_version": SCHEMA_VERSION, "kind": "lagom-profile", **meta}
-        workload, digest = meta.pop("workload", None), meta.get("workload_digest")
-        text = yaml_text(meta)
-        if workload is not None:
-            if digest is None or self._workload_text is None or self._workload_text[0] != digest:
-                self._workload_text = (digest, yaml_text({"workload": workload}))
-            text += self._workload_text[1]
-        atomic_write_text(self.meta_path, text)
+        workload, digest = meta.get("workload"), meta.get("workload_digest")
+        if workload is None:
+            atomic_write_text(self.meta_path, yaml_text(meta))
+            return
+        if digest is None or self._workload_text is None or self._workload_text[0] != digest:
+            self._workload_text = (digest, yaml_text({"workload": workload}))
+        # dumped with an empty workload, so the rest stays a block mapping whatever it holds, then joined
+        head = yaml_text({**{k: val for k, val in meta.items() if k != "workload"}, "workload": {}})
+        atomic_write_text(self.meta_path, head.removesuffix("workload: {}\n") + self._workload_text[1])
 
     def workload(self, meta: dict[str, Any] | None = None) -> Workload:
         """The profiled workload, from ``meta`` (this folder's ``meta.yaml``, read if not given),
