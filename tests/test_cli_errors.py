@@ -110,7 +110,9 @@ def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path
     shutil.copytree(tiny_run, run)
     (run / "model.yaml").unlink()
     df = pd.read_csv(run / "measurements.csv")
-    df.loc[df["kind"] == "collective", "op"] = "all_gather"  # as gloo labelled them: no all-reduce curve for the pairs
+    coll = df["kind"] == "collective"  # as gloo labelled them (op and key): no all-reduce curve for the pairs
+    df.loc[coll, "op"] = "all_gather"
+    df.loc[coll, "point"] = df.loc[coll, "point"].str.replace("|all_reduce:", "|all_gather:", regex=False)
     df.to_csv(run / "measurements.csv", index=False)
     meta = yaml.safe_load((run / "meta.yaml").read_text())  # ... in a workload that holds an all-gather (else refused on read)
     comm = next(g["comm"] for g in meta["workload"]["groups"] if g["comm"])
