@@ -24,7 +24,8 @@ def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterab
         what: what the file is, for the message.
         inputs: files the command reads.
         replaces: a regular expression an existing file must match to be replaced (the first line
-            of what the command writes, e.g. ``^kind: lagom-plan$``); None: any file is replaced.
+            of what the command writes, e.g. ``^kind: lagom-plan$``; an empty file, as ``mktemp``
+            makes, is replaced too); None: any file is replaced.
 
     Returns:
         The path. Raises ``UserError`` naming the reason.
@@ -35,7 +36,7 @@ def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterab
     clash = next((Path(i) for i in inputs if Path(i).exists() and os.path.samefile(path, i)), None) if path.exists() else None
     if clash is not None:
         raise UserError(f"{what} {path} is {clash}, which this command reads; give another file")
-    if replaces is not None and path.is_file() and not _holds_match(path, replaces):
+    if replaces is not None and path.is_file() and path.stat().st_size and not _holds_match(path, replaces):  # empty: mktemp's
         raise UserError(f"{what} {path} exists and is not a {what} lagom-tune wrote; give another file (or remove it)")
     folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or folder.resolve().parts[:2] in (("/", "proc"), ("/", "sys")):

@@ -340,7 +340,7 @@ def show(
             else:
                 render.console.print(render.frame_table(table, f"collectives{render.simulated_tag(meta.get('simulated', False))}"))
             return
-        stale = stale_reason(model["accuracy"], len(df)) if model else None
+        stale = stale_reason(model["accuracy"], len(df)) if model and health.whole else None  # else the rows are named
         problems = health.problems() + ([f"{stale}; rerun `lagom-tune fit {path}`"] if stale else [])
         if as_json:
             print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "workload"}, "rows": len(df), "problems": problems,

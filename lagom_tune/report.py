@@ -139,7 +139,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
         parts.append('<p class="sim">Every number on this page comes from a <b>simulated</b> GPU cluster: a what-if result, not a measurement.</p>')
     fp = meta.get("fingerprint", {})
     df, health = run.read()
-    stale = stale_reason(model_doc["accuracy"], len(df)) if model_doc else None
+    stale = stale_reason(model_doc["accuracy"], len(df)) if model_doc and health.whole else None  # else the rows are named
     problems = health.problems() + ([f"{stale}; rerun `lagom-tune fit {run.path}`"] if stale else [])
     parts += [f'<p class="warn">warning: {html.escape(p)}</p>' for p in problems]
     parts.append("<h2>Environment</h2><table>" + "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in fp.items()) + "</table>")

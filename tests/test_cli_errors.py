@@ -179,6 +179,7 @@ def test_an_output_that_holds_something_else_is_never_replaced(tiny_run, tmp_pat
     (tmp_path / "t.json").write_text("{}")
     assert_one_line_error(cli("workload", "import", tmp_path / "t.json", "--out", notes), "exists and is not a workload lagom-tune wrote")
     assert (other / "meta.yaml").read_text() == meta and notes.read_text() == "precious\n"
+    (tmp_path / "p.yaml").write_text("")  # as `mktemp` leaves it
     for _ in range(2):  # the second run replaces the first's plan and report
         cli("search", tiny_run, "--out", tmp_path / "p.yaml", check=True)
         cli("report", tiny_run, "--out", tmp_path / "r.html", check=True)

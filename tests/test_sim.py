@@ -164,3 +164,14 @@ def test_one_profile_at_a_time_measures_into_a_folder(tmp_path):
     done = run_profile(w, get_backend("sim", BackendOptions(hardware="h200-nvlink")), run, repeats=1)
     assert done.read_meta()["complete"]
     run_profile(w, get_backend("sim", BackendOptions(hardware="h200-nvlink")), run, repeats=1)  # released at the end: it resumes
+
+
+def test_a_collective_size_that_is_anothers_eighth_is_measured_once():
+    """Every collective is also measured at an eighth of its size: where that is another
+    collective's size, the point was planned twice, and the profile refused its own CSV."""
+    from lagom_tune.workload.spec import Collective, Gemm, OverlapGroup, Workload
+
+    w = Workload("dup", (OverlapGroup("a", (Gemm("x", 2048, 4096, 4096, "bf16"),), (Collective("c1", "all_reduce", 8 << 20, ranks=8),)),
+                         OverlapGroup("b", (Gemm("y", 4096, 4096, 4096, "bf16"),), (Collective("c2", "all_reduce", 1 << 20, ranks=8),))))
+    keys = [p.key for p in get_backend("sim", BackendOptions()).plan_points(w)]
+    assert len(keys) == len(set(keys)) and any("all_reduce:1048576:" in k for k in keys)

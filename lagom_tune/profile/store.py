@@ -334,7 +334,8 @@ class RunFolder:
         short = tuple(sorted(str(p) for p, n in counts.items() if n < repeats))
         complete = df[~df["point"].astype(str).isin(short)].reset_index(drop=True) if short else df
         total = meta.get("points_total") if meta is not None and meta.get("complete") else None
-        missing = max(0, total - int(complete["point"].nunique())) if isinstance(total, int) else 0
+        # points absent altogether (a short point is named as such, not counted again)
+        missing = max(0, total - int(df["point"].nunique())) if isinstance(total, int) else 0
         return complete, CsvHealth(partial, short, repeats, missing, total)
 
     def health(self) -> CsvHealth:
@@ -453,7 +454,7 @@ class CsvHealth:
     partial_line: bool  # the last line was cut short (dropped when read)
     short_points: tuple[str, ...]  # points with fewer rows than repeats (left out when read)
     repeats: int | None
-    missing: int = 0  # points a finished profile measured that no complete row holds (a CSV cut short, edited)
+    missing: int = 0  # points a finished profile measured that no row holds (a CSV cut at a line, edited)
     total: int | None = None  # the points it measured
 
     @property
@@ -463,8 +464,17 @@ class CsvHealth:
 
     @property
     def lacking(self) -> str | None:
-        """Why the rows are not the whole finished profile, or None."""
-        return f"measurements.csv holds {self.total - self.missing} of the {self.total} points the profile measured" if self.missing else None
+        """Why the rows are not the whole finished profile (points short of repeats or absent), or None."""
+        if self.short_points and not self.missing:
+            return f"{len(self.short_points)} point(s) of measurements.csv have fewer than {self.repeats} repeats"
+        if self.missing:
+            return f"measurements.csv holds {self.total - self.missing} of the {self.total} points the profile measured"
+        return None
+
+    @property
+    def whole(self) -> bool:
+        """Whether the rows are the profile as measured: a model fitted to fewer is compared with them only then."""
+        return self.ok and not self.missing
 
     def problems(self) -> list[str]:
         """One line per problem, for ``show`` and ``report``."""
@@ -474,7 +484,7 @@ class CsvHealth:
         if self.short_points:
             out.append(f"{len(self.short_points)} point(s) have fewer than {self.repeats} repeats and are left out "
                        f"(e.g. {self.short_points[0]}); rerun the same profile command to re-measure them")
-        if self.lacking:
+        if self.missing:
             out.append(f"{self.lacking}; rerun the same profile command to measure the rest")
         return out
 
