@@ -314,7 +314,7 @@ class RunFolder:
             raise UserError(f"{where} the repeats of point {differ.index[0]} disagree on {col} ({len(differ)} such point(s))")
         shapes = set(self.workload(meta).gemms())
         instruments = backend_info(fp["backend"]).instruments  # the GPU probe's rows report the bytes it copied in all
-        for _, row in df.drop_duplicates("point").iterrows():
+        for row in df.drop_duplicates("point").to_dict("records"):  # dicts: a Series per point took seconds on large runs
             wrong = _key_contradiction(row, shapes, instruments)
             if wrong:
                 raise UserError(f"{where} point {row['point']}: {wrong}")
@@ -401,7 +401,7 @@ class RunFolder:
         atomic_write_text(self.csv_path, buf.getvalue())
 
 
-def _key_contradiction(row: pd.Series, shapes: set[str], instruments: frozenset[str]) -> str | None:
+def _key_contradiction(row: dict[str, Any], shapes: set[str], instruments: frozenset[str]) -> str | None:
     """What in ``row`` contradicts its point key (``Point.key``: kind, GEMM shape, op:bytes:ranks,
     then knob=value settings), or a GEMM shape outside ``shapes``; None when nothing does. The
     collective of an ``instruments`` op is its own (the probe's bytes are what it copied)."""
