@@ -311,6 +311,14 @@ def test_tuner_api_v1_has_one_context_per_process(lib, tmp_path, monkeypatch):
     assert call("all_gather", 1 << 20) == (-1, -1, UNTOUCHED)  # dp's rule: this call may come from tp
     assert call("broadcast", 1024) == (ALGO["ring"], PROTO["ll"], UNTOUCHED)  # a rule for any communicator stays
     assert any(b"cannot tell this process's communicators apart; 2 rule(s) for particular communicators are not applied, 1 for any" in m for m in said), said
+    # NCCL destroys as each communicator is freed: the others live on, still indistinguishable
+    assert v1.destroy() == 0 and v1.init(8, 1, logger) == 0
+    assert call("all_reduce", 1 << 20) == (-1, -1, UNTOUCHED)  # tp's rule, which the live world communicator would take
+    assert call("broadcast", 1024) == (ALGO["ring"], PROTO["ll"], UNTOUCHED)
+    for _ in range(3):
+        assert v1.destroy() == 0
+    assert v1.init(8, 1, logger) == 0  # all gone: a process of one communicator again
+    assert call("all_reduce", 1 << 20) == (ALGO["tree"], PROTO["ll"], 8)
     assert v1.destroy() == 0
 
 

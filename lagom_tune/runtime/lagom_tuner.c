@@ -472,10 +472,11 @@ static ncclResult_t coll_info_direct(context_t* c, ncclFunc_t coll, size_t nByte
  * rules were applied to all of them). */
 static context_t* v1_context;
 static size_t v1_ranks, v1_nodes;
-static int v1_mixed;
+static int v1_mixed, v1_live; /* v1_live: communicators inited and not yet destroyed */
 
 static ncclResult_t init_v1(size_t nRanks, size_t nNodes, ncclDebugLogger_t log) {
-  if (v1_context && (nRanks != v1_ranks || nNodes != v1_nodes)) v1_mixed = 1;
+  if (v1_live > 0 && (nRanks != v1_ranks || nNodes != v1_nodes)) v1_mixed = 1;
+  v1_live++;
   v1_ranks = nRanks;
   v1_nodes = nNodes;
   plugin_destroy(v1_context);
@@ -501,9 +502,11 @@ static ncclResult_t coll_info_v1(ncclFunc_t coll, size_t nBytes, int collNetSupp
   return coll_info_direct(v1_context, coll, nBytes, collNetSupport, nvlsSupport, algorithm, protocol, nChannels);
 }
 static ncclResult_t destroy_v1(void) {
+  /* NCCL calls it as each communicator is freed: the others keep the context (and its mixed state) */
+  if (v1_live > 0 && --v1_live > 0) return ncclSuccess;
   plugin_destroy(v1_context);
   v1_context = NULL;
-  v1_mixed = 0; /* the next init starts afresh */
+  v1_mixed = 0; /* the last one gone: the next init starts afresh */
   return ncclSuccess;
 }
 
