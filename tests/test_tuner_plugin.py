@@ -549,3 +549,7 @@ def test_a_read_only_cache_takes_a_prebuilt_plugin_and_the_rules_go_to_a_tempora
     (tmp_path / "tmp").mkdir()
     d = prepare_tuner(plan, cache=tmp_path / "shared")
     assert d.deployed and d.rules_file.is_relative_to(tmp_path / "tmp") and d.rules_file.read_text() == tuner_rules(plan).text()
+    d.rules_file.unlink()
+    d.rules_file.parent.parent.chmod(0o777)  # a folder others may write: they could choose the rules NCCL applies
+    with pytest.raises(UserError, match="is not a folder of this user's alone"):
+        prepare_tuner(plan, cache=tmp_path / "shared")

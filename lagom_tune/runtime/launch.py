@@ -280,6 +280,9 @@ def _write_rules(text: str, cache: Path | None) -> Path:
     fallback = Path(tempfile.gettempdir()) / f"lagom-tune-{os.getuid()}"
     errors = []
     for root in (cache, fallback):
+        if root is fallback and not _private_folder(fallback):  # another user's folder would choose our rules
+            errors.append(f"{fallback} is not a folder of this user's alone")
+            continue
         path = rules_path(text, root)
         if _holds(path, text):
             return path
@@ -288,6 +291,16 @@ def _write_rules(text: str, cache: Path | None) -> Path:
         except (OSError, UserError) as e:  # the folder (UserError), or the file itself
             errors.append(str(e) if isinstance(e, UserError) else f"cannot write {path}: {e.strerror}")
     raise UserError(f"the tuner rules file: {'; '.join(errors)}")
+
+
+def _private_folder(folder: Path) -> bool:
+    """Whether ``folder`` is (or is made, mode 700) a folder this user owns that no one else may write."""
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = folder.lstat()
+    except OSError:
+        return False
+    return folder.is_dir() and not folder.is_symlink() and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def _holds(path: Path, text: str) -> bool:
