@@ -97,7 +97,7 @@ def _progress(transient: bool = False) -> Progress:
 def profile(
     workload: str = typer.Option("cpu-demo", "--workload", "-w", help="Preset name (see `workload list`) or workload YAML file."),
     backend: str = typer.Option("gloo", help=backend_help()),
-    ranks: int = typer.Option(2, min=1, help="Ranks to spawn (gloo)."),
+    ranks: Optional[int] = typer.Option(None, min=1, help="Ranks to spawn (gloo; default 2), or cpu-demo's DDP world."),
     hardware: Optional[str] = typer.Option(None, help="sim: a40-pcie, a40-nvlink, a100-nvlink, h100-nvlink, h200-nvlink "
                                            "(default h100-nvlink, said in the output)."),
     nodes: Optional[int] = typer.Option(None, min=1, help="sim: nodes of 8 GPUs, joined by InfiniBand (default: as many as "
@@ -119,11 +119,13 @@ def profile(
     from lagom_tune.model.fit import fit_run  # local: fitting imports torch; other verbs start without it
 
     check_writable(out / "meta.yaml", "run folder")
-    own = {k: val for k, val in dict(hardware=hardware, nodes=nodes, ib_gbps=ib_gbps, noise=noise, seed=seed).items() if val is not None}
-    backend_info(backend, "--backend: ").check_options(set(own))
+    own = {k: val for k, val in dict(hardware=hardware, nodes=nodes, ib_gbps=ib_gbps, noise=noise, seed=seed, ranks=ranks).items()
+           if val is not None}
+    sized = workload in PRESETS and PRESETS[workload].sized_by_ranks  # --ranks is its world, whatever the backend
+    backend_info(backend, "--backend: ").check_options(set(own) - ({"ranks"} if sized else set()))
     w = resolve_workload(workload, parallel=parallel, seq=seq, mbs=mbs, ranks=ranks)
     extra = {"ib_gbps": own.pop("ib_gbps")} if "ib_gbps" in own else {}
-    b = get_backend(backend, BackendOptions(ranks=ranks, timeout_s=timeout, extra=extra, **own))
+    b = get_backend(backend, BackendOptions(timeout_s=timeout, extra=extra, **own))
     if not b.writer:  # another rank of a torchrun job: measure, and leave the run folder to rank 0
         run_profile(w, b, out, repeats=repeats)
         return

@@ -127,6 +127,8 @@ def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path
 @pytest.mark.parametrize("argv, said", [
     (["profile", "--backend", "gloo", "--noise", "0.1", "--out", "{tmp}/run"], "--noise applies to the sim backend, not gloo"),
     (["profile", "--backend", "gloo", "--hardware", "h100-nvlink", "--out", "{tmp}/run"], "--hardware applies to the sim backend"),
+    (["profile", "--backend", "sim", "--workload", "llama3-8b-fsdp8", "--ranks", "64", "--out", "{tmp}/run"],
+     "--ranks applies to the gloo backend, not sim"),  # meta.yaml said 8 ranks (cpu-demo's --ranks is its world: taken)
     (["workload", "show", "{tmp}/w.yaml", "--seq", "7"], "--seq applies to presets; {tmp}/w.yaml is a workload file"),
     (["profile", "--backend", "sim", "--workload", "{tmp}/w.yaml", "--parallel", "fsdp=2", "--out", "{tmp}/run"],
      "--parallel applies to presets"),

@@ -288,7 +288,7 @@ PROBE_OP = "probe"  # the op of the single-GPU probe's rows: a copy kernel of 1-
 register_backend(BackendInfo(
     "gloo", "lagom_tune.backends.gloo:GlooBackend", "lagom_tune.backends.gloo_knobs:knob_space_from_fingerprint",
     CPU_FAMILY, frozenset({THREAD_COUNT, DDP_BUCKET_CAP, CHUNKED_ALL_REDUCE}), summary="real CPU ranks",
-    setup=("host", "device", "processor", "cores", "ranks", "torch"), ops=frozenset({"all_reduce"})))
+    setup=("host", "device", "processor", "cores", "ranks", "torch"), ops=frozenset({"all_reduce"}), options=frozenset({"ranks"})))
 register_backend(BackendInfo(
     "nccl", "lagom_tune.backends.nccl:NcclBackend", "lagom_tune.backends.nccl_knobs:knob_space_from_fingerprint",
     GPU_FAMILY, frozenset({NCCL_ENVIRONMENT, NCCL_COMMUNICATOR_OPTIONS, NCCL_TUNER_RULES}), needs_cuda=True,

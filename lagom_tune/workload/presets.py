@@ -494,6 +494,7 @@ def build_model(model: str, parallel: str | None = None, seq: int | None = None,
 class Preset:
     description: str
     build: Callable[..., Workload]
+    sized_by_ranks: bool = False  # --ranks sets its world (cpu-demo's DDP); model presets take --parallel
 
 
 def _cpu_demo(seq: int | None = None, mbs: int | None = None, ranks: int | None = None, parallel: str | None = None,
@@ -520,7 +521,7 @@ def _model_preset(model: str, parallel: str | None = None) -> Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "cpu-demo": Preset("tiny GPT (4 layers, d=256) trained with DDP on 2 gloo ranks: the `make demo` workload", _cpu_demo),
+    "cpu-demo": Preset("tiny GPT (4 layers, d=256) trained with DDP on 2 gloo ranks: the `make demo` workload", _cpu_demo, True),
     **{name: _model_preset(name) for name in ARCHS},
 }
 
