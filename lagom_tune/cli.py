@@ -21,7 +21,7 @@ from lagom_tune.artifact_io import check_writable, read_yaml
 from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.backends.registry import backend_help, backend_info
 from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_signals, stop_signal
-from lagom_tune.model.contention import read_model_file, stale_reason
+from lagom_tune.model.contention import read_model_file, run_problems
 from lagom_tune.plan.schema import FILE_MARK as PLAN_FILE_MARK, Plan, load_plan
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.profile.store import open_run
@@ -342,8 +342,7 @@ def show(
             else:
                 render.console.print(render.frame_table(table, f"collectives{render.simulated_tag(meta.get('simulated', False))}"))
             return
-        stale = stale_reason(model["accuracy"], len(df)) if model and health.whole else None  # else the rows are named
-        problems = health.problems() + ([f"{stale}; rerun `lagom-tune fit {path}`"] if stale else [])
+        problems = run_problems(health, model, len(df), path)
         if as_json:
             print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "workload"}, "rows": len(df), "problems": problems,
                               "model": model}, indent=1, default=str))

@@ -56,9 +56,9 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
     if not run.model_path.is_file():
         raise UserError(f"{run.path} has no model.yaml: rerun `lagom-tune fit {run.path}`")
     model, accuracy = load_model(run.model_path, run.fitted_as(meta))
-    stale = stale_reason(accuracy, len(df))
+    stale = stale_reason(accuracy, len(df), run.path)
     if stale:
-        raise UserError(f"{run.path}: {stale}; rerun `lagom-tune fit {run.path}`")
+        raise UserError(f"{run.path}: {stale}")
     fp = meta["fingerprint"]
     if fp.get("standin"):
         raise UserError(f"{run.path} was measured by the CPU stand-in for GPUs (a test of the nccl backend's plumbing): "

@@ -16,7 +16,7 @@ from typing import Any
 from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
-from lagom_tune.model.contention import load_model, read_model_file, stale_reason
+from lagom_tune.model.contention import load_model, read_model_file, run_problems
 from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
 from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.render import percent
@@ -139,9 +139,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
         parts.append('<p class="sim">Every number on this page comes from a <b>simulated</b> GPU cluster: a what-if result, not a measurement.</p>')
     fp = meta.get("fingerprint", {})
     df, health = run.read()
-    stale = stale_reason(model_doc["accuracy"], len(df)) if model_doc and health.whole else None  # else the rows are named
-    problems = health.problems() + ([f"{stale}; rerun `lagom-tune fit {run.path}`"] if stale else [])
-    parts += [f'<p class="warn">warning: {html.escape(p)}</p>' for p in problems]
+    parts += [f'<p class="warn">warning: {html.escape(p)}</p>' for p in run_problems(health, model_doc, len(df), run.path)]
     parts.append("<h2>Environment</h2><table>" + "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in fp.items()) + "</table>")
     mape = model_doc.get("accuracy", {}).get("mape", {})
     if mape:

@@ -17,7 +17,7 @@ from lagom_tune import validate as v
 from lagom_tune.artifact_io import read_yaml
 from lagom_tune.errors import UserError
 from lagom_tune.model.gpu import LagomGpuModel
-from lagom_tune.profile.store import ModelExpectation
+from lagom_tune.profile.store import CsvHealth, ModelExpectation
 from lagom_tune.workload.spec import Collective, Gemm
 
 SCHEMA_VERSION = 1
@@ -278,20 +278,38 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
             "ranking": {**ranking, "shapes": shapes} if ranking else {}}
 
 
-def stale_reason(accuracy: dict[str, Any], rows: int) -> str | None:
+def stale_reason(accuracy: dict[str, Any], rows: int, run_path: str | Path) -> str | None:
     """Why a model no longer describes its run's measurements, or None: it was fitted to another
     number of rows (a resumed profile whose refit was interrupted left the partial profile's model).
 
     Args:
         accuracy: the model's ``accuracy`` record (:func:`accuracy_record`).
         rows: the complete rows ``measurements.csv`` holds now.
+        run_path: the run folder, for the advice.
     Returns:
-        One line, or None (also for a model that recorded no row count).
+        One line with what to do, or None (also for a model that recorded no row count).
     """
     fitted = accuracy.get("rows")
     if isinstance(fitted, int) and not isinstance(fitted, bool) and fitted != rows:
-        return f"model.yaml was fitted to {fitted} measurement rows, measurements.csv now holds {rows}"
+        return (f"model.yaml was fitted to {fitted} measurement rows, measurements.csv now holds {rows}; "
+                f"rerun `lagom-tune fit {run_path}`")
     return None
+
+
+def run_problems(health: CsvHealth, model_doc: dict[str, Any] | None, rows: int, run_path: str | Path) -> list[str]:
+    """What ``show`` and ``report`` warn of for a run folder: its CSV's problems, and a model fitted
+    to other rows once the rows are whole (before, the rows are what is named).
+
+    Args:
+        health: the CSV's health (``RunFolder.read``).
+        model_doc: its ``model.yaml`` as read (None or {}: no model).
+        rows: the complete rows read.
+        run_path: the run folder.
+    Returns:
+        One line per problem.
+    """
+    stale = stale_reason(model_doc["accuracy"], rows, run_path) if model_doc and health.whole else None
+    return health.problems() + ([stale] if stale else [])
 
 
 def read_model_file(path: str | Path, expected: ModelExpectation | None = None) -> dict[str, Any]:

@@ -250,7 +250,7 @@ class RunFolder:
                                     f"not a positive time ({len(bad)} such row(s))")
         return df, partial
 
-    def _check_settings(self, df: pd.DataFrame, meta: dict[str, Any]) -> None:
+    def _check_settings(self, df: pd.DataFrame, meta: dict[str, Any], workload: Workload) -> None:
         """Refuse collective rows of an op neither the workload nor the backend's instruments hold,
         and rows of the workload's collectives without a knob value, or at one the run's backend
         does not have on its machine (``algo: bogus``, ``channels: 999`` were fitted as a setting
@@ -261,7 +261,7 @@ class RunFolder:
         if timed.empty:
             return
         info = backend_info(fp["backend"])
-        ops = {c.op for c in self.workload(meta).collectives()}
+        ops = {c.op for c in workload.collectives()}
         stray = timed[~timed["op"].isin(ops | info.instruments)] if "op" in df.columns else timed
         if not stray.empty:
             raise UserError(f"{self.csv_path}: collective of point {stray.iloc[0]['point']} is "
@@ -284,7 +284,7 @@ class RunFolder:
                 raise UserError(f"{self.csv_path}: {knob.name} of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, not one of "
                                 f"the {fp['backend']} backend's {', '.join(map(str, knob.domain))} ({len(bad)} such row(s))")
 
-    def _check_points(self, df: pd.DataFrame, meta: dict[str, Any]) -> None:
+    def _check_points(self, df: pd.DataFrame, meta: dict[str, Any], workload: Workload) -> None:
         """Refuse rows that contradict their point or their run: a point's columns that differ from
         what its key says (its kind, GEMM shape, collective and settings) or between its repeats, a
         GEMM of a shape the workload does not hold, a backend or simulated label other than the
@@ -312,7 +312,7 @@ class RunFolder:
         if not differ.empty:
             col = differ.columns[(differ.iloc[0] > 1).to_numpy()][0]
             raise UserError(f"{where} the repeats of point {differ.index[0]} disagree on {col} ({len(differ)} such point(s))")
-        shapes = set(self.workload(meta).gemms())
+        shapes = set(workload.gemms())
         instruments = backend_info(fp["backend"]).instruments  # the GPU probe's rows report the bytes it copied in all
         for row in df.drop_duplicates("point").to_dict("records"):  # dicts: a Series per point took seconds on large runs
             wrong = _key_contradiction(row, shapes, instruments)
@@ -326,8 +326,9 @@ class RunFolder:
         df, partial = self._read_rows()
         meta = self.read_meta() if self.meta_path.is_file() else None
         if meta is not None:
-            self._check_settings(df, meta)
-            self._check_points(df, meta)
+            workload = self.workload(meta)  # parsed and digested once for both checks
+            self._check_settings(df, meta, workload)
+            self._check_points(df, meta, workload)
         repeats = meta.get("repeats") if meta is not None else None
         repeats = repeats if isinstance(repeats, int) and repeats > 0 else None
         counts = df.groupby("point").size() if repeats and not df.empty else pd.Series(dtype=int)
