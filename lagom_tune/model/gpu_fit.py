@@ -267,7 +267,13 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
     11.0%: choosing the columns by leave-one-shape-out within the training shapes 7.0% (real H200
     5.3/5.3/4.5%); re-reads fitted to what launch, math and the bytes moved once leave 6.9% (real
     4.9/5.8/5.4%); re-reads counted per wave (a wave's panels read once) 6.9% (real 5.0/8.4/5.9%);
-    reference GEMMs timed beside the workload's, 5.8-10.0% by which squares were picked."""
+    reference GEMMs timed beside the workload's, 5.8-10.0% by which squares were picked. On
+    2026-12-01 (15), same folds: math and memory combined as a roofline (max) instead of a sum
+    13.4% (A40 DeepSeek cell 4.5 -> 13.5%), as a p-norm 11.3% (p=2) or 7.3% (p=4; H100 OLMoE 5.1 ->
+    11.3%); a second start from each shape's least-math kernel, the start chosen by
+    leave-one-shape-out within the training shapes, 6.3% (real 4.9/3.9/4.5%); and, as a bound, each
+    measured shape's kernel known (the simulator's own choice, what a profiler's kernel names
+    would give) 5.9%, with the A40 DeepSeek and PCIe OLMoE cells worse (4.5 -> 5.0%, 3.4 -> 3.9%)."""
 
     def features(g: Gemm, tile: tuple[int, int], split: int) -> list[float]:
         return [math.ceil(kernel_ctas(g, tile, split) / sms) * cta_kflop(g, tile, split), min_traffic(g) / hbm,
