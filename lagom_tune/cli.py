@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -58,6 +59,26 @@ def _usage_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def _number(low: float, high: float | None = None, *, below: bool = False):
+    """A parser for a float option: a finite number from ``low`` to ``high`` (``below``: less than
+    ``high``), refused with the range otherwise (typer's own range check lets NaN through to a
+    message about the wrong bound, and takes infinity where there is no upper one)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise typer.BadParameter(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise typer.BadParameter(f"expected a finite number, got {text!r}")
+        if value < low or (high is not None and (value >= high if below else value > high)):
+            upper = "" if high is None else f" and {'below' if below else 'at most'} {high:g}"
+            raise typer.BadParameter(f"expected a number at least {low:g}{upper}, got {text}")
+        return value
+
+    return parse
+
+
 def _print_version(value: bool) -> None:
     if value:
         print(f"lagom-tune {__version__}")
@@ -103,14 +124,16 @@ def profile(
     nodes: Optional[int] = typer.Option(None, min=1, help="sim: nodes of 8 GPUs, joined by InfiniBand (default: as many as "
                                         "the workload's largest communicator needs)."),
     ib_gbps: Optional[int] = typer.Option(None, help="sim: InfiniBand speed per GPU, 100 or 400 Gb/s (default 400)."),
-    noise: Optional[float] = typer.Option(None, min=0.0, max=0.5, help="sim: multiplicative noise (sigma), e.g. 0.02 (default 0)."),
+    noise: Optional[float] = typer.Option(None, parser=_number(0.0, 0.5), help="sim: multiplicative noise (sigma) from 0 to 0.5, "
+                                         "e.g. 0.02 (default 0)."),
     seed: Optional[int] = typer.Option(None, min=0, help="sim: noise seed (default 0)."),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder to create or resume."),
     repeats: int = typer.Option(7, min=1, max=1000, help="Timed repeats per point (every one is kept)."),
     parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | tp=8,dp=2 | ep=8."),
     seq: Optional[int] = typer.Option(None, min=1, help="Sequence length for presets."),
     mbs: Optional[int] = typer.Option(None, min=1, help="Micro-batch size for presets."),
-    timeout: float = typer.Option(60.0, min=1.0, max=86400.0, help="Seconds a rank may go without progress before the run is ended."),
+    timeout: float = typer.Option(60.0, parser=_number(1.0, 86400.0), help="Seconds (1 to 86400) a rank may go without progress "
+                                 "before the run is ended."),
 ) -> None:
     """Measure GEMMs, collectives and overlapped pairs; fit the contention model into RUN_DIR/model.yaml.
 
@@ -168,13 +191,13 @@ def search(
     compare: bool = typer.Option(False, "--compare", help="Run every optimizer and print them side by side."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     n_trials: int = typer.Option(200, min=1, help="Optuna trial budget."),
-    timeout: Optional[float] = typer.Option(None, min=0.1, help="Optuna time budget in seconds."),
+    timeout: Optional[float] = typer.Option(None, parser=_number(0.1), help="Optuna time budget in seconds (at least 0.1)."),
     seed: int = typer.Option(0, min=0, max=2**32 - 1, help="Optuna sampler seed."),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL, e.g. sqlite:///study.db (resumable)."),
     study_name: Optional[str] = typer.Option(None, help="Optuna study name (resume with the same name)."),
     multi_objective: bool = typer.Option(False, "--multi-objective",
                                          help="Optuna: iteration time vs SMs for communication; the plan records the Pareto front."),
-    min_gain: float = typer.Option(0.02, "--min-gain", help="Keep the defaults unless the plan is predicted faster by more "
+    min_gain: float = typer.Option(0.02, "--min-gain", parser=_number(0.0, 1.0, below=True), help="Keep the defaults unless the plan is predicted faster by more "
                                    "than this fraction, in [0, 1) (smaller gains are within the model's error)."),
     validate: int = typer.Option(0, "--validate", min=0, max=1000, help="Measure default and plan on the backend, N interleaved repeats each."),
 ) -> None:
@@ -225,8 +248,6 @@ def search(
     if out is None:
         raise UserError("--out PLAN.yaml is required (or use --compare)")
     check_writable(out, "plan", open_run(run_dir).files, replaces=PLAN_FILE_MARK)
-    if not 0 <= min_gain < 1:  # NaN too
-        raise UserError(f"--min-gain must be a fraction in [0, 1), e.g. 0.02; got {min_gain:g}")
     with bar:
         plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, min_gain=min_gain, **opts)
     plan.save(out)

@@ -14,6 +14,7 @@ BAD = [
     ("profile", "--ranks", "0", "--out", "OUT/run"),
     ("profile", "--repeats", "0", "--out", "OUT/run"),
     ("profile", "--backend", "sim", "--noise", "-0.5", "--out", "OUT/run"),
+    ("profile", "--backend", "sim", "--noise", "nan", "--out", "OUT/run"),
     ("profile", "--timeout", "-1", "--out", "OUT/run"),
     ("profile", "--timeout", "inf", "--out", "OUT/run"),  # spawned ranks, then an OverflowError in one
     ("profile", "--repeats", "99999999999999999999999", "--out", "OUT/run"),  # ran on, recorded in meta.yaml
@@ -28,6 +29,7 @@ BAD = [
     ("search", "RUN", "--timeout", "-1", "--out", "OUT/plan.yaml"),
     ("search", "RUN", "--min-gain", "-0.1", "--out", "OUT/plan.yaml"),
     ("search", "RUN", "--min-gain", "nan", "--out", "OUT/plan.yaml"),
+    ("search", "RUN", "--optimizer", "optuna", "--timeout", "inf", "--out", "OUT/plan.yaml"),  # taken as no budget
     ("search", "RUN", "--optimizer", "optuna", "--seed", "8589934592", "--out", "OUT/plan.yaml"),  # blamed "the Optuna storage None"
     ("search", "RUN", "--validate", "-1", "--out", "OUT/plan.yaml"),
     ("search", "RUN", "--validate", "100000000000000000000", "--out", "OUT/plan.yaml"),  # ran until killed
@@ -56,6 +58,18 @@ def test_bad_numbers_exit_2_with_one_line_and_write_nothing(args, request, tmp_p
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lagom-tune: error:") and "Traceback" not in r.stderr, r.stderr
     assert snapshot(tmp_path, run, ROOT / "plans") == before
+
+
+@pytest.mark.parametrize("args, said", [
+    (("profile", "--backend", "sim", "--noise", "nan"), "'--noise': expected a finite number, got 'nan'"),  # said "at most 0.5"
+    (("profile", "--timeout", "1e400"), "'--timeout': expected a finite number"),
+    (("profile", "--backend", "sim", "--noise", "0.6"), "'--noise': expected a number at least 0 and at most 0.5, got 0.6"),
+    (("search", "RUN", "--min-gain", "1"), "'--min-gain': expected a number at least 0 and below 1, got 1"),
+    (("search", "RUN", "--timeout", "x"), "'--timeout': expected a number, got 'x'"),
+])
+def test_a_bad_float_option_is_named_with_what_it_takes(args, said, tmp_path):
+    r = cli(*[str(tmp_path / "missing") if a == "RUN" else a for a in args], "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 @pytest.mark.parametrize("time_us", ["inf", "nan", "-5", "0"])
