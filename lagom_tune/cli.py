@@ -283,6 +283,9 @@ def apply(
     the system C compiler on first use (`NCCL_TUNER_PLUGIN`, `LAGOM_TUNE_TUNER_RULES`).
     """
     cmd = list(ctx.args)
+    if ctx.meta.get("after_dashes", 0) > len(cmd):  # PLAN itself was taken from after "--"
+        raise UserError(f"put the plan before `--` (`lagom-tune apply PLAN [OPTIONS] -- CMD ...`); {str(plan_file)!r} "
+                        "came after it")
     before = cmd[:len(cmd) - ctx.meta.get("after_dashes", 0)]
     if before or str(applied) == "--":  # without "--" the command's own options were taken as apply's
         taken = f"got {shlex.join(before)!r} before it" if before else "--applied took it as its path"

@@ -97,6 +97,9 @@ def _plan_run_folder(plan: Plan, path: Path) -> Path:
     if other is not None:
         raise UserError(f"{path}: {other} holds another workload than the plan's (digest {digest}): not the profile "
                         "the plan was searched from")
+    if not plan.model.get("run"):
+        raise UserError(f"{path}: the plan names no run folder (model.run) and none is beside it; the report needs the "
+                        "plan's run folder")
     raise UserError(f"{path}: its run folder {recorded} is not here (nor beside the plan); the report needs the plan's run folder")
 
 

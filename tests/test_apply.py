@@ -84,6 +84,10 @@ def test_a_plan_for_other_nodes_is_refused():
 def test_environment_puts_the_shim_first(tmp_path):
     env = plan_environment(BASE, tmp_path / "p.yaml", "/tmp/x", {"PYTHONPATH": "/already"})
     assert env["PYTHONPATH"].split(":") == [str(SITE_DIR), "/already"]
+    # an empty entry is the working folder: it was dropped, and the script's own modules with it
+    env = plan_environment(BASE, tmp_path / "p.yaml", "/tmp/x", {"PYTHONPATH": "/already:"})
+    assert env["PYTHONPATH"].split(":") == [str(SITE_DIR), "/already", ""]
+    assert plan_environment(BASE, tmp_path / "p.yaml", "/tmp/x", {"PYTHONPATH": ""})["PYTHONPATH"] == str(SITE_DIR)
     assert env["OMP_NUM_THREADS"] == "1"
     assert (SITE_DIR / "sitecustomize.py").is_file()
 
@@ -112,6 +116,8 @@ def test_a_command_not_after_dashes_is_refused(tmp_path):
     assert not (tmp_path / "a.json").exists()
     r = cli("apply", plan, "--applied", "--", "echo", "hi")  # the "--" was --applied's path
     assert r.returncode == 2 and "--applied took it as its path" in r.stderr, r.stderr
+    r = cli("apply", "--", plan, "echo", "hi")  # the plan after "--": was told "got 'echo' before it"
+    assert r.returncode == 2 and "put the plan before `--`" in r.stderr, r.stderr
     # a wrapped launcher hides the world size: the run says so (only --dry-run did)
     r = cli("apply", plan, "--", "env", "FOO=1", sys.executable, "-c", "print('ran')", check=True)
     assert r.stdout == "ran\n" and "check: world size not known from the command; the plan expects 2" in r.stderr, r.stdout  # the command's stdout is its own
@@ -169,7 +175,16 @@ def test_the_commands_exit_code_passes_through(tmp_path):
     r = cli("apply", plan, "--", sys.executable, "-c", "import sys; sys.exit(130)")
     assert r.returncode == 130 and "interrupted" not in r.stderr, r.stderr  # the command's 130, not a Ctrl-C to lagom-tune
     r = cli("apply", plan, "--", "no-such-program-xyz")
-    assert r.returncode == 2 and "command not found" in r.stderr
+    assert r.returncode == 2 and r.stderr.strip() == "lagom-tune: error: command not found: no-such-program-xyz", r.stderr
+    # an executable file the system cannot start ended in "internal error: OSError: Exec format error",
+    # and one whose #! interpreter is missing was "command not found" though it is there
+    for name, text, said in (("noshebang", "echo hi\n", "not a program this system can start (a script needs a #! line)"),
+                             ("badshebang", "#!/nonexistent/python\n", "the interpreter its #! line names is not found")):
+        script = tmp_path / name
+        script.write_text(text)
+        script.chmod(0o755)
+        r = cli("apply", plan, "--", script)
+        assert r.returncode == 2 and f"cannot run {script}: {said}" in r.stderr and "internal error" not in r.stderr, r.stderr
     r = cli("apply", plan, "--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert r.returncode == 128 + 9, r.returncode  # as a shell says it (was 247: -9 passed to sys.exit)
 
@@ -229,6 +244,45 @@ def test_a_second_stop_signal_does_not_leave_the_command_behind(tmp_path):
     assert proc.poll() is None  # still waiting for its command
     proc.communicate(timeout=60)
     assert proc.returncode == 3, proc.returncode  # the command's own exit, once it ended
+
+
+def test_a_second_sigint_sent_to_apply_reaches_the_command_too(tmp_path):
+    """A second `kill -INT` while apply waited for its command was taken as a terminal's Ctrl-C
+    (which the command gets itself) and not passed on."""
+    import signal
+    import time
+
+    proc = apply_started(tmp_path, "got = []; signal.signal(signal.SIGINT, lambda *a: got.append(1))",
+                         "time.sleep(3); sys.exit(10 + len(got))")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 12, proc.returncode
+
+
+def test_a_command_killed_after_the_grace_goes_with_every_process_it_started(tmp_path):
+    """After the grace only the command itself was killed: torchrun's workers, which outlive it,
+    ran on."""
+    import os
+    import time
+
+    from lagom_tune.runtime.launch import _descendants, _kill_tree
+
+    tree = subprocess.Popen(["sh", "-c", "sleep 60 & sh -c 'sleep 60 & wait' & wait"])
+    deadline = time.time() + 10
+    while len(_descendants(tree.pid)) < 4 and time.time() < deadline:  # sleep, sh, its sleep (and the shells' forks)
+        time.sleep(0.05)
+    below = _descendants(tree.pid)
+    assert len(below) >= 3, below
+    _kill_tree(tree)
+    assert tree.wait(timeout=10) == -9
+    deadline = time.time() + 10
+    while any(os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]
+              for p in below if os.path.exists(f"/proc/{p}")) and time.time() < deadline:
+        time.sleep(0.05)
+    alive = [p for p in below if os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]]
+    assert not alive, alive
 
 
 def test_an_ignored_sigint_stays_ignored(tmp_path):
@@ -319,6 +373,22 @@ def test_a_command_that_fails_before_any_rank_keeps_the_last_applied_record(tmp_
     r = cli("apply", plan, "--applied", record, "--", "false")  # no Python rank ever starts
     assert r.returncode == 1 and "keeps the last run's record" in r.stderr
     assert record.read_text() == '{"ranks": {"0": {"rank": "0", "records": []}}}'
+
+
+def test_a_full_disk_at_the_record_keeps_the_commands_exit_code(tmp_path, monkeypatch):
+    """ENOSPC writing applied.json after a run that succeeded ended apply with "internal error:
+    OSError" and exit 1."""
+    import errno
+
+    from lagom_tune.runtime import launch
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(launch, "rank_reports", lambda folder: {"0": {"rank": "0", "records": []}})
+    monkeypatch.setattr(launch, "atomic_write_text", full)
+    result = launch.apply(BASE, BASE.save(tmp_path / "p.yaml"), ["true"])
+    assert result.exit_code == 0 and result.unwritten == f"cannot write {tmp_path / 'applied.json'}: No space left on device"
 
 
 def test_a_record_that_cannot_be_written_is_refused_before_the_command_runs(tmp_path):

@@ -87,6 +87,10 @@ def _set_rule(d: dict, **match) -> None:
     (lambda d: d["target"].update(simulated=False), "target.simulated: False, but the sim backend simulates"),  # apply ran it
     # shown as they were ("plan for [1]")
     (lambda d: d["workload"].update(name=[1]), "workload.name: expected str"),
+    # misspelt records beside the settings were loaded as they were (kept_default unread: no caption)
+    (lambda d: d["search"].update(kept_defualt="x"), r"search.kept_defualt: unknown field \(did you mean 'kept_default'\?"),
+    (lambda d: d["workload"].update(a=1), r"workload.a: unknown field"),
+    (lambda d: d["model"].update(mapes={}), r"model.mapes: unknown field \(did you mean 'mape'\?"),
     (lambda d: d["validated"].update(repeats="abc"), "validated.repeats: expected int"),
     (lambda d: d["validated"].update(method=[1]), "validated.method: expected str"),
     (lambda d: d["validated"].update(spread_ms={"plan": 5}), r"validated.spread_ms.plan: expected \[least, most\]"),

@@ -53,6 +53,7 @@ def test_report_needs_the_plans_run_folder(tmp_path):
     plan = BASE.save(tmp_path / "p.yaml")
     r = cli("report", plan, "--out", tmp_path / "r.html")
     assert r.returncode == 2 and "run folder" in r.stderr and not (tmp_path / "r.html").exists()
+    assert "the plan names no run folder (model.run)" in r.stderr, r.stderr  # was "its run folder . is not here"
 
 
 def test_report_finds_the_run_folder_from_the_plans_folder(sim_plan, tmp_path):

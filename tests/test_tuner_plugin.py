@@ -264,6 +264,12 @@ def test_each_rule_is_logged_once_through_nccls_logger(lib, tmp_path, monkeypatc
     assert any(f"from {rules_file} apply to this communicator (nRanks 16, nNodes 2)" in m for m in msgs), msgs
     applied = [m for m in msgs if "applied" in m]
     assert len(applied) == 1 and "allgather 1048576..268435456 B, ring/simple, 2 channels" in applied[0], msgs
+    tuner = Tuner(lib, 6)  # a rule that leaves channels to NCCL says "*", as the rules file does (it said "-1 channels")
+    ctx = tuner.init(8, 1)
+    tuner.call(ctx, FUNC["broadcast"], 1024, fake_table(random.Random(2)))
+    tuner.finalize(ctx)
+    said = [msg for level, flags, msg in tuner.logs if level == LOG_INFO and "broadcast 0..4096 B" in msg]
+    assert said and all("ring/ll, * channels" in m for m in said), tuner.logs
 
 
 def test_tuner_api_v2_returns_algorithm_and_protocol(lib, tmp_path, monkeypatch):
@@ -462,10 +468,12 @@ def test_without_a_compiler_apply_says_so_and_falls_back_to_cta_bounds(tmp_path)
     plan = IN_TEST_PLAN.save(tmp_path / "p.yaml")
     r = cli("apply", plan, "--dry-run", env={"XDG_CACHE_HOME": str(tmp_path), "CC": "/nonexistent/cc"}, check=True)
     out = " ".join(r.stdout.split())  # rich may wrap long lines
-    assert "no C compiler found" in out and "falling back to per-communicator CTA bounds" in out
+    assert "no C compiler found (CC=/nonexistent/cc is not a command on PATH)" in out  # said "`cc`, or set CC": it was set
+    assert "falling back to per-communicator CTA bounds" in out
     assert "NCCL_TUNER_PLUGIN" not in r.stdout.split("ProcessGroupNCCL")[0]  # not exported
     assert "not deployed without the plugin: all_reduce on tp (8 ranks) 1..67108864 B: algo=tree, proto=ll, channels=8" in out
-    assert "not deployable: all_to_all on dp" in out
+    # all-to-all's channels still cap dp through its CTA bounds: said, not "not deployable" beside them
+    assert "not deployable as a rule: all_to_all on dp" in out and "its channels reach NCCL only as dp's CTA bounds (2..4)" in out
     assert "config.min_ctas=2, config.max_ctas=4" in out  # the fallback still reaches every communicator
     r = cli("apply", plan, "--print-env", env={"XDG_CACHE_HOME": str(tmp_path), "CC": "/nonexistent/cc"}, check=True)
     assert r.stdout.startswith("export ") and "NCCL_TUNER_PLUGIN" not in r.stdout and "no C compiler" in r.stderr
@@ -480,6 +488,9 @@ def test_the_users_own_nccl_variables_the_plan_replaces_or_that_narrow_its_rules
     assert "NCCL_NTHREADS=128 from your environment is replaced by the plan's 256" in r.stderr, r.stderr
     assert "NCCL_ALGO=Tree from your environment narrows NCCL's choices" in r.stderr and "NCCL_PROTO" not in r.stderr
     assert r.stdout.startswith("export ") and "NCCL_TUNER_PLUGIN" in r.stdout
+    # variables that override the CTA bounds were named only by each rank at run time, not by --print-env or --dry-run
+    r = cli("apply", plan, "--dry-run", env={**env, "NCCL_MAX_CTAS": "32"}, check=True)
+    assert "NCCL_MAX_CTAS=32 from your environment overrides every communicator's CTA bounds" in " ".join(r.stdout.split())
     # an earlier plan's plugin, left in the environment by `eval "$(apply --print-env)"`, under a plan that sets nothing
     kept = dataclasses.replace(IN_TEST_PLAN, settings=Settings(), rules=()).save(tmp_path / "kept.yaml")
     r = cli("apply", kept, "--print-env", env={**env, "NCCL_TUNER_PLUGIN": "/old/libnccl-tuner.so"}, check=True)
@@ -553,3 +564,19 @@ def test_a_read_only_cache_takes_a_prebuilt_plugin_and_the_rules_go_to_a_tempora
     d.rules_file.parent.parent.chmod(0o777)  # a folder others may write: they could choose the rules NCCL applies
     with pytest.raises(UserError, match="is not a folder of this user's alone"):
         prepare_tuner(plan, cache=tmp_path / "shared")
+
+
+def test_a_failed_build_names_its_reason_and_leaves_no_folder(tmp_path):
+    """A full disk was reported as collect2's "ld returned 1 exit status" (the linker's own line,
+    "final link failed: No space left on device", came before it), and each failed build left an
+    empty nccl-tuner-* folder in the cache."""
+    from lagom_tune.runtime.tuner_build import compile_error
+
+    linker = ("/usr/bin/ld: final link failed: No space left on device\n"
+              "collect2: error: ld returned 1 exit status\n")
+    assert compile_error(linker) == "/usr/bin/ld: final link failed: No space left on device"
+    assert compile_error("x.c:3:1: error: expected ';'\nx.c:9:1: error: more\n") == "x.c:3:1: error: expected ';'"
+    assert compile_error("something odd\n") == "something odd" and compile_error("") == ""
+    build = ensure_plugin(cache=tmp_path, env={"CC": "false", "PATH": os.environ["PATH"]})
+    assert not build.ok and "could not build" in build.reason
+    assert not list(tmp_path.glob("nccl-tuner-*")), list(tmp_path.iterdir())

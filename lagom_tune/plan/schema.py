@@ -247,14 +247,14 @@ def _hardware_record(d: Any, path: str) -> dict[str, Any]:
 def _search_record(d: Any, path: str) -> dict[str, Any]:
     """The plan's ``search`` section (which optimizer, its effort, why it kept the defaults), checked
     as ``show`` and ``apply`` read it."""
-    d = v.mapping(d, path)
+    d = v.known_keys(v.mapping(d, path), ("optimizer", "evaluations", "seconds", "kept_default", "pareto"), path)
     v.field(d, "optimizer", path, str, "")
     v.field(d, "evaluations", path, int, None, minimum=0)
     v.field(d, "seconds", path, float, None, minimum=0.0)
     v.field(d, "kept_default", path, str, None)
     for i, point in enumerate(v.field(d, "pareto", path, list, [])):
         where = f"{path}.pareto[{i}]"
-        point = v.mapping(point, where)
+        point = v.known_keys(v.mapping(point, where), ("iteration_ms", "comm_sms"), where)
         v.field(point, "iteration_ms", where, float, minimum=v.POSITIVE)
         v.field(point, "comm_sms", where, int, minimum=0)
     return d
@@ -262,7 +262,7 @@ def _search_record(d: Any, path: str) -> dict[str, Any]:
 
 def _model_record(d: dict, path: str) -> dict[str, Any]:
     """The plan's ``model`` section (which fit it came from, and its held-out MAPE), checked."""
-    d = v.mapping(d, path)
+    d = v.known_keys(v.mapping(d, path), ("run", "family", "mape"), path)
     v.field(d, "run", path, str, "")
     v.field(d, "family", path, str, "")
     if "mape" not in d:
@@ -272,7 +272,7 @@ def _model_record(d: dict, path: str) -> dict[str, Any]:
 
 def _workload_record(d: Any, path: str) -> dict[str, Any]:
     """The plan's ``workload`` section (the searched workload's name and digest), checked."""
-    d = v.mapping(d, path)
+    d = v.known_keys(v.mapping(d, path), ("name", "digest"), path)
     v.field(d, "name", path, str, "")
     v.field(d, "digest", path, str, "")
     return d

@@ -406,9 +406,11 @@ static const char* proto_name(int p) { return p >= 0 && p < NUM_PROTOS ? PROTO_N
 static void log_once(context_t* c, int i, int what, const rule_t* r, const char* how) {
   if (c->logged[i] & what) return;
   c->logged[i] |= (unsigned char)what;
-  say(c, NCCL_LOG_INFO, __LINE__, "lagom-tune tuner: rule at line %d (%s %llu..%llu B, %s/%s, %d channels) %s",
+  char channels[16] = "*"; /* UNSET: NCCL's choice, written as the rules file writes it */
+  if (r->channels != UNSET) snprintf(channels, sizeof channels, "%d", r->channels);
+  say(c, NCCL_LOG_INFO, __LINE__, "lagom-tune tuner: rule at line %d (%s %llu..%llu B, %s/%s, %s channels) %s",
       r->line, FUNC_NAMES[r->coll], r->minBytes, r->maxBytes, algo_name(r->algo), proto_name(r->proto),
-      r->channels, how);
+      channels, how);
 }
 
 /* v3 and newer: steer NCCL through its cost table. */

@@ -8,22 +8,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import io
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 from unittest import mock
 
 from lagom_tune.artifact_io import atomic_write_text, check_writable
-from lagom_tune.backends.nccl_controls import RESTRICTING_ENV
+from lagom_tune.backends.nccl_controls import RESTRICTING_ENV, CommunicatorConfig, overriding_env
 from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads_per_rank, usable_cores
 from lagom_tune.errors import Interrupted, UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
@@ -183,6 +185,7 @@ class TunerDeployment:
     rules_file: Path | None
     plugin: PluginBuild | None
     needs_plugin: tuple[TunerRule, ...]  # rules that CTA bounds alone cannot deploy
+    bounds: Mapping[str, CommunicatorConfig] = field(default_factory=dict)  # the roles' CTA bounds (communicator_configs)
 
     @property
     def deployed(self) -> bool:
@@ -201,8 +204,11 @@ class TunerDeployment:
             out.append(f"{self.plugin.reason}; falling back to per-communicator CTA bounds "
                        "(ProcessGroupNCCL.Options min_ctas/max_ctas)")
             out += [f"not deployed without the plugin: {describe(r)}" for r in self.needs_plugin]
-        out += [f"not deployable: {r.op} on {r.group} {r.min_bytes}..{r.max_bytes} B ({why})"
-                for r, why in self.rules.not_deployable]
+        for r, why in self.rules.not_deployable:
+            bounds = self.bounds.get(r.group)
+            reach = (f"; its channels reach NCCL only as {r.group}'s CTA bounds ({bounds.min_ctas}..{bounds.max_ctas}), "
+                     f"which cap every collective on {r.group}" if bounds and "channels" in r.set else "")
+            out.append(f"not deployable as a rule: {r.op} on {r.group} {r.min_bytes}..{r.max_bytes} B ({why}){reach}")
         return out
 
 
@@ -252,7 +258,7 @@ def prepare_tuner(plan: Plan, cache: Path | None = None) -> TunerDeployment | No
         return None
     rules = tuner_rules(plan)
     if not rules.rules:
-        return TunerDeployment(rules, None, None, ())
+        return TunerDeployment(rules, None, None, (), communicator_configs(plan))
     text = rules.text()
     path = _write_rules(text, cache)
     plugin = ensure_plugin(cache)
@@ -262,7 +268,7 @@ def prepare_tuner(plan: Plan, cache: Path | None = None) -> TunerDeployment | No
         plugin, refusal = PluginBuild(None, f"cannot load the NCCL tuner plugin {plugin.path}: {e}; delete it to rebuild"), ""
     if refusal:  # NCCL would load the plugin, which would then drop every rule
         raise UserError(f"the tuner plugin would refuse the plan's rules and NCCL would use none of them: {refusal} of {path}")
-    return TunerDeployment(rules, path, plugin, rules_needing_plugin(plan, rules))
+    return TunerDeployment(rules, path, plugin, rules_needing_plugin(plan, rules), communicator_configs(plan))
 
 
 def _write_rules(text: str, cache: Path | None) -> Path:
@@ -332,8 +338,8 @@ def plan_environment(plan: Plan, plan_path: Path, applied_dir: str | None, base:
     for name, value in plan.settings.process.items():
         if space[name].env:  # e.g. OMP_NUM_THREADS (which also stops torchrun forcing 1), NCCL_NTHREADS
             env[space[name].env] = str(value)
-    paths = [str(SITE_DIR)] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(paths)
+    user = base.get("PYTHONPATH")  # kept as it is: an empty entry ("a:" or "a::b") is the working folder
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR)] + ([user] if user else []))
     return env
 
 
@@ -365,6 +371,9 @@ def deployment_warnings(plan: Plan, env: dict[str, str], base: dict[str, str], t
     if tuner is not None and tuner.deployed:
         out += [f"{k}={base[k]} from your environment narrows NCCL's choices: the plan's rules asking for anything "
                 "else are skipped" for k in RESTRICTING_ENV if base.get(k)]
+    if communicator_configs(plan):
+        out += [f"{k}={base[k]} from your environment overrides every communicator's CTA bounds the plan sets"
+                for k in overriding_env(base)]
     return out
 
 
@@ -392,11 +401,12 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
     """
     if not cmd:
         raise UserError("nothing to run: give the command after `--`, e.g. `lagom-tune apply plan.yaml -- torchrun ...`")
+    check_command(cmd[0])
+    # checked before the run, not after it: a record that cannot be written must not end a long job with an error
+    applied_json = check_writable(applied_json or plan_path.with_name("applied.json"), "--applied record", [plan_path])
     for note in check_fit(plan, cmd, dict(os.environ)):
         if on_note:
             on_note(note)
-    # checked before the run, not after it: a record that cannot be written must not end a long job with an error
-    applied_json = check_writable(applied_json or plan_path.with_name("applied.json"), "--applied record", [plan_path])
     tuner = prepare_tuner(plan)
     with tempfile.TemporaryDirectory(prefix="lagom-applied-") as applied_dir:
         planned = plan_environment(plan, plan_path, applied_dir, dict(os.environ), tuner)
@@ -406,17 +416,39 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
         env = {**os.environ, **planned}
         try:
             code = _run(cmd, env)
-        except FileNotFoundError:
-            raise UserError(f"command not found: {cmd[0]}") from None
-        except PermissionError:
-            raise UserError(f"command not executable: {cmd[0]}") from None
+        except OSError as e:  # found and executable (check_command), yet the system cannot start it
+            raise UserError(_exec_failure(cmd[0], e)) from None
         ranks, unwritten = rank_reports(applied_dir), ""
     if ranks:  # none reported (the command failed before any rank started): the last run's record stays
         try:
             atomic_write_text(applied_json, json.dumps({"ranks": ranks}, indent=1))
         except UserError as e:  # the folder changed during the run: the command's exit code still counts
             unwritten = str(e)
+        except OSError as e:  # ... or the disk filled up
+            unwritten = f"cannot write {applied_json}: {e.strerror or e}"
     return ApplyResult(code, applied_json, ranks, unwritten)
+
+
+def check_command(program: str) -> None:
+    """Refuse (UserError) a command that is not there or not executable, before anything runs.
+
+    Args:
+        program: the command's first word, a path or a name looked up on ``PATH``.
+    """
+    found = shutil.which(program)
+    if found is None:
+        if os.sep in program and os.path.isfile(program):
+            raise UserError(f"command not executable: {program}")
+        raise UserError(f"command not found: {program}")
+
+
+def _exec_failure(program: str, e: OSError) -> str:
+    """Why the system could not start ``program`` though it is an executable file."""
+    if e.errno == errno.ENOEXEC:
+        return f"cannot run {program}: not a program this system can start (a script needs a #! line)"
+    if isinstance(e, FileNotFoundError):  # the file is there: its #! interpreter is not
+        return f"cannot run {program}: the interpreter its #! line names is not found"
+    return f"cannot run {program}: {e.strerror or e}"
 
 
 STOP_GRACE_S = 30  # after a stop signal, how long the command may take to end before it is killed
@@ -436,34 +468,50 @@ def _run(cmd: list[str], env: dict[str, str]) -> int:
 
 
 def _wait_grace(proc: subprocess.Popen, stop: KeyboardInterrupt) -> int:
-    """After a stop signal (``stop``): pass it and any further one sent to lagom-tune on (a SIGINT
-    here, like one from a terminal, reached the command itself), wait :data:`STOP_GRACE_S` for the
-    command, then kill it: lagom-tune never ends before its command."""
+    """After a stop signal (``stop``): pass it and any further one sent to lagom-tune on, as
+    :func:`_wait` does, wait :data:`STOP_GRACE_S` for the command, then kill it and every process
+    it started (torchrun's workers outlive a killed torchrun): lagom-tune never ends before its
+    command."""
     if isinstance(stop, Interrupted):
         proc.send_signal(stop.signum)
     deadline = time.monotonic() + STOP_GRACE_S
     while True:
         try:
-            return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+            code = _wait(proc, deadline)
         except KeyboardInterrupt as e:
             if isinstance(e, Interrupted):
                 proc.send_signal(e.signum)
+            continue
+        if code is not None:
+            return code
+        _kill_tree(proc)
+        return proc.wait()
 
 
-def _wait(proc: subprocess.Popen) -> int:
-    """Wait for ``proc``; on SIGINT, pass it on when a process sent it (the terminal's Ctrl-C has
-    no sender and reached the command itself), then raise KeyboardInterrupt. Where the sender cannot
-    be known (no ``sigtimedwait``: macOS), SIGINT is not passed on."""
+def _wait(proc: subprocess.Popen, deadline: float | None = None) -> int | None:
+    """Wait for ``proc`` until ``deadline`` (``time.monotonic()``; None: for as long as it runs);
+    on SIGINT, pass it on when a process sent it (the terminal's Ctrl-C has no sender and reached
+    the command itself), then raise KeyboardInterrupt. Where the sender cannot be known (no
+    ``sigtimedwait``: macOS), SIGINT is not passed on.
+
+    Returns:
+        The exit status, or None at the deadline.
+    """
+    def left() -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
     if not hasattr(signal, "sigtimedwait") or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        return proc.wait()  # (ignored, as a job started with & from a script: the command ignores it too)
+        try:  # (ignored, as a job started with & from a script: the command ignores it too)
+            return proc.wait(timeout=left())
+        except subprocess.TimeoutExpired:
+            return None
     # blocked only now: the command, started already, keeps SIGINT unblocked
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         while (code := proc.poll()) is None:
-            info = signal.sigtimedwait({signal.SIGINT}, 0.1)
+            if left() == 0.0:
+                return None
+            info = signal.sigtimedwait({signal.SIGINT}, min(0.1, left() or 0.1))
             if info is not None:
                 if info.si_pid:  # sent by kill(2): the kernel's own (a terminal's) have no sender
                     proc.send_signal(signal.SIGINT)
@@ -471,6 +519,31 @@ def _wait(proc: subprocess.Popen) -> int:
         return code
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and its descendants, found (on Linux, from ``/proc``) before any is killed:
+    once the parent dies, its children belong to init and nothing links them to the command."""
+    family = _descendants(proc.pid)
+    for pid in [proc.pid, *family]:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children first), from ``/proc/*/stat``; none where there is no ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after its last ")"
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        out += below
+        todo += below
+    return out
 
 
 def export_lines(env: dict[str, str]) -> str:

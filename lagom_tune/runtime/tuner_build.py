@@ -9,6 +9,7 @@ declares the few NCCL types it uses itself.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -164,7 +165,9 @@ def ensure_plugin(cache: Path | None = None, env: dict[str, str] | None = None) 
     """
     compiler = find_compiler(env)
     if compiler is None:
-        return PluginBuild(None, "no C compiler found (`cc`, or set CC) to build lagom-tune's NCCL tuner plugin")
+        given = (os.environ if env is None else env).get("CC", "").strip()
+        where = f"CC={given} is not a command on PATH" if given else "no `cc` on PATH; or set CC"
+        return PluginBuild(None, f"no C compiler found ({where}) to build lagom-tune's NCCL tuner plugin")
     source = SOURCE.read_bytes()
     folder = (cache or cache_root(env)) / f"nccl-tuner-{build_key(source, compiler)}"
     target = folder / LIBRARY_NAME
@@ -179,24 +182,44 @@ def ensure_plugin(cache: Path | None = None, env: dict[str, str] | None = None) 
         os.close(fd)
     except OSError as e:
         return PluginBuild(None, f"cannot write to the plugin cache folder {folder}: {e.strerror}", compiler=compiler[0])
+    failure = ""
     try:
         proc = subprocess.run([*compiler, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
                               timeout=COMPILE_TIMEOUT_S)
         if proc.returncode != 0:
-            first = next((ln for ln in proc.stderr.splitlines() if "error" in ln),
-                         proc.stderr.strip()[:200] or f"exit code {proc.returncode}")
-            return PluginBuild(None, f"{compiler[0]} could not build the NCCL tuner plugin: {first}", compiler=compiler[0])
-        os.chmod(tmp, 0o755)
-        unloadable, _ = _probe(tmp)
-        if unloadable:  # a wrapper CC that wrote no library, a sanitizer runtime: never cached
-            return PluginBuild(None, f"{compiler[0]} built an NCCL tuner plugin that cannot be loaded: {unloadable}",
-                               compiler=compiler[0])
-        os.replace(tmp, target)  # atomic: readers see the old state or the whole library
+            failure = (f"{compiler[0]} could not build the NCCL tuner plugin: "
+                       f"{compile_error(proc.stderr) or f'exit code {proc.returncode}'}")
+        else:
+            os.chmod(tmp, 0o755)
+            unloadable, _ = _probe(tmp)
+            if unloadable:  # a wrapper CC that wrote no library, a sanitizer runtime: never cached
+                failure = f"{compiler[0]} built an NCCL tuner plugin that cannot be loaded: {unloadable}"
+            else:
+                os.replace(tmp, target)  # atomic: readers see the old state or the whole library
     except (OSError, subprocess.TimeoutExpired) as e:
-        return PluginBuild(None, f"building the NCCL tuner plugin failed: {e}", compiler=compiler[0])
+        failure = f"building the NCCL tuner plugin failed: {e}"
     finally:
         Path(tmp).unlink(missing_ok=True)
+    if failure:
+        with contextlib.suppress(OSError):  # a broken CC left an empty folder per try; another build may be in it
+            folder.rmdir()
+        return PluginBuild(None, failure, compiler=compiler[0])
     return PluginBuild(target, built=True, compiler=compiler[0])
+
+
+def compile_error(stderr: str) -> str:
+    """The line of a failed build's output that says why: the first that says "error" or "failed"
+    (the linker's own reason, "final link failed: No space left on device", comes before its
+    driver's "collect2: error: ld returned 1 exit status"); else the first line.
+
+    Args:
+        stderr: the compiler's error output.
+    Returns:
+        One line (at most 200 characters), or "" for no output.
+    """
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    said = [ln for ln in lines if "error" in ln or "failed" in ln]
+    return (said or lines or [""])[0][:200]
 
 
 def rules_path(text: str, cache: Path | None = None, env: dict[str, str] | None = None) -> Path:
