@@ -33,6 +33,8 @@ def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterab
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a folder; give a file name")
+    if path.exists() and not path.is_file():  # written by a rename over it: a FIFO gone, /dev/null made a file
+        raise UserError(f"{what} {path} is not a regular file (a device, a FIFO or a socket); give a file name")
     clash = next((Path(i) for i in inputs if Path(i).exists() and os.path.samefile(path, i)), None) if path.exists() else None
     if clash is not None:
         raise UserError(f"{what} {path} is {clash}, which this command reads; give another file")

@@ -156,12 +156,12 @@ def profile(
         task = bar.add_task(f"profile {w.name} on {backend}{' (simulated)' if b.simulated else ''}", total=None)
         note = b.fingerprint().get("hardware_note")
         if note:
-            render.console.print(f"[yellow]note[/] {note}{render.simulated_tag(b.simulated)}")
+            render.console.print(f"[yellow]note[/] {escape(note)}{render.simulated_tag(b.simulated)}")
         run = run_profile(w, b, out, repeats=repeats,
                           progress=lambda done, total, what: bar.update(task, completed=done, total=total))
         fitting = bar.add_task("fit model (k-fold)", total=None)
         fit = fit_run(run, progress=lambda done, total: bar.update(fitting, completed=done, total=total))
-    render.console.print(f"[green]profiled[/] {run.path}{render.simulated_tag(b.simulated)} · model MAPE "
+    render.console.print(f"[green]profiled[/] {escape(str(run.path))}{render.simulated_tag(b.simulated)} · model MAPE "
                          + render.mape_text(fit.mape))
 
 
@@ -176,10 +176,10 @@ def fit(run_dir: Path = typer.Argument(..., help="A run folder with measurements
         fit_run(run, progress=lambda done, total: bar.update(task, completed=done, total=total))
     for item in render.model_tables(read_yaml(run.model_path, "model file")):
         render.console.print(item)
-    render.console.print(f"[green]wrote[/] {run.model_path}")
+    render.console.print(f"[green]wrote[/] {escape(str(run.model_path))}")
     unfinished = run.unfinished()
     if unfinished:
-        render.console.print(f"[yellow]note[/] {unfinished}: this model is for a look; `search` waits for the rest")
+        render.console.print(f"[yellow]note[/] {escape(unfinished)}: this model is for a look; `search` waits for the rest")
 
 
 @app.command()
@@ -257,8 +257,8 @@ def search(
     render.console.print(render.plan_table(plan))
     render.console.print(render.prediction_table(plan))
     if plan.search.get("kept_default"):
-        render.console.print(f"[yellow]the plan keeps the defaults:[/] {plan.search['kept_default']}")
-    render.console.print(f"[green]wrote[/] {out}")
+        render.console.print(f"[yellow]the plan keeps the defaults:[/] {escape(plan.search['kept_default'])}")
+    render.console.print(f"[green]wrote[/] {escape(str(out))}")
 
 
 class _CommandAfterDashes(typer.core.TyperCommand):
@@ -298,7 +298,7 @@ def apply(
     out = render.console if dry_run else render.err_console  # a run's own lines leave the command's stdout to it
 
     def warn(line: str) -> None:
-        out.print(f"[yellow]lagom-tune:[/] {line}", highlight=False)
+        out.print(f"[yellow]lagom-tune:[/] {escape(line)}", highlight=False)
 
     if print_env:  # the job may start on other machines (Slurm): refuse only what no machine may run
         launch.check_deployable(plan)
@@ -323,7 +323,7 @@ def apply(
             launch.check_roles(plan)  # check_fit checks them too, with the command
         notes = launch.check_fit(plan, cmd, dict(os.environ)) if cmd else ["no command given: world size not checked"]
         for n in notes:
-            render.console.print(f"check: {n}")
+            render.console.print(f"check: {n}", markup=False)
         return
     result = launch.apply(plan, plan_file, cmd, applied, on_warning=warn,
                           on_note=lambda n: out.print(f"[lagom-tune] check: {n}", style="dim", highlight=False, markup=False))
@@ -400,7 +400,7 @@ def report(
     out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write."),
 ) -> None:
     """One self-contained HTML page: fit pictures, accuracy, and for a plan a before/after timeline."""
-    render.console.print(f"[green]wrote[/] {write_report(target, out)}")
+    render.console.print(f"[green]wrote[/] {escape(str(write_report(target, out)))}")
 
 
 @workload_app.command("list")
@@ -448,7 +448,7 @@ def workload_import(
     w = import_trace(trace, name=name, ranks=ranks)
     w.save(out)
     s = summary(w)
-    render.console.print(f"[green]wrote[/] {out}: {s['groups']} groups from {s['gemms']} GEMMs and {s['collectives']} collectives; "
+    render.console.print(f"[green]wrote[/] {escape(str(out))}: {s['groups']} groups from {s['gemms']} GEMMs and {s['collectives']} collectives; "
                          f"groups cover {s['groups_ms']:.1f} of {s['traced_step_ms']:.1f} traced ms, {s['exposed_ms']:.1f} ms exposed")
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from lagom_tune.backends.registry import backend_info
@@ -81,13 +82,13 @@ def workload_tables(w: Workload) -> list[Table]:
         return [_workload_summary(w)]
     tables = []
     for g in w.groups:
-        t = Table(title=f"{w.name} · group {g.name} × {g.repeat}", title_justify="left")
+        t = Table(title=f"{escape(w.name)} · group {escape(g.name)} × {g.repeat}", title_justify="left")
         for col in ("stream", "name", "shape / op", "GFLOP / bytes", "after"):
             t.add_column(col)
         for op in g.compute:
-            t.add_row("compute", op.name, _shape_text(op), f"{op.flops / 1e9:.3f}", "")
+            t.add_row("compute", escape(op.name), _shape_text(op), f"{op.flops / 1e9:.3f}", "")
         for c in g.comm:
-            t.add_row("comm", c.name, _collective_text(c), _fmt_bytes(c.nbytes), "" if c.after is None else str(c.after))
+            t.add_row("comm", escape(c.name), _collective_text(c), _fmt_bytes(c.nbytes), "" if c.after is None else str(c.after))
         tables.append(t)
     return tables
 
@@ -97,7 +98,7 @@ def _shape_text(op: Gemm) -> str:
 
 
 def _collective_text(c: Collective) -> str:
-    return f"{c.op} on {c.group} ({c.ranks} ranks{f', {c.nodes} nodes' if c.nodes > 1 else ''})"
+    return f"{c.op} on {escape(c.group)} ({c.ranks} ranks{f', {c.nodes} nodes' if c.nodes > 1 else ''})"
 
 
 def _workload_summary(w: Workload) -> Table:
@@ -116,7 +117,7 @@ def _workload_summary(w: Workload) -> Table:
             shown[key] = row
         for key in {key for key, _ in items}:
             counts[key][0] += 1
-    t = Table(title=f"{w.name} · {len(w.groups)} groups, summarised (--json lists each)", title_justify="left")
+    t = Table(title=f"{escape(w.name)} · {len(w.groups)} groups, summarised (--json lists each)", title_justify="left")
     for col in ("stream", "shape / op", "GFLOP / bytes", "groups", "runs per iteration"):
         t.add_column(col, justify="right" if col in ("groups", "runs per iteration") else "left")
     for key in sorted(counts, key=lambda k: (k[0] != "compute", -counts[k][1])):
@@ -132,7 +133,7 @@ def plan_table(plan: Plan) -> Table:
     Returns:
         The table.
     """
-    t = Table(title=f"plan for {plan.workload.get('name', '?')} on {plan.backend}{simulated_tag(plan.simulated)}", title_justify="left")
+    t = Table(title=f"plan for {escape(str(plan.workload.get('name', '?')))} on {plan.backend}{simulated_tag(plan.simulated)}", title_justify="left")
     t.add_column("scope")
     t.add_column("where")
     t.add_column("setting")
@@ -140,9 +141,9 @@ def plan_table(plan: Plan) -> Table:
         t.add_row("process", "every rank", f"{k} = {val}")
     for name, vals in plan.settings.communicators.items():
         for k, val in vals.items():
-            t.add_row("communicator", name, f"{k} = {val}")
+            t.add_row("communicator", escape(name), f"{k} = {val}")
     for r in plan.rules:
-        t.add_row("collective", f"{r.op} on {r.group}, {r.min_bytes}..{r.max_bytes} B", ", ".join(f"{k}={val}" for k, val in r.set.items()))
+        t.add_row("collective", f"{r.op} on {escape(r.group)}, {r.min_bytes}..{r.max_bytes} B", ", ".join(f"{k}={val}" for k, val in r.set.items()))
     if not t.row_count:
         t.add_row("—", "every rank", f"nothing set: the {plan.backend} backend's own choices")
     return t
@@ -239,7 +240,7 @@ def compare_table(rows: list[dict[str, Any]], simulated: bool) -> Table:
         changes = [f"{k}={val}" for k, val in r["changes"].items()]
         more = f" (+{len(changes) - COMPARE_SHOWN} more; --json lists all)" if len(changes) > COMPARE_SHOWN else ""
         desc = ", ".join(changes[:COMPARE_SHOWN]) + more if changes else ("the defaults" if r["optimizer"] == "default" else "none")
-        t.add_row(r["optimizer"], f"{r['iteration_ms']:.2f}", f"{r['speedup_vs_default']:.3f}×", str(r["evaluations"]), f"{r['seconds']:.3f}", desc)
+        t.add_row(r["optimizer"], f"{r['iteration_ms']:.2f}", f"{r['speedup_vs_default']:.3f}×", str(r["evaluations"]), f"{r['seconds']:.3f}", escape(desc))
     return t
 
 
@@ -256,7 +257,7 @@ def frame_table(df: pd.DataFrame, title: str) -> Table:
     for col in df.columns:
         t.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
     for row in df.itertuples(index=False):
-        t.add_row(*(str(x) for x in row))
+        t.add_row(*(escape(str(x)) for x in row))
     return t
 
 
@@ -275,11 +276,11 @@ def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | 
     out: list[Any] = []
     workload = meta.get("workload")
     name = workload.get("name", "?") if isinstance(workload, dict) else "?"  # shown even when the rest is unreadable
-    t = Table(title=f"run folder · {name}{simulated_tag(meta.get('simulated', False))}", title_justify="left")
+    t = Table(title=f"run folder · {escape(str(name))}{simulated_tag(meta.get('simulated', False))}", title_justify="left")
     t.add_column("field")
     t.add_column("value")
     for k, val in fp.items():
-        t.add_row(k, str(val))
+        t.add_row(escape(str(k)), escape(str(val)))
     t.add_row("points", f"{meta.get('points_done')} / {meta.get('points_total')}" + ("" if meta.get("complete") else " (incomplete: rerun profile to resume)"))
     t.add_row("rows", f"{len(df)} ({df['point'].nunique() if len(df) else 0} complete points in measurements.csv)")
     out.append(t)
@@ -294,7 +295,7 @@ def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | 
         out.append(k)
     if model:
         out += model_tables(model)
-    out += [f"[yellow]warning[/] {p}" for p in problems]
+    out += [f"[yellow]warning[/] {escape(p)}" for p in problems]
     return out
 
 
@@ -311,11 +312,11 @@ def model_tables(model: dict[str, Any]) -> list[Any]:
     out: list[Any] = []
     form = f" · form {model['form']}" if model.get("form") else ""
     tag = simulated_tag(bool(model.get("simulated")))
-    m = Table(title=f"model {model.get('family')}{form} · held-out accuracy ({acc.get('method', '')}){tag}", title_justify="left")
+    m = Table(title=f"model {escape(str(model.get('family')))}{escape(form)} · held-out accuracy ({escape(str(acc.get('method', '')))}){tag}", title_justify="left")
     m.add_column("quantity")
     m.add_column("MAPE", justify="right")
     for name, val in acc.get("mape", {}).items():
-        m.add_row(name, percent(val))
+        m.add_row(escape(str(name)), percent(val))
     out.append(m)
     ranking = acc.get("ranking")
     if ranking and ranking.get("shapes"):
@@ -324,10 +325,10 @@ def model_tables(model: dict[str, Any]) -> list[Any]:
         for col in ("GEMM shape", "Spearman (channels)", "best-setting gap", "points"):
             r.add_column(col, justify="left" if col == "GEMM shape" else "right")
         for row in ranking["shapes"]:
-            r.add_row(str(row["shape"]), f"{row['spearman']:.2f}", f"{row['best_gap']:.1%}", str(row["points"]))
+            r.add_row(escape(str(row["shape"])), f"{row['spearman']:.2f}", f"{row['best_gap']:.1%}", str(row["points"]))
         out.append(r)
     for warning in acc.get("warnings", []):
-        out.append(f"[yellow]warning[/] {warning}")
+        out.append(f"[yellow]warning[/] {escape(str(warning))}")
     return out
 
 
@@ -341,19 +342,19 @@ def deployment_lines(plan: Plan, env: dict[str, str], tuner: Any = None) -> list
     Returns:
         Lines in rich markup, in the order to print them.
     """
-    out = ["[bold]environment[/]", export_lines(env)]
+    out = ["[bold]environment[/]", escape(export_lines(env))]
     if backend_info(plan.backend).deploys_nccl_options:
         for cfg in communicator_configs(plan).values():
-            out.append(f"[bold]ProcessGroupNCCL.Options[/] for {cfg.role} ({cfg.ranks} ranks): "
+            out.append(f"[bold]ProcessGroupNCCL.Options[/] for {escape(cfg.role)} ({cfg.ranks} ranks): "
                        f"config.min_ctas={cfg.min_ctas}, config.max_ctas={cfg.max_ctas}")
     if tuner is not None and tuner.rules_file is not None:
         plugin = tuner.plugin
-        where = (f"{plugin.path} ({'built now' if plugin.built else 'cached'})" if plugin.ok
-                 else f"[yellow]not available[/]: {plugin.reason}")
+        where = (f"{escape(str(plugin.path))} ({'built now' if plugin.built else 'cached'})" if plugin.ok
+                 else f"[yellow]not available[/]: {escape(plugin.reason)}")
         out.append(f"[bold]NCCL tuner plugin[/] (NCCL_TUNER_PLUGIN): {where}")
-        out.append(f"[bold]tuner rules[/] ({RULES_ENV}): {tuner.rules_file}")
-        out.append(tuner.rules.text().rstrip())
+        out.append(f"[bold]tuner rules[/] ({RULES_ENV}): {escape(str(tuner.rules_file))}")
+        out.append(escape(tuner.rules.text().rstrip()))
         if tuner.needs_plugin:
             out.append("[bold]rules that need the plugin[/] (CTA bounds alone cannot set them):")
-            out += [f"  {describe(r)}" for r in tuner.needs_plugin]
+            out += [f"  {escape(describe(r))}" for r in tuner.needs_plugin]
     return out

@@ -1,5 +1,7 @@
 """Numbers on the command line are checked before any work starts: exit 2, one line, nothing written."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -129,3 +131,16 @@ def test_a_shape_or_repeat_in_measurements_csv_that_cannot_be_is_refused(tiny_ru
     r = cli("fit", run)
     assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert snapshot(run) == before
+
+
+def test_an_output_that_is_a_fifo_or_a_device_is_refused(tiny_run, tmp_path):
+    """`report --out /dev/null` (as root) replaced the device with a file, and `search --out FIFO`
+    a named pipe: the rename of the written file went over whatever was there."""
+    import os
+
+    fifo = tmp_path / "f.yaml"
+    os.mkfifo(fifo)
+    for args in (("search", tiny_run, "--out", fifo), ("report", tiny_run, "--out", fifo), ("report", tiny_run, "--out", "/dev/null")):
+        r = cli(*args)
+        assert r.returncode == 2 and "is not a regular file" in r.stderr, r.stderr
+    assert fifo.is_fifo() and Path("/dev/null").is_char_device()

@@ -84,3 +84,23 @@ def test_a_misspelled_search_option_is_an_error_not_a_no_op():
 
     with pytest.raises(UserError, match="n_trails"):
         check_options(["lagom", "optuna"], {"n_trails": 5})
+
+
+def test_names_and_paths_in_brackets_are_shown_as_written(tmp_path):
+    """Rich read "[...]" in a workload's names and in paths as markup: `search` wrote its plan, then
+    ended with "internal error: MarkupError"; `report --out '[bold]r[/bold].html'` said it wrote r.html."""
+    workload = tmp_path / "w.yaml"
+    workload.write_text(yaml.safe_dump({"kind": "lagom-workload", "name": "[/]w", "groups": [{
+        "name": "[/x]g", "compute": [{"name": "[bold]mm[/bold]", "m": 256, "n": 256, "k": 256}],
+        "comm": [{"name": "[/]ar", "op": "all_reduce", "nbytes": 1 << 20, "group": "[red]dp"}]}]}))
+    r = cli("workload", "show", workload, check=True)
+    assert "[/]w · group [/x]g" in r.stdout and "[bold]mm[/bold]" in r.stdout and "[red]dp" in r.stdout, r.stdout
+    run, plan, page = tmp_path / "[b]run", tmp_path / "[bold]p[/bold].yaml", tmp_path / "[bold]r[/bold].html"
+    cli("profile", "--backend", "sim", "--workload", workload, "--out", run, check=True)
+    r = cli("search", run, "--min-gain", "0", "--out", plan, check=True)
+    assert f"wrote {plan}" in " ".join(r.stdout.split()), r.stdout
+    for target in (plan, run):
+        r = cli("show", target, check=True)
+        assert "[/]w" in r.stdout, r.stdout
+    r = cli("report", plan, "--out", page, check=True)
+    assert f"wrote {page}" in " ".join(r.stdout.split()) and page.is_file(), r.stdout
