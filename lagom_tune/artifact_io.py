@@ -13,6 +13,9 @@ import yaml
 from lagom_tune.errors import UserError
 
 
+MARK_HEAD = 1024  # bytes of an existing file read for the mark of what wrote it
+
+
 def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterable[str | os.PathLike] = (),
                    replaces: str | None = None) -> Path:
     """Refuse, before any work starts, an output path that cannot be written, that is one of the
@@ -47,11 +50,12 @@ def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterab
 
 
 def _holds_match(path: Path, pattern: str) -> bool:
-    """Whether the first 64 KiB of ``path`` match ``pattern`` (multi-line); False for a file that
-    cannot be read as text."""
+    """Whether the head of ``path`` (its first :data:`MARK_HEAD` bytes, where every file lagom-tune
+    writes says what it is) matches ``pattern`` (multi-line); False for a file that cannot be read
+    as text. Not the whole file: notes that quote a plan (README's plan format) hold its mark too."""
     try:
-        with open(path, encoding="utf-8") as f:
-            head = f.read(1 << 16)
+        with open(path, encoding="utf-8", errors="strict") as f:
+            head = f.read(MARK_HEAD)
     except (OSError, UnicodeDecodeError):
         return False
     return re.search(pattern, head, re.MULTILINE) is not None

@@ -39,6 +39,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 workload_app = typer.Typer(no_args_is_help=True, help="List, inspect and build workloads.")
 app.add_typer(workload_app, name="workload")
 _state = {"verbose": False}
+SQLITE_URL = "sqlite:///"  # an Optuna storage URL naming a file: sqlite:///relative.db, sqlite:////absolute.db
 
 
 def _usage_error_types() -> tuple[type[BaseException], ...]:
@@ -248,6 +249,8 @@ def search(
     if out is None:
         raise UserError("--out PLAN.yaml is required (or use --compare)")
     check_writable(out, "plan", open_run(run_dir).files, replaces=PLAN_FILE_MARK)
+    if storage and storage.startswith(SQLITE_URL) and Path(storage[len(SQLITE_URL):]).resolve() == out.resolve():
+        raise UserError(f"--out {out} is the Optuna study's database (--storage {storage}); give the plan another file")
     with bar:
         plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, min_gain=min_gain, **opts)
     plan.save(out)

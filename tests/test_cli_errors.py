@@ -181,6 +181,15 @@ def test_an_output_that_holds_something_else_is_never_replaced(tiny_run, tmp_pat
     (tmp_path / "t.json").write_text("{}")
     assert_one_line_error(cli("workload", "import", tmp_path / "t.json", "--out", notes), "exists and is not a workload lagom-tune wrote")
     assert (other / "meta.yaml").read_text() == meta and notes.read_text() == "precious\n"
+    # notes that quote a plan further down (README's plan format) were taken for one and replaced
+    readme = tmp_path / "README.md"
+    readme.write_text("# notes\n" + "text\n" * 300 + "```yaml\nschema_version: 1\nkind: lagom-plan\n```\n")
+    assert_one_line_error(cli("search", tiny_run, "--out", readme), "exists and is not a plan lagom-tune wrote")
+    # the Optuna study's own database as the plan: the study was replaced by the plan
+    db = tmp_path / "same.db"
+    assert_one_line_error(cli("search", tiny_run, "--optimizer", "optuna", "--storage", f"sqlite:///{db}", "--out", db),
+                          "is the Optuna study's database")
+    assert readme.read_text().startswith("# notes") and not db.exists()
     (tmp_path / "p.yaml").write_text("")  # as `mktemp` leaves it
     for _ in range(2):  # the second run replaces the first's plan and report
         cli("search", tiny_run, "--out", tmp_path / "p.yaml", check=True)
