@@ -169,17 +169,33 @@ def prediction_table(plan: Plan) -> Table:
     if plan.predicted.get("bound_ms") is not None:
         t.add_row("contention-free bound", f"{plan.predicted['bound_ms']:.2f}", "")
     if plan.validated:
-        kind = "simulated" if plan.validated.get("simulated") else "measured"
-        vbase = plan.validated.get("iteration_ms", {}).get("default")
-        same = plan.validated.get("same_settings")
-        for name, ms in plan.validated.get("iteration_ms", {}).items():
-            # the same settings replayed twice: a ratio would present the replay's noise as a speed-up
-            ratio = "same settings" if same and name != "default" else f"{vbase / ms:.3f}×" if vbase and ms else ""
-            t.add_row(f"{kind} {name} (replay)", f"{ms:.2f}", ratio)
-        if same:
-            t.caption = "the plan keeps the defaults: both replays ran the same settings, so their difference is noise"
+        rows, caption = replay_rows(plan)
+        for row in rows:
+            t.add_row(*row)
+        if caption:
+            t.caption = caption
             t.caption_justify = "left"
     return t
+
+
+def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
+    """A validated plan's replays as rows (settings, iteration ms, vs default), and a caption ("" if none).
+
+    Args:
+        plan: a plan with a ``validated`` record.
+    Returns:
+        The rows and the caption.
+    """
+    kind = "simulated" if plan.validated.get("simulated") else "measured"
+    vbase = plan.validated.get("iteration_ms", {}).get("default")
+    same = plan.validated.get("same_settings")
+    rows = []
+    for name, ms in plan.validated.get("iteration_ms", {}).items():
+        # the same settings replayed twice: a ratio would present the replay's noise as a speed-up
+        ratio = "same settings" if same and name != "default" else f"{vbase / ms:.3f}×" if vbase and ms else ""
+        rows.append((f"{kind} {name} (replay)", f"{ms:.2f}", ratio))
+    caption = "the plan keeps the defaults: both replays ran the same settings, so their difference is noise" if same else ""
+    return rows, caption
 
 
 def flat_settings(s: Any) -> dict[str, Any]:

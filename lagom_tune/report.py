@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,9 @@ from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
 from lagom_tune.model.contention import load_model, read_model_file, run_problems
-from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
+from lagom_tune.plan.schema import ROUNDING_MS, Plan, knob_space_for, load_plan
 from lagom_tune.profile.store import RunFolder, open_run
-from lagom_tune.render import percent
+from lagom_tune.render import percent, replay_rows
 from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
 from lagom_tune.search.space import default_assignment, variables
 
@@ -103,6 +104,25 @@ def _plan_run_folder(plan: Plan, path: Path) -> Path:
     raise UserError(f"{path}: its run folder {recorded} is not here (nor beside the plan); the report needs the plan's run folder")
 
 
+def _check_predicted(plan: Plan, now: dict[str, float]) -> None:
+    """Refuse (UserError) to report a plan whose recorded predictions are not what its run's model
+    gives its settings now: the model was refitted (a new profile in the same folder) or the plan
+    edited since `search` wrote it, and the page would contradict ``show`` of the same plan.
+
+    Args:
+        plan: the plan.
+        now: iteration ms by name (``default``, ``plan``) as the run's model predicts them now.
+    """
+    recorded = plan.predicted.get("iteration_ms", {})
+    differ = {name: (recorded[name], ms) for name, ms in now.items()
+              if name in recorded and not math.isclose(recorded[name], ms, rel_tol=1e-6, abs_tol=ROUNDING_MS)}
+    if differ:
+        said = ", ".join(f"{name} {was} ms, now {ms:.3f} ms" for name, (was, ms) in differ.items())
+        raise UserError(f"the plan's predictions are not what its run's model gives it now ({said}): the model was "
+                        "refitted or the plan edited since `lagom-tune search` wrote it; search again for a plan to report "
+                        "(or report the run folder)")
+
+
 def _sources(target: Path) -> tuple[Plan | None, RunFolder]:
     """What a report reads: the plan (None for a run folder) and the run folder.
 
@@ -161,10 +181,14 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
         chosen = plan.modelled_settings(workload, default)
         ev = ModelEvaluator(workload, model)
         d, p = ev(default), ev(chosen)
+        _check_predicted(plan, {"default": d.iteration_s * 1e3, "plan": p.iteration_s * 1e3})
         parts.append(f"<h2>Before / after: predicted iteration {d.iteration_s * 1e3:.2f} → {p.iteration_s * 1e3:.2f} ms "
                      f"({d.iteration_s / p.iteration_s:.3f}×)</h2>" + _img(gantt(d, p, simulated), "timeline under default settings and under the plan"))
-        if plan.validated:
-            parts.append("<h2>Validation</h2><pre>" + html.escape(str(plan.validated)) + "</pre>")
+        if plan.validated:  # the rows `show` prints, not the record as Python writes a dict
+            rows, caption = replay_rows(plan)
+            parts.append("<h2>Validation</h2><table><tr><th>settings</th><th>iteration ms</th><th>vs default</th></tr>"
+                         + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+                         + f"</table><p>{html.escape(str(plan.validated.get('method', '')))}{'. ' + html.escape(caption) if caption else ''}</p>")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}img{max-width:100%}.sim{background:#fde;padding:.5em}"
              ".warn{background:#ffd;padding:.3em}")

@@ -92,6 +92,12 @@ def _set_rule(d: dict, **match) -> None:
     (lambda d: d["workload"].update(a=1), r"workload.a: unknown field"),
     (lambda d: d["model"].update(mapes={}), r"model.mapes: unknown field \(did you mean 'mape'\?"),
     (lambda d: d["validated"].update(repeats="abc"), "validated.repeats: expected int"),
+    # shown as "measured default (replay)" beside a method that said "simulated replay"
+    (lambda d: d["validated"].update(simulated=False), "validated.simulated: the replay is said to be measured, but the plan's target is a simulated"),
+    # report printed the stored 3.5, show the ratio of the times
+    (lambda d: d["validated"].update(speedup=3.5), r"validated.speedup: 3.5, but its replay times give"),
+    # shown as a 58.8x speed-up, far below what no setting can beat
+    (lambda d: d["predicted"]["iteration_ms"].update(plan=1.0), r"predicted.iteration_ms.plan: 1.0 ms, below the contention-free bound"),
     (lambda d: d["validated"].update(method=[1]), "validated.method: expected str"),
     (lambda d: d["validated"].update(spread_ms={"plan": 5}), r"validated.spread_ms.plan: expected \[least, most\]"),
 ])

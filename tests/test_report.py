@@ -108,3 +108,18 @@ def test_report_of_a_plan_that_keeps_the_defaults_and_of_a_bad_model(sim_plan, t
         (run / "model.yaml").write_text(text)
         r = cli("report", run, "--out", tmp_path / "bad.html")
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "model" in r.stderr, r.stderr
+
+
+def test_report_refuses_a_plan_its_runs_model_no_longer_predicts(sim_plan, tmp_path):
+    """show printed the plan's recorded 4.37 -> 3.85 ms while report re-predicted 4.39 -> 3.96 ms
+    from a model refitted since (or from a plan whose settings were edited), with no word."""
+    import yaml
+
+    plan = yaml.safe_load((sim_plan / "plan.yaml").read_text())
+    plan["model"]["run"] = str(sim_plan / "run")
+    plan["predicted"]["iteration_ms"]["default"] = round(plan["predicted"]["iteration_ms"]["default"] * 1.05, 3)
+    edited = tmp_path / "plan.yaml"
+    edited.write_text(yaml.safe_dump(plan, sort_keys=False))
+    r = cli("report", edited, "--out", tmp_path / "r.html")
+    assert r.returncode == 2 and "the plan's predictions are not what its run's model gives it now (default" in r.stderr, r.stderr
+    assert not (tmp_path / "r.html").exists()

@@ -198,6 +198,8 @@ class Plan:
         validated = d.get("validated")
         if validated is not None:
             validated = _times_record(validated, f"{path}.validated")
+        predicted = _times_record(v.field(d, "predicted", path, dict, {}), f"{path}.predicted")
+        _check_times(predicted, validated, simulated, path)
         return cls(
             backend=backend,
             world_size=world_size,
@@ -209,7 +211,7 @@ class Plan:
             workload=_workload_record(v.field(d, "workload", path, dict, {}), f"{path}.workload"),
             model=_model_record(v.field(d, "model", path, dict, {}), f"{path}.model"),
             search=_search_record(v.field(d, "search", path, dict, {}), f"{path}.search"),
-            predicted=_times_record(v.field(d, "predicted", path, dict, {}), f"{path}.predicted"),
+            predicted=predicted,
             validated=validated,
             groups={str(k): int(val) for k, val in groups.items()},
             group_ranks=group_ranks,
@@ -276,6 +278,34 @@ def _workload_record(d: Any, path: str) -> dict[str, Any]:
     v.field(d, "name", path, str, "")
     v.field(d, "digest", path, str, "")
     return d
+
+
+ROUNDING_MS = 0.0011  # iteration times are written to 0.001 ms: two such may differ by this and agree
+ROUNDING_RATIO = 0.001  # a speed-up written to 4 decimals from two such times: their ratio, within this (relative)
+
+
+def _check_times(predicted: dict[str, Any], validated: dict[str, Any] | None, simulated: bool, path: str) -> None:
+    """Refuse (UserError) times that contradict the plan or each other, which ``show`` and
+    ``report`` would print as they are: a predicted time below the contention-free bound, a replay
+    of a simulated plan said to be measured (or the other way round), a stored replay speed-up that
+    is not the ratio of its replay times."""
+    bound = predicted.get("bound_ms")
+    for name, ms in predicted.get("iteration_ms", {}).items():
+        if bound is not None and ms < bound - ROUNDING_MS:
+            raise UserError(f"{path}.predicted.iteration_ms.{name}: {ms} ms, below the contention-free bound {bound} ms "
+                            "no setting can beat")
+    if validated is None:
+        return
+    if validated.get("simulated", False) != simulated:
+        said = "simulated" if validated.get("simulated", False) else "measured"
+        raise UserError(f"{path}.validated.simulated: the replay is said to be {said}, but the plan's target is "
+                        f"{'a simulated cluster' if simulated else 'real hardware'}")
+    times = validated.get("iteration_ms", {})
+    if validated.get("speedup") is not None and times.get("default") and times.get("plan"):
+        ratio = times["default"] / times["plan"]
+        if abs(validated["speedup"] - ratio) > ROUNDING_RATIO * max(1.0, ratio):
+            raise UserError(f"{path}.validated.speedup: {validated['speedup']}, but its replay times give "
+                            f"{times['default']} / {times['plan']} = {ratio:.4f}")
 
 
 def _times_record(d: Any, path: str) -> dict[str, Any]:
