@@ -369,7 +369,7 @@ def show(
             else:
                 render.console.print(render.frame_table(table, f"collectives{render.simulated_tag(meta.get('simulated', False))}"))
             return
-        problems = run_problems(health, model, len(df), path)
+        problems = run_problems(health, model, df, path)
         if as_json:
             print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "workload"}, "rows": len(df), "problems": problems,
                               "model": model}, indent=1, default=str))

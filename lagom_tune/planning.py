@@ -56,7 +56,7 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
     if not run.model_path.is_file():
         raise UserError(f"{run.path} has no model.yaml: rerun `lagom-tune fit {run.path}`")
     model, accuracy = load_model(run.model_path, run.fitted_as(meta))
-    stale = stale_reason(accuracy, len(df), run.path)
+    stale = stale_reason(accuracy, df, run.path)
     if stale:
         raise UserError(f"{run.path}: {stale}")
     fp = meta["fingerprint"]

@@ -162,7 +162,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
         parts.append('<p class="sim">Every number on this page comes from a <b>simulated</b> GPU cluster: a what-if result, not a measurement.</p>')
     fp = meta.get("fingerprint", {})
     df, health = run.read()
-    parts += [f'<p class="warn">warning: {html.escape(p)}</p>' for p in run_problems(health, model_doc, len(df), run.path)]
+    parts += [f'<p class="warn">warning: {html.escape(p)}</p>' for p in run_problems(health, model_doc, df, run.path)]
     parts.append("<h2>Environment</h2><table>" + "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in fp.items()) + "</table>")
     mape = model_doc.get("accuracy", {}).get("mape", {})
     if mape:

@@ -1,5 +1,6 @@
 """Bad input: one line on stderr, exit code 2, no traceback, nothing written."""
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -164,6 +165,14 @@ def test_a_csv_that_lost_points_or_a_model_fitted_to_other_rows_is_no_basis_for_
     assert_one_line_error(cli("search", stale, "--out", tmp_path / "p.yaml"), "model.yaml was fitted to")
     assert "rerun `lagom-tune fit" in " ".join(cli("show", stale, check=True).stdout.split())
     assert not (tmp_path / "p.yaml").exists()
+    # as many rows, measured again since the fit (a resume re-measured points cut from the CSV): searched as current
+    again = tmp_path / "again"
+    shutil.copytree(tiny_run, again)
+    df = pd.read_csv(again / "measurements.csv")
+    df.loc[5, "time_us"] *= 1.01
+    df.to_csv(again / "measurements.csv", index=False)
+    assert_one_line_error(cli("search", again, "--out", tmp_path / "p.yaml"), "model.yaml was fitted to other measurement rows")
+    assert "fitted to other measurement rows" in " ".join(cli("show", again, check=True).stdout.split())
 
 
 def test_an_output_that_holds_something_else_is_never_replaced(tiny_run, tmp_path):

@@ -94,7 +94,7 @@ def test_held_out_error_tracks_the_noise():
 
 def test_model_yaml_round_trip():
     result = fit_model(synthetic(noise=0.0))
-    d = result.to_dict(rows=10, simulated=False)
+    d = result.to_dict(rows=synthetic(noise=0.0), simulated=False)
     back = model_from_dict(d)
     g = SHAPES[3]
     assert back.compute_time(g, {"threads": 2}) == pytest.approx(result.model.compute_time(g, {"threads": 2}))
@@ -110,7 +110,7 @@ def test_measured_shapes_are_predicted_by_their_measurement():
     g = next(g for g in SHAPES if (g.m, g.n) == (512, 512))
     measured = df.loc[slow, "time_us"].median() / 1e6
     assert model.compute_time(g, {"threads": 2}) == pytest.approx(measured)
-    back = model_from_dict(fit_model(df).to_dict(rows=1, simulated=False))
+    back = model_from_dict(fit_model(df).to_dict(rows=df, simulated=False))
     assert back.compute_time(g, {"threads": 2}) == pytest.approx(measured)
 
 

@@ -62,7 +62,7 @@ def test_held_out_predictions_rank_settings(fit):
 def test_the_fitted_form_is_recorded_and_reads_back(fit, df):
     model = fit.model
     assert isinstance(model, LagomGpuModel) and model.form == FORM_WAVES
-    d = fit.to_dict(rows=len(df), simulated=False)
+    d = fit.to_dict(rows=df, simulated=False)
     assert d["form"] == FORM_WAVES and d["params"]["wave_width"] >= 1
     assert d["accuracy"]["ranking"]["median_spearman"] >= 0.9 and d["accuracy"]["warnings"]
     back = model_from_dict(yaml.safe_load(yaml.safe_dump(d)))

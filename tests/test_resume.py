@@ -179,3 +179,19 @@ def test_a_measuring_child_ends_when_its_parent_is_killed(tmp_path):
     late = subprocess.run([sys.executable, "-c", child, "999999999"], capture_output=True, text=True, timeout=30,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert late.returncode == 1, late
+
+
+def test_a_resume_never_deletes_every_row_when_meta_yaml_says_more_repeats(tiny_run, tmp_path):
+    """meta.yaml's repeats edited from 3 to 4: every point read as short, and the resume rewrote
+    measurements.csv with its complete points (none): 152 measured rows deleted."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    meta = run / "meta.yaml"
+    meta.write_text(meta.read_text().replace("\nrepeats: 3\n", "\nrepeats: 4\n"))
+    before = (run / "measurements.csv").read_bytes()
+    r = cli("profile", "--workload", tiny_run.parent / "tiny.yaml", "--backend", "gloo", "--ranks", 2, "--out", run,
+            "--repeats", 4)
+    assert r.returncode == 2 and "has the 4 repeats meta.yaml says" in r.stderr, r.stderr
+    assert (run / "measurements.csv").read_bytes() == before

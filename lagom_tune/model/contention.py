@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 import numpy as np
+import pandas as pd
 
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import read_yaml
 from lagom_tune.errors import UserError
 from lagom_tune.model.gpu import LagomGpuModel
+from lagom_tune.model.rows import rows_digest
 from lagom_tune.profile.store import CsvHealth, ModelExpectation
 from lagom_tune.workload.spec import Collective, Gemm
 
@@ -257,6 +259,8 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
         UserError: naming the first bad field.
     """
     acc = v.mapping(d if d is not None else {}, path)
+    v.field(acc, "rows", path, int, None, minimum=0)
+    v.field(acc, "rows_digest", path, str, None)
     mape = v.number_map(v.field(acc, "mape", path, dict, {}), f"{path}.mape", minimum=0.0)
     warnings = v.field(acc, "warnings", path, list, [])
     for i, line in enumerate(warnings):
@@ -278,25 +282,29 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
             "ranking": {**ranking, "shapes": shapes} if ranking else {}}
 
 
-def stale_reason(accuracy: dict[str, Any], rows: int, run_path: str | Path) -> str | None:
-    """Why a model no longer describes its run's measurements, or None: it was fitted to another
-    number of rows (a resumed profile whose refit was interrupted left the partial profile's model).
+def stale_reason(accuracy: dict[str, Any], rows: pd.DataFrame, run_path: str | Path) -> str | None:
+    """Why a model no longer describes its run's measurements, or None: it was fitted to other
+    rows (a resumed profile whose refit was interrupted left the partial profile's model, fitted to
+    as many rows when the resume re-measured points cut from the CSV).
 
     Args:
         accuracy: the model's ``accuracy`` record (:func:`accuracy_record`).
         rows: the complete rows ``measurements.csv`` holds now.
         run_path: the run folder, for the advice.
     Returns:
-        One line with what to do, or None (also for a model that recorded no row count).
+        One line with what to do, or None (also for a model that recorded neither count nor digest).
     """
-    fitted = accuracy.get("rows")
-    if isinstance(fitted, int) and not isinstance(fitted, bool) and fitted != rows:
-        return (f"model.yaml was fitted to {fitted} measurement rows, measurements.csv now holds {rows}; "
+    fitted, digest = accuracy.get("rows"), accuracy.get("rows_digest")
+    if isinstance(fitted, int) and not isinstance(fitted, bool) and fitted != len(rows):
+        return (f"model.yaml was fitted to {fitted} measurement rows, measurements.csv now holds {len(rows)}; "
                 f"rerun `lagom-tune fit {run_path}`")
+    if digest is not None and digest != rows_digest(rows):
+        return (f"model.yaml was fitted to other measurement rows than measurements.csv holds now (as many, measured "
+                f"again since); rerun `lagom-tune fit {run_path}`")
     return None
 
 
-def run_problems(health: CsvHealth, model_doc: dict[str, Any] | None, rows: int, run_path: str | Path) -> list[str]:
+def run_problems(health: CsvHealth, model_doc: dict[str, Any] | None, rows: pd.DataFrame, run_path: str | Path) -> list[str]:
     """What ``show`` and ``report`` warn of for a run folder: its CSV's problems, and a model fitted
     to other rows once the rows are whole (before, the rows are what is named).
 

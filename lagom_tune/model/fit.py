@@ -22,7 +22,7 @@ from lagom_tune.model.contention import (
 from lagom_tune.model.gpu_fit import fit_gpu
 from lagom_tune.model.plots import plotted_column, write_fit_plots
 from lagom_tune.model.ranking import RankingSummary, rank_settings
-from lagom_tune.model.rows import gemm_of_row, point_medians, slowdown_warnings, two_rate_slowdowns
+from lagom_tune.model.rows import gemm_of_row, point_medians, rows_digest, slowdown_warnings, two_rate_slowdowns
 from lagom_tune.profile.store import row_settings
 from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Collective
@@ -116,12 +116,13 @@ class FitResult:
     ranking: RankingSummary | None = None
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
-    def to_dict(self, rows: int, simulated: bool) -> dict[str, Any]:
+    def to_dict(self, rows: pd.DataFrame, simulated: bool) -> dict[str, Any]:
         accuracy: dict[str, Any] = {
             "mape": {k: round(val, 4) for k, val in self.mape.items()},
             "method": f"{self.folds}-fold cross-validation over measured points (medians of repeats)",
             "points": self.points,
-            "rows": rows,
+            "rows": len(rows),
+            "rows_digest": rows_digest(rows),
             "warnings": list(self.warnings),
         }
         if self.ranking is not None:
@@ -286,6 +287,6 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     result = fit_model(df, device=device, simulated=simulated, progress=progress)
     pts = point_medians(df)  # every point predicted before anything is written: a model that cannot is not written
     predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for _, r in pts.iterrows()], index=pts.index)
-    write_yaml(run.model_path, result.to_dict(len(df), simulated))
+    write_yaml(run.model_path, result.to_dict(df, simulated))
     write_fit_plots(run, pts, predicted, simulated)
     return result

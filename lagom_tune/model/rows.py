@@ -12,6 +12,21 @@ from lagom_tune.measurements import DESCRIBING_COLUMNS, PAIRED, TIMED_COLUMNS
 from lagom_tune.workload.spec import Gemm
 
 
+def rows_digest(df: pd.DataFrame) -> str:
+    """A fingerprint of measurement rows (their points, repeats and times), in any order: what a
+    model records of the rows it was fitted to, so that rows re-measured since (a resume whose
+    refit was interrupted) are told apart from them even when their number is the same.
+
+    Args:
+        df: measurement rows (``RunFolder.read``).
+    Returns:
+        16 hex digits.
+    """
+    cols = [c for c in ("point", "repeat", "time_us") if c in df.columns]
+    total = int(pd.util.hash_pandas_object(df[cols], index=False).sum()) if len(df) else 0  # wraps: uint64
+    return f"{total % 2 ** 64:016x}"
+
+
 def point_medians(df: pd.DataFrame) -> pd.DataFrame:
     """One row per measured point: medians over repeats.
 

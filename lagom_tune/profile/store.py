@@ -353,6 +353,12 @@ class RunFolder:
     def drop_incomplete(self) -> CsvHealth:
         """Rewrite ``measurements.csv`` with complete points only, before a resume re-measures the rest."""
         complete, health = self.read()
+        # A point's rows are appended together: an interrupted profile leaves the last short, never
+        # all of them. Every point short is meta.yaml's repeats edited up, and the rewrite would delete every row.
+        if complete.empty and len(health.short_points) > 1:
+            raise UserError(f"{self.csv_path}: none of its {len(health.short_points)} points has the {health.repeats} "
+                            "repeats meta.yaml says the profile takes (meta.yaml or measurements.csv was edited); "
+                            "nothing was rewritten")
         if not health.ok:
             self._write(complete)
         return health
