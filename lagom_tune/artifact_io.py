@@ -62,11 +62,26 @@ def _holds_match(path: Path, pattern: str) -> bool:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temp file in the same folder and a rename.
+    """Write ``text`` (UTF-8) to ``path`` as :func:`atomic_write_bytes` does.
 
     Args:
         path: the file to write (its folder is made if missing).
         text: the whole content.
+    Returns:
+        The path.
+    Raises:
+        UserError: when the folder cannot be made or written.
+    """
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temp file in the same folder and a rename: a reader
+    (or a process killed mid-write) never sees part of it.
+
+    Args:
+        path: the file to write (its folder is made if missing).
+        data: the whole content.
     Returns:
         The path.
     Raises:
@@ -79,8 +94,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror or e}") from None
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         umask = os.umask(0)

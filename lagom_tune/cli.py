@@ -25,7 +25,7 @@ from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_si
 from lagom_tune.model.contention import read_model_file, run_problems
 from lagom_tune.plan.schema import FILE_MARK as PLAN_FILE_MARK, Plan, load_plan
 from lagom_tune.profile.campaign import run_profile
-from lagom_tune.profile.store import open_run
+from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.profile.summary import collective_summary
 from lagom_tune.report import write_report
 from lagom_tune.runtime import launch
@@ -143,6 +143,7 @@ def profile(
     from lagom_tune.model.fit import fit_run  # local: fitting imports torch; other verbs start without it
 
     check_writable(out / "meta.yaml", "run folder")
+    RunFolder(out).check_files()
     own = {k: val for k, val in dict(hardware=hardware, nodes=nodes, ib_gbps=ib_gbps, noise=noise, seed=seed, ranks=ranks).items()
            if val is not None}
     sized = workload in PRESETS and PRESETS[workload].sized_by_ranks  # --ranks is its world, whatever the backend
@@ -503,6 +504,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except KeyboardInterrupt as e:
         _interrupted(e, argv)
+    except OSError as e:  # the machine, not lagom-tune: a disk full, a file made read-only or a folder while it ran
+        if _state["verbose"]:
+            traceback.print_exc()
+        where = f": {e.filename}" if e.filename else ""
+        resumes = " (rerun the same command to resume)" if argv and argv[0] == "profile" else ""
+        print(f"lagom-tune: failed: {e.strerror or e}{where}{resumes}", file=sys.stderr)
+        sys.exit(1)
     except Exception as e:  # a bug: still one line unless --verbose
         if _state["verbose"]:
             traceback.print_exc()

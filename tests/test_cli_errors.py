@@ -238,3 +238,39 @@ def test_an_interrupt_says_rerun_to_resume_only_where_the_verb_resumes(argv, res
     with pytest.raises(SystemExit) as e:
         _interrupted(KeyboardInterrupt(), argv)
     assert e.value.code == 130 and ("to resume" in capsys.readouterr().err) == resumes
+
+
+def test_a_run_file_that_is_no_file_is_refused_before_any_work(tiny_run, tmp_path):
+    """A folder named model.yaml (or fit.png) was found only after the whole profile was measured
+    ("internal error: IsADirectoryError"); a measurements.csv linked to /dev/full was read until the
+    OOM killer came."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    (run / "model.yaml").unlink()
+    (run / "model.yaml").mkdir()
+    for argv in (("fit", run), ("show", run), ("profile", "--workload", tiny_run.parent / "tiny.yaml", "--ranks", 2,
+                                                          "--repeats", 3, "--out", run)):
+        assert_one_line_error(cli(*argv), f"{run / 'model.yaml'} is not a regular file")
+    (run / "model.yaml").rmdir()
+    (run / "measurements.csv").unlink()
+    (run / "measurements.csv").symlink_to("/dev/full")
+    assert_one_line_error(cli("show", run), "measurements.csv is not a regular file")
+
+
+def test_a_failing_disk_is_one_line_not_an_internal_error(tiny_run, monkeypatch, capsys):
+    """ENOSPC, or a file made read-only while a command ran, ended in "internal error: OSError"."""
+    import errno
+
+    from lagom_tune import cli as cli_module
+    from lagom_tune.model import fit
+
+    def full(run, progress=None):
+        raise OSError(errno.ENOSPC, "No space left on device", str(run.path / "model.yaml"))
+
+    monkeypatch.setattr(fit, "fit_run", full)
+    with pytest.raises(SystemExit) as stop:
+        cli_module.main(["fit", str(tiny_run)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and err.strip() == f"lagom-tune: failed: No space left on device: {tiny_run / 'model.yaml'}", err

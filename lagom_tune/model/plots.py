@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pandas as pd
 
+from lagom_tune.artifact_io import atomic_write_bytes
 from lagom_tune.model.rows import compute_slowdowns
 from lagom_tune.profile.store import RunFolder
 
@@ -49,10 +51,8 @@ def write_fit_plots(run: RunFolder, pts: pd.DataFrame, predicted: pd.Series, sim
     ax.set(xscale="log", yscale="log", xlabel="measured µs", ylabel="predicted µs", title=f"fit: measured vs predicted{tag}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = run.fit_plot_path
-    fig.savefig(path, dpi=110)
+    out.append(_save(fig, run.fit_plot_path))
     plt.close(fig)
-    out.append(path)
 
     over = pts[pts["kind"] == "overlap"]
     x_col = "channels" if "channels" in over and over["channels"].notna().any() else "threads"
@@ -65,8 +65,14 @@ def write_fit_plots(run: RunFolder, pts: pd.DataFrame, predicted: pd.Series, sim
         ax.set(xlabel=x_col, ylabel="GEMM stream time, overlapped / alone", title=f"computation slowdown beside a collective{tag}")
         ax.legend(fontsize=6, ncol=2)
         fig.tight_layout()
-        path = run.slowdown_plot_path
-        fig.savefig(path, dpi=110)
+        out.append(_save(fig, run.slowdown_plot_path))
         plt.close(fig)
-        out.append(path)
     return out
+
+
+def _save(fig, path: Path) -> Path:
+    """``fig`` as a PNG at ``path``, written whole or not at all (a fit killed mid-write left an
+    empty fit.png, which the report embedded)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return atomic_write_bytes(path, buf.getvalue())

@@ -88,6 +88,14 @@ class RunFolder:
     def exists(self) -> bool:
         return self.meta_path.is_file()
 
+    def check_files(self) -> None:
+        """Refuse (UserError), before anything is measured or fitted, a run file that is there but
+        not a regular file (a folder named model.yaml was found only after the whole profile ran;
+        a measurements.csv linked to /dev/full was read until memory ran out)."""
+        for f in self.files:
+            if f.exists() and not f.is_file() or f.is_symlink() and not f.exists():
+                raise UserError(f"{f} is not a regular file; the run folder's {f.name} must be one (move it away)")
+
     def lock(self) -> Callable[[], None]:
         """Take the folder for this process's profile until the returned function is called (or
         the process ends): two profiles measuring into one folder would time each other and
@@ -513,4 +521,5 @@ def open_run(path: str | Path) -> RunFolder:
         raise UserError(f"run folder not found: {run.path}")
     if not run.exists():
         raise UserError(f"{run.path} is not a run folder (no meta.yaml); create one with `lagom-tune profile`")
+    run.check_files()
     return run
