@@ -195,3 +195,25 @@ def test_a_resume_never_deletes_every_row_when_meta_yaml_says_more_repeats(tiny_
             "--repeats", 4)
     assert r.returncode == 2 and "has the 4 repeats meta.yaml says" in r.stderr, r.stderr
     assert (run / "measurements.csv").read_bytes() == before
+
+
+def test_a_resume_refuses_rows_of_points_this_profile_does_not_measure(tiny_run, tmp_path):
+    """Another run's measurements.csv (collectives keyed at 3 ranks) beside this run's meta.yaml:
+    the resume measured every planned point too, and the fit mixed both sets (collective MAPE
+    3.6% -> 5.7%)."""
+    import shutil
+
+    import pandas as pd
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    df = pd.read_csv(run / "measurements.csv", low_memory=False)
+    other = df[df["kind"] == "collective"].copy()
+    other["point"] = other["point"].str.replace(r"^(collective\|\w+:\d+):2\|", r"\1:3|", regex=True)
+    other["ranks"] = 3
+    assert other["point"].str.contains(":3|", regex=False).all()
+    pd.concat([df, other]).to_csv(run / "measurements.csv", index=False)
+    before = (run / "measurements.csv").read_bytes()
+    r = cli("profile", "--workload", tiny_run.parent / "tiny.yaml", "--ranks", 2, "--repeats", 3, "--out", run)
+    assert r.returncode == 2 and "point(s) this profile does not measure" in r.stderr, r.stderr
+    assert (run / "measurements.csv").read_bytes() == before

@@ -67,6 +67,10 @@ def _agreed_todo(run: RunFolder, workload: Workload, backend: Backend, fingerpri
         try:
             release = run.lock()
             started, done = _resume_state(run, workload, backend, fingerprint, repeats)
+            foreign = sorted(done - {p.key for p in points})
+            if foreign:  # fitted with this profile's, they would be one model of two setups
+                raise UserError(f"{run.csv_path} holds {len(foreign)} point(s) this profile does not measure (e.g. "
+                                f"{foreign[0]}): rows of another run or setup; choose a new --out")
             state = ("ok", started, [p.key for p in points if p.key not in done])
         except UserError as e:
             release()
