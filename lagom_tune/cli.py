@@ -29,7 +29,7 @@ from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.profile.summary import collective_summary
 from lagom_tune.report import write_report
 from lagom_tune.runtime import launch
-from lagom_tune.workload.presets import PRESETS, resolve_workload
+from lagom_tune.workload.presets import MAX_MBS, MAX_SEQ, PRESETS, resolve_workload
 from lagom_tune.workload.spec import FILE_MARK as WORKLOAD_FILE_MARK, Workload
 from lagom_tune.workload.trace import import_trace, summary
 
@@ -131,8 +131,8 @@ def profile(
     out: Path = typer.Option(..., "--out", "-o", help="Run folder to create or resume."),
     repeats: int = typer.Option(7, min=1, max=1000, help="Timed repeats per point (every one is kept)."),
     parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | tp=8,dp=2 | ep=8."),
-    seq: Optional[int] = typer.Option(None, min=1, help="Sequence length for presets."),
-    mbs: Optional[int] = typer.Option(None, min=1, help="Micro-batch size for presets."),
+    seq: Optional[int] = typer.Option(None, min=1, max=MAX_SEQ, help="Sequence length for presets."),
+    mbs: Optional[int] = typer.Option(None, min=1, max=MAX_MBS, help="Micro-batch size for presets."),
     timeout: float = typer.Option(60.0, parser=_number(1.0, 86400.0), help="Seconds (1 to 86400) a rank may go without progress "
                                  "before the run is ended."),
 ) -> None:
@@ -391,7 +391,7 @@ def show(
             return
         render.console.print(render.plan_table(plan))
         render.console.print(render.prediction_table(plan))
-    elif kind == "lagom-workload":
+    elif kind == "lagom-workload" or (kind is None and isinstance(data, dict) and "groups" in data):  # kind is optional in one
         w = Workload.from_dict(data, str(path))
         print(json.dumps(w.to_dict(), indent=1)) if as_json else [render.console.print(t) for t in render.workload_tables(w)]
     else:
@@ -427,8 +427,8 @@ def workload_list(as_json: bool = typer.Option(False, "--json", help="Machine-re
 def workload_show(
     name: str = typer.Argument(..., help="Preset name or workload YAML."),
     parallel: Optional[str] = typer.Option(None, help="fsdp=8 | tp=8,dp=2 | ep=8 | ddp=2 (model presets)."),
-    seq: Optional[int] = typer.Option(None, min=1, help="Sequence length."),
-    mbs: Optional[int] = typer.Option(None, min=1, help="Micro-batch size."),
+    seq: Optional[int] = typer.Option(None, min=1, max=MAX_SEQ, help="Sequence length."),
+    mbs: Optional[int] = typer.Option(None, min=1, max=MAX_MBS, help="Micro-batch size."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Overlap groups of a workload: GEMM shapes and FLOPs, collective ops and bytes, repeats."""

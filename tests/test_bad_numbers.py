@@ -24,6 +24,11 @@ BAD = [
     ("workload", "import", "OUT/t.json", "--out", "OUT/t.json"),  # replaced the trace it reads
     ("workload", "import", "OUT/t.json", "--ranks", "100000000000", "--out", "OUT/w.yaml"),  # blamed the trace
     ("workload", "import", "OUT/inf.json", "--out", "OUT/w.yaml"),  # each number finite, their sum not: every time inf
+    ("workload", "import", "OUT/long.json", "--out", "OUT/w.yaml"),  # a 6e11 ms step: written, then refused by its loader
+    ("workload", "import", "OUT/t.json", "--name", "   ", "--out", "OUT/w.yaml"),  # ditto
+    ("workload", "import", "OUT/t.json", "--name", "", "--out", "OUT/w.yaml"),  # silently named after the file
+    ("workload", "show", "llama3-8b", "--mbs", "1" + "0" * 300),  # internal error: OverflowError
+    ("workload", "show", "OUT/huge.yaml"),  # a 400-digit m: "int too large to convert to float"
     ("search", "OUT/t.json", "--out", "OUT/plan.yaml"),  # "run folder not found" for a file that is there
     ("profile", "--backend", "sim", "--seed", "-5", "--out", "OUT/run"),  # measured all, then unreadable
     ("profile", "--out", "/proc/lagom-run"),
@@ -53,6 +58,8 @@ def test_bad_numbers_exit_2_with_one_line_and_write_nothing(args, request, tmp_p
     run = request.getfixturevalue("tiny_run") if "RUN" in args else tmp_path  # profile only where a run is read
     (tmp_path / "t.json").write_text(TRACE)  # an input the command must not replace, in the folder OUT names
     (tmp_path / "inf.json").write_text(TRACE.replace('"ts": 0, "dur": 100', '"ts": 1.7e308, "dur": 1.7e308'))
+    (tmp_path / "long.json").write_text(TRACE.replace('"ts": 10, "dur": 50', '"ts": 1e15, "dur": 50'))
+    (tmp_path / "huge.yaml").write_text("name: w\ngroups: [{name: g, compute: [{name: mm, m: 1" + "0" * 400 + ", n: 8, k: 8}]}]\n")
     argv = [str(run) if a == "RUN" else a.replace("OUT", str(tmp_path)) for a in args]
     before = snapshot(tmp_path, run, ROOT / "plans")
     r = cli(*argv)

@@ -125,3 +125,13 @@ def test_show_summarises_a_workload_of_many_groups(tmp_path):
     assert table.row_count == 14
     small = render.workload_tables(Workload("few", groups[:3]))
     assert len(small) == 3  # a dozen groups or fewer: a table each, in stream order
+
+
+def test_show_takes_a_hand_written_workload_without_kind(tmp_path):
+    """`workload show` and `profile` take a workload file without `kind:` (it is optional), but
+    `show` said "not a plan, workload or run folder (kind: None)"."""
+    path = tmp_path / "w.yaml"
+    path.write_text("name: hand\ngroups: [{name: g, compute: [{name: mm, m: 64, n: 64, k: 64}], "
+                    "comm: [{name: ar, op: all_reduce, nbytes: 4096}]}]\n")
+    r = cli("show", path, check=True)
+    assert "hand · group g" in r.stdout, r.stdout

@@ -427,6 +427,8 @@ ARCHS: dict[str, Arch] = {
 PAPER_MBS = {("phi-2", "fsdp"): 2, ("phi-2", "tp"): 8, ("llama3-8b", "fsdp"): 1, ("llama3-8b", "tp"): 4,
              ("mpt-7b", "fsdp"): 1, ("mpt-7b", "tp"): 2, ("deepseek-moe-16b", "ep"): 2, ("olmoe-1b-7b", "ep"): 2}
 DEFAULT_SEQ = 2048
+MAX_SEQ = 1 << 22  # --seq at most: 4M tokens, past any model's context
+MAX_MBS = 1 << 16  # --mbs at most
 
 # The example training script's model (examples/train_gpt.py defaults); a test keeps them equal.
 CPU_DEMO_ARCH = Arch("tiny-gpt", hidden=256, ffn=1024, heads=4, layers=4, vocab=8192, max_seq=128)

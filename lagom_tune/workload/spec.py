@@ -19,6 +19,8 @@ SCHEMA_VERSION = 1
 MAX_RANKS = 1 << 20  # ranks (and nodes) of a communicator, at most: a million GPUs, beyond any job
 MAX_REPEAT = 10 ** 6  # a group's repeats in one iteration, at most (80 layers x 64 micro-batches is 5,120)
 MAX_EXPOSED_MS = 1e7  # exposed time per iteration, at most: under three hours (1e308 printed 300-digit times)
+MAX_DIM = 1 << 24  # a GEMM side (m, n, k) or batch, at most: 16M, beyond any layer (a 400-digit m overflowed floats)
+MAX_NBYTES = 1 << 44  # bytes one collective moves, at most: 16 TiB
 WORKLOAD_FIELDS = ("schema_version", "kind", "name", "exposed_ms", "meta", "groups")
 KIND = "lagom-workload"
 FILE_MARK = rf"^kind: {KIND}$"  # a workload file's top-level line (``workload import`` replaces only such a file)
@@ -207,11 +209,11 @@ def _gemm(x: Any, path: str) -> Gemm:
     x = v.known_keys(v.mapping(x, path), tuple(f.name for f in fields(Gemm)), path)
     return Gemm(
         name=v.name(x, "name", path),
-        m=v.field(x, "m", path, int, minimum=1),
-        n=v.field(x, "n", path, int, minimum=1),
-        k=v.field(x, "k", path, int, minimum=1),
+        m=v.field(x, "m", path, int, minimum=1, maximum=MAX_DIM),
+        n=v.field(x, "n", path, int, minimum=1, maximum=MAX_DIM),
+        k=v.field(x, "k", path, int, minimum=1, maximum=MAX_DIM),
         dtype=v.one_of(v.field(x, "dtype", path, str, "fp32"), DTYPES, f"{path}.dtype"),
-        batch=v.field(x, "batch", path, int, 1, minimum=1),
+        batch=v.field(x, "batch", path, int, 1, minimum=1, maximum=MAX_DIM),
     )
 
 
@@ -229,7 +231,7 @@ def _collective(x: Any, path: str, n_compute: int) -> Collective:
     return Collective(
         name=v.name(x, "name", path),
         op=v.one_of(v.field(x, "op", path, str), OPS, f"{path}.op"),
-        nbytes=v.field(x, "nbytes", path, int, minimum=1),
+        nbytes=v.field(x, "nbytes", path, int, minimum=1, maximum=MAX_NBYTES),
         group=v.name(x, "group", path, "dp"),
         ranks=ranks,
         nodes=nodes,
