@@ -5,16 +5,17 @@ Profiles the CPU demo and searches it first, so the CPU benchmarks have a fresh 
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+CLI = [sys.executable, "-m", "lagom_tune"]  # this interpreter's lagom-tune, whether or not its script is installed beside it
 STEPS = [
-    [str(BIN / "lagom-tune"), "profile", "--workload", "cpu-demo", "--backend", "gloo", "--ranks", "2", "--out", "runs/bench-cpu"],
-    [str(BIN / "lagom-tune"), "search", "runs/bench-cpu", "--optimizer", "lagom", "--out", "runs/bench-cpu/plan.yaml"],
+    [*CLI, "profile", "--workload", "cpu-demo", "--backend", "gloo", "--ranks", "2", "--out", "runs/bench-cpu"],
+    [*CLI, "search", "runs/bench-cpu", "--optimizer", "lagom", "--out", "runs/bench-cpu/plan.yaml"],
     [sys.executable, "bench/cpu_e2e.py", "--plan", "runs/bench-cpu/plan.yaml", "--rounds", "4", "--steps", "10", "--grid"],
     [sys.executable, "bench/shim_overhead.py", "--plan", "runs/bench-cpu/plan.yaml"],
     [sys.executable, "bench/model_accuracy.py"],
@@ -22,6 +23,7 @@ STEPS = [
 ]
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, not 20 minutes of benchmarks
     t0 = time.perf_counter()
     for cmd in STEPS:
         print("+", " ".join(cmd), flush=True)
