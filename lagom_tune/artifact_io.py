@@ -62,16 +62,7 @@ def _holds_match(path: Path, pattern: str) -> bool:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` as :func:`atomic_write_bytes` does.
-
-    Args:
-        path: the file to write (its folder is made if missing).
-        text: the whole content.
-    Returns:
-        The path.
-    Raises:
-        UserError: when the folder cannot be made or written.
-    """
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8; returns the path."""
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 

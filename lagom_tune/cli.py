@@ -258,10 +258,8 @@ def search(
     if as_json:
         print(json.dumps({"plan": str(out), **plan.to_dict()}, indent=1))
         return
-    render.console.print(render.plan_table(plan))
-    render.console.print(render.prediction_table(plan))
-    if plan.search.get("kept_default"):
-        render.console.print(f"[yellow]the plan keeps the defaults:[/] {escape(plan.search['kept_default'])}")
+    for item in render.plan_summary(plan):
+        render.console.print(item)
     render.console.print(f"[green]wrote[/] {escape(str(out))}")
 
 
@@ -389,8 +387,8 @@ def show(
         if as_json:
             print(json.dumps(plan.to_dict(), indent=1))
             return
-        render.console.print(render.plan_table(plan))
-        render.console.print(render.prediction_table(plan))
+        for item in render.plan_summary(plan):  # as search printed it, the reason it kept the defaults too
+            render.console.print(item)
     elif kind == "lagom-workload" or (kind is None and isinstance(data, dict) and "groups" in data):  # kind is optional in one
         w = Workload.from_dict(data, str(path))
         print(json.dumps(w.to_dict(), indent=1)) if as_json else [render.console.print(t) for t in render.workload_tables(w)]

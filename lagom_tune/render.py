@@ -149,6 +149,21 @@ def plan_table(plan: Plan) -> Table:
     return t
 
 
+def plan_summary(plan: Plan) -> list[Any]:
+    """What ``search`` prints of the plan it wrote and ``show`` of a plan file: its settings, its
+    predicted (and replayed) times, and why it keeps the defaults when it does.
+
+    Args:
+        plan: the plan.
+    Returns:
+        Tables and lines, in the order to print them.
+    """
+    out: list[Any] = [plan_table(plan), prediction_table(plan)]
+    if plan.search.get("kept_default"):
+        out.append(f"[yellow]the plan keeps the defaults:[/] {escape(plan.search['kept_default'])}")
+    return out
+
+
 def prediction_table(plan: Plan) -> Table:
     """A plan's predicted (and, when validated, measured) iteration times against the default's.
 

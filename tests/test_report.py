@@ -100,6 +100,7 @@ def test_report_of_a_plan_that_keeps_the_defaults_and_of_a_bad_model(sim_plan, t
     kept = tmp_path / "kept.yaml"
     cli("search", sim_plan / "run", "--min-gain", "0.9", "--out", kept, check=True)
     assert yaml.safe_load(kept.read_text())["process"] == {}
+    assert "the plan keeps the defaults:" in cli("show", kept, check=True).stdout  # search said why; show did not
     r = cli("report", kept, "--out", tmp_path / "kept.html", check=True)
     assert "(1.000×)" in (tmp_path / "kept.html").read_text(), r.stdout
     run = tmp_path / "run"
