@@ -93,6 +93,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make shared plans unreadable to others
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, a folder at ``path``: named by the file, not by the temp gone with it
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

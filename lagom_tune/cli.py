@@ -460,10 +460,15 @@ def _interrupted(e: BaseException | None, argv: list[str] | None) -> None:
     signum = e.signum if isinstance(e, Interrupted) else stop_signal()
     by = f" by {signal.Signals(signum).name}" if signum != signal.SIGINT else ""
     argv = argv or []
-    verb = next((a for a in argv if not a.startswith("-")), "")
+    verb = _verb(argv)
     resumes = verb == "profile" or (verb == "search" and any(a.split("=")[0] == "--storage" for a in argv))
     print(f"lagom-tune: interrupted{by}" + ("; rerun the same command to resume" if resumes else ""), file=sys.stderr)
     sys.exit(128 + signum)
+
+
+def _verb(argv: list[str]) -> str:
+    """The verb of a command line: its first word that is no option ("" for none)."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -506,7 +511,7 @@ def main(argv: list[str] | None = None) -> None:
         if _state["verbose"]:
             traceback.print_exc()
         where = f": {e.filename}" if e.filename else ""
-        resumes = " (rerun the same command to resume)" if argv and argv[0] == "profile" else ""
+        resumes = " (rerun the same command to resume)" if _verb(argv or []) == "profile" else ""
         print(f"lagom-tune: failed: {e.strerror or e}{where}{resumes}", file=sys.stderr)
         sys.exit(1)
     except Exception as e:  # a bug: still one line unless --verbose

@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -271,7 +272,7 @@ def test_a_command_killed_after_the_grace_goes_with_every_process_it_started(tmp
 
     tree = subprocess.Popen(["sh", "-c", "sleep 60 & sh -c 'sleep 60 & wait' & wait"])
     deadline = time.time() + 10
-    while len(_descendants(tree.pid)) < 4 and time.time() < deadline:  # sleep, sh, its sleep (and the shells' forks)
+    while len(_descendants(tree.pid)) < 3 and time.time() < deadline:  # sleep, sh and its sleep
         time.sleep(0.05)
     below = _descendants(tree.pid)
     assert len(below) >= 3, below
@@ -283,6 +284,30 @@ def test_a_command_killed_after_the_grace_goes_with_every_process_it_started(tmp
         time.sleep(0.05)
     alive = [p for p in below if os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]]
     assert not alive, alive
+
+
+def test_the_grace_ends_in_killing_the_whole_tree(monkeypatch):
+    """What apply does once a stopped command outlives STOP_GRACE_S: the tree, not the command alone."""
+    import signal
+    import time
+
+    from lagom_tune.errors import Interrupted
+    from lagom_tune.runtime import launch
+
+    monkeypatch.setattr(launch, "STOP_GRACE_S", 1.0)
+    tree = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60 & sleep 60 & wait"])
+    deadline = time.time() + 10
+    while len(launch._descendants(tree.pid)) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    below = launch._descendants(tree.pid)
+    assert len(below) == 2, below
+    started = time.time()
+    assert launch._wait_grace(tree, Interrupted(signal.SIGTERM)) == -9 and time.time() - started < 10
+    for pid in below:  # gone, or a zombie until init reaps it
+        deadline = time.time() + 10
+        while os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]:
+            assert time.time() < deadline, pid
+            time.sleep(0.05)
 
 
 def test_an_ignored_sigint_stays_ignored(tmp_path):

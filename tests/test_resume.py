@@ -213,6 +213,8 @@ def test_a_resume_refuses_rows_of_points_this_profile_does_not_measure(tiny_run,
     other["ranks"] = 3
     assert other["point"].str.contains(":3|", regex=False).all()
     pd.concat([df, other]).to_csv(run / "measurements.csv", index=False)
+    with open(run / "measurements.csv", "a") as f:  # and a cut line: refused before the rewrite that drops it
+        f.write((run / "measurements.csv").read_text().splitlines()[1][:40])
     before = (run / "measurements.csv").read_bytes()
     r = cli("profile", "--workload", tiny_run.parent / "tiny.yaml", "--ranks", 2, "--repeats", 3, "--out", run)
     assert r.returncode == 2 and "point(s) this profile does not measure" in r.stderr, r.stderr

@@ -22,8 +22,9 @@ def rows_digest(df: pd.DataFrame) -> str:
     Returns:
         16 hex digits.
     """
-    cols = [c for c in ("point", "repeat", "time_us") if c in df.columns]
-    total = int(pd.util.hash_pandas_object(df[cols], index=False).sum()) if len(df) else 0  # wraps: uint64
+    # the same types whatever a reader inferred (a repeat read as float hashes otherwise)
+    cols = df[["point", "repeat", "time_us"]].astype({"point": str, "repeat": "int64", "time_us": "float64"})
+    total = int(pd.util.hash_pandas_object(cols, index=False).sum()) if len(df) else 0  # wraps: uint64
     return f"{total % 2 ** 64:016x}"
 
 

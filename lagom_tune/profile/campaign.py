@@ -24,8 +24,9 @@ def _now() -> str:
 
 
 def _resume_state(run: RunFolder, workload: Workload, backend: Backend, fingerprint: dict[str, Any],
-                  repeats: int) -> tuple[str | None, set[str]]:
-    """When the run folder's profile started and which points it holds (none for a new folder)."""
+                  repeats: int, planned: set[str]) -> tuple[str | None, set[str]]:
+    """When the run folder's profile started and which points it holds (none for a new folder);
+    refused (UserError) when they are not this profile's (``planned``: its points' keys)."""
     if not run.exists():
         return None, set()
     meta = run.read_meta()
@@ -37,8 +38,16 @@ def _resume_state(run: RunFolder, workload: Workload, backend: Backend, fingerpr
     if meta.get("repeats") != repeats:
         raise UserError(f"{run.path} was profiled with --repeats {meta.get('repeats')}; resume with the same value")
     if run.csv_path.exists():
-        run.drop_incomplete()  # a point cut short is measured again, whole
-    return meta.get("started"), run.done_points() if run.csv_path.exists() else set()
+        rows, health = run.read()
+        foreign = sorted(set(rows["point"].astype(str)).union(health.short_points) - planned)
+        if foreign:  # measured and fitted with this profile's, they would make one model of two setups
+            made = (meta.get("tool") or {}).get("version")
+            by = f" (this folder was profiled by lagom-tune {made}, this is {__version__})" if made and made != __version__ else ""
+            raise UserError(f"{run.csv_path} holds {len(foreign)} point(s) this profile does not measure (e.g. "
+                            f"{foreign[0]}): rows of another run or setup{by}; choose a new --out")
+        run.drop_incomplete(rows, health)  # a point cut short is measured again, whole
+        return meta.get("started"), set(rows["point"].astype(str))
+    return meta.get("started"), set()
 
 
 def _agreed_todo(run: RunFolder, workload: Workload, backend: Backend, fingerprint: dict[str, Any], points: list[Point],
@@ -66,11 +75,7 @@ def _agreed_todo(run: RunFolder, workload: Workload, backend: Backend, fingerpri
     if backend.writer:
         try:
             release = run.lock()
-            started, done = _resume_state(run, workload, backend, fingerprint, repeats)
-            foreign = sorted(done - {p.key for p in points})
-            if foreign:  # fitted with this profile's, they would be one model of two setups
-                raise UserError(f"{run.csv_path} holds {len(foreign)} point(s) this profile does not measure (e.g. "
-                                f"{foreign[0]}): rows of another run or setup; choose a new --out")
+            started, done = _resume_state(run, workload, backend, fingerprint, repeats, {p.key for p in points})
             state = ("ok", started, [p.key for p in points if p.key not in done])
         except UserError as e:
             release()

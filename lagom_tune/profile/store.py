@@ -355,12 +355,12 @@ class RunFolder:
         """The rows of every complete point (see :meth:`read`)."""
         return self.read()[0]
 
-    def done_points(self) -> set[str]:
-        return set(self.measurements()["point"].astype(str))
+    def drop_incomplete(self, complete: pd.DataFrame, health: CsvHealth) -> None:
+        """Rewrite ``measurements.csv`` with complete points only, before a resume re-measures the rest.
 
-    def drop_incomplete(self) -> CsvHealth:
-        """Rewrite ``measurements.csv`` with complete points only, before a resume re-measures the rest."""
-        complete, health = self.read()
+        Args:
+            complete, health: what :meth:`read` returned.
+        """
         # A point's rows are appended together: an interrupted profile leaves the last short, never
         # all of them. Every point short is meta.yaml's repeats edited up, and the rewrite would delete every row.
         if complete.empty and len(health.short_points) > 1:
@@ -369,7 +369,6 @@ class RunFolder:
                             "nothing was rewritten")
         if not health.ok:
             self._write(complete)
-        return health
 
     def append_rows(self, rows: list[dict[str, Any]]) -> None:
         """Add ``rows`` to ``measurements.csv``: appended in one write when the file ends in a whole

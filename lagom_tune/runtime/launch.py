@@ -447,7 +447,7 @@ def _exec_failure(program: str, e: OSError) -> str:
     if e.errno == errno.ENOEXEC:
         return f"cannot run {program}: not a program this system can start (a script needs a #! line)"
     if isinstance(e, FileNotFoundError):  # the file is there: its #! interpreter is not
-        return f"cannot run {program}: the interpreter its #! line names is not found"
+        return f"cannot run {program}: the interpreter its #! line names (or a binary's dynamic loader) is not found"
     return f"cannot run {program}: {e.strerror or e}"
 
 

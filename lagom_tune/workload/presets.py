@@ -571,8 +571,8 @@ def resolve_workload(name_or_file: str, **shape: Any) -> Workload:
     """
     if not name_or_file.strip():  # Path("") is the current folder
         raise UserError("--workload is empty: give a preset (see `lagom-tune workload list`) or a workload file")
-    if name_or_file in PRESETS:
-        return build_preset(name_or_file, **shape)
+    if name_or_file in PRESETS:  # checked as its file would be: --seq x --mbs may make a side no loader takes
+        return Workload.from_dict(build_preset(name_or_file, **shape).to_dict(), f"{name_or_file} (preset)")
     if Path(name_or_file).suffix in (".yaml", ".yml") or Path(name_or_file).exists():
         given = [k for k in PRESET_SHAPE if shape.get(k) is not None]
         if given:  # a file's shapes are its own: the option was ignored
