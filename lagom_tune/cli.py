@@ -192,7 +192,7 @@ def search(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Plan YAML to write."),
     compare: bool = typer.Option(False, "--compare", help="Run every optimizer and print them side by side."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    n_trials: int = typer.Option(200, min=1, help="Optuna trial budget."),
+    n_trials: int = typer.Option(200, min=1, max=10 ** 6, help="Optuna trial budget."),
     timeout: Optional[float] = typer.Option(None, parser=_number(0.1), help="Optuna time budget in seconds (at least 0.1)."),
     seed: int = typer.Option(0, min=0, max=2**32 - 1, help="Optuna sampler seed."),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL, e.g. sqlite:///study.db (resumable)."),

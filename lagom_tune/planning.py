@@ -15,7 +15,7 @@ from lagom_tune.model.contention import CostModel, load_model, stale_reason
 from lagom_tune.plan.schema import CollectiveRule, Plan, knob_space_for
 from lagom_tune.profile.store import open_run
 from lagom_tune.search.replay import validate
-from lagom_tune.search.run import SearchOutcome, search
+from lagom_tune.search.run import SearchOutcome, option_names, search
 from lagom_tune.workload.spec import Workload
 
 
@@ -128,6 +128,9 @@ def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
     )
 
 
+RECORDED_OPTIONS = ("n_trials", "timeout", "seed", "study_name", "multi_objective", "min_gain")  # into the plan's search record
+
+
 def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0, **options: Any) -> tuple[Plan, SearchOutcome]:
     """Read a profiled run folder (workload, fingerprint, fitted model), search it, make the plan.
 
@@ -143,6 +146,11 @@ def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0
     inputs = load_search_inputs(run_dir)
     outcome = search(inputs.workload, inputs.model, inputs.space, optimizer, **options)
     plan = build_plan(inputs, outcome)
+    # what reproduces the search: its options of the optimizer that ran (a seed, a trial budget), and min_gain
+    taken = option_names(optimizer) | {"min_gain"}
+    recorded = {k: val for k, val in options.items() if k in taken and k in RECORDED_OPTIONS and val is not None}
+    if recorded:
+        plan = replace(plan, search={**plan.search, "options": recorded})
     if validate_repeats:
         measured = validate(inputs.workload, inputs.meta["fingerprint"],
                             {"default": outcome.default.settings, "plan": outcome.chosen.settings}, validate_repeats)

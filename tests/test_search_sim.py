@@ -57,6 +57,9 @@ def test_plans_from_every_optimizer_pass_apply_dry_run(phi2, optimizer, tmp_path
     cli("search", run_dir, "--optimizer", optimizer, *trials, "--min-gain", "0", "--out", plan, check=True)
     d = yaml.safe_load(plan.read_text())
     assert d["search"]["optimizer"] == optimizer and d["target"]["simulated"] is True
+    # what reproduces the search (an Optuna run's seed and budget were not recorded)
+    assert d["search"]["options"] == ({"n_trials": 30, "seed": 0, "multi_objective": False, "min_gain": 0.0}
+                                      if optimizer == "optuna" else {"min_gain": 0.0}), d["search"]
     r = cli("apply", plan, "--dry-run", check=True)
     assert "simulated plan" in r.stdout
     assert ("NCCL tuner plugin" in r.stdout) == bool(d["collectives"]), r.stdout  # built where there are rules

@@ -7,6 +7,8 @@ communicator and size). The runtime shim reads nothing else.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,8 +251,11 @@ def _hardware_record(d: Any, path: str) -> dict[str, Any]:
 def _search_record(d: Any, path: str) -> dict[str, Any]:
     """The plan's ``search`` section (which optimizer, its effort, why it kept the defaults), checked
     as ``show`` and ``apply`` read it."""
-    d = v.known_keys(v.mapping(d, path), ("optimizer", "evaluations", "seconds", "kept_default", "pareto"), path)
+    d = v.known_keys(v.mapping(d, path), ("optimizer", "evaluations", "seconds", "kept_default", "pareto", "options"), path)
     v.field(d, "optimizer", path, str, "")
+    for key, val in v.mapping(v.field(d, "options", path, dict, {}), f"{path}.options").items():  # what reproduces the search
+        if not isinstance(val, (bool, int, float, str)) or isinstance(val, float) and not math.isfinite(val):
+            raise UserError(f"{path}.options.{key}: expected a number, a flag or a name, got {val!r}")
     v.field(d, "evaluations", path, int, None, minimum=0)
     v.field(d, "seconds", path, float, None, minimum=0.0)
     v.field(d, "kept_default", path, str, None)
