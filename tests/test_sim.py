@@ -132,7 +132,7 @@ def test_points_a_rank_cannot_hold_are_refused_before_the_folder_is_touched(tmp_
     with pytest.raises(UserError, match=r"the GEMM 1x64x64x64:bf16 \(0.0 GiB\) beside the all_gather of 1099511627776 bytes \(1024.0 GiB\)"):
         check_memory([Point("overlap", (), gemm=small, op="all_gather", nbytes=1 << 40)], {"rank_memory_GiB": 80.0})
     check_memory([Point("gemm", (), gemm=g)], {})  # a backend that does not say: nothing is checked
-    r = cli("profile", "--workload", "llama3-8b-fsdp8", "--backend", "sim", "--hardware", "a40-pcie", "--mbs", "100000",
+    r = cli("profile", "--workload", "llama3-8b-fsdp8", "--backend", "sim", "--hardware", "a40-pcie", "--mbs", "4000",
             "--out", tmp_path / "r")
     assert r.returncode == 2 and "GiB on each rank, at least; a rank here has 44.7 GiB" in r.stderr
     assert not (tmp_path / "r").exists()
