@@ -180,7 +180,7 @@ def test_the_commands_exit_code_passes_through(tmp_path):
     # an executable file the system cannot start ended in "internal error: OSError: Exec format error",
     # and one whose #! interpreter is missing was "command not found" though it is there
     for name, text, said in (("noshebang", "echo hi\n", "not a program this system can start (a script needs a #! line)"),
-                             ("badshebang", "#!/nonexistent/python\n", "the interpreter its #! line names is not found")):
+                             ("badshebang", "#!/nonexistent/python\n", "the interpreter its #! line names (or a binary's dynamic loader) is not found")):
         script = tmp_path / name
         script.write_text(text)
         script.chmod(0o755)
