@@ -119,7 +119,7 @@ def _progress(transient: bool = False) -> Progress:
 def profile(
     workload: str = typer.Option("cpu-demo", "--workload", "-w", help="Preset name (see `workload list`) or workload YAML file."),
     backend: str = typer.Option("gloo", help=backend_help()),
-    ranks: Optional[int] = typer.Option(None, min=1, help="Ranks to spawn (gloo; default 2), or cpu-demo's DDP world."),
+    ranks: Optional[int] = typer.Option(None, min=2, help="Ranks to spawn (gloo; default 2), or cpu-demo's DDP world."),
     hardware: Optional[str] = typer.Option(None, help="sim: a40-pcie, a40-nvlink, a100-nvlink, h100-nvlink, h200-nvlink "
                                            "(default h100-nvlink, said in the output)."),
     nodes: Optional[int] = typer.Option(None, min=1, help="sim: nodes of 8 GPUs, joined by InfiniBand (default: as many as "

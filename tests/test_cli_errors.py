@@ -45,7 +45,7 @@ def test_bad_workload_file(tmp_path):
     (["profile", "--bogus"], "No such option"),
     (["search"], "Missing argument"),
     (["profile", "--ranks", "two", "--out", "x"], "Invalid value for '--ranks'"),
-    (["profile", "--ranks", "1", "--out", "x"], "--ranks must be at least 2"),
+    (["profile", "--ranks", "1", "--out", "x"], "'--ranks': Input should be greater than or equal to 2"),  # its help said x>=1
     (["profile", "--ranks", "100000", "--out", "x"], "--ranks 100000 exceeds the"),
     (["search", "not-a-run-folder", "--out", "p.yaml"], "run folder not found"),
     (["show", "missing.yaml"], "file not found"),
