@@ -225,17 +225,16 @@ def describe(rule: TunerRule) -> str:
     return f"{rule.op} on {rule.role} ({rule.n_ranks or 'any'} ranks) {rule.min_bytes}..{rule.max_bytes} B: {sets}"
 
 
-def rules_needing_plugin(plan: Plan, rules: TunerRules) -> tuple[TunerRule, ...]:
+def rules_needing_plugin(rules: TunerRules, configs: Mapping[str, CommunicatorConfig]) -> tuple[TunerRule, ...]:
     """Rules that per-communicator CTA bounds cannot deploy on their own: an algorithm or protocol,
     or a channel count the role's bounds (min..max over its rules) do not pin down.
 
     Args:
-        plan: the plan (its roles' CTA bounds).
-        rules: its tuner rules.
+        rules: a plan's tuner rules.
+        configs: its roles' CTA bounds (``communicator_configs``).
     Returns:
         The rules only the tuner plugin deploys.
     """
-    configs = communicator_configs(plan)
     out = []
     for r in rules.rules:
         cfg = configs.get(r.role)  # the rule's own role: its bounds, whatever other role shares its size
@@ -256,9 +255,9 @@ def prepare_tuner(plan: Plan, cache: Path | None = None) -> TunerDeployment | No
     """
     if not backend_info(plan.backend).deploys_tuner_rules or not plan.rules:
         return None
-    rules = tuner_rules(plan)
+    rules, bounds = tuner_rules(plan), communicator_configs(plan)
     if not rules.rules:
-        return TunerDeployment(rules, None, None, (), communicator_configs(plan))
+        return TunerDeployment(rules, None, None, (), bounds)
     text = rules.text()
     path = _write_rules(text, cache)
     plugin = ensure_plugin(cache)
@@ -268,7 +267,7 @@ def prepare_tuner(plan: Plan, cache: Path | None = None) -> TunerDeployment | No
         plugin, refusal = PluginBuild(None, f"cannot load the NCCL tuner plugin {plugin.path}: {e}; delete it to rebuild"), ""
     if refusal:  # NCCL would load the plugin, which would then drop every rule
         raise UserError(f"the tuner plugin would refuse the plan's rules and NCCL would use none of them: {refusal} of {path}")
-    return TunerDeployment(rules, path, plugin, rules_needing_plugin(plan, rules), communicator_configs(plan))
+    return TunerDeployment(rules, path, plugin, rules_needing_plugin(rules, bounds), bounds)
 
 
 def _write_rules(text: str, cache: Path | None) -> Path:
