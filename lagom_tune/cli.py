@@ -39,7 +39,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 workload_app = typer.Typer(no_args_is_help=True, help="List, inspect and build workloads.")
 app.add_typer(workload_app, name="workload")
 _state = {"verbose": False}
-SQLITE_URL = "sqlite:///"  # an Optuna storage URL naming a file: sqlite:///relative.db, sqlite:////absolute.db
 
 
 def _usage_error_types() -> tuple[type[BaseException], ...]:
@@ -178,7 +177,7 @@ def fit(run_dir: Path = typer.Argument(..., help="A run folder with measurements
         fit_run(run, progress=lambda done, total: bar.update(task, completed=done, total=total))
     for item in render.model_tables(read_yaml(run.model_path, "model file")):
         render.console.print(item)
-    render.console.print(f"[green]wrote[/] {escape(str(run.model_path))}")
+    render.wrote(run.model_path)
     unfinished = run.unfinished()
     if unfinished:
         render.console.print(f"[yellow]note[/] {escape(unfinished)}: this model is for a look; `search` waits for the rest")
@@ -206,7 +205,7 @@ def search(
     """Search the fitted model for the settings that finish an iteration first; write a plan."""
     # local: the search imports optuna; other verbs start without it
     from lagom_tune.planning import load_search_inputs, plan_from_run
-    from lagom_tune.search.run import OPTIMIZERS, compare as compare_all, option_names, taken_options
+    from lagom_tune.search.run import OPTIMIZERS, check_storage_apart, compare as compare_all, option_names, taken_options
 
     # The optimizers' flags, offered whichever optimizer runs; each optimizer gets the ones it takes.
     flag_options = dict(n_trials=n_trials, timeout=timeout, seed=seed, storage=storage, study_name=study_name,
@@ -250,8 +249,7 @@ def search(
     if out is None:
         raise UserError("--out PLAN.yaml is required (or use --compare)")
     check_writable(out, "plan", open_run(run_dir).files, replaces=PLAN_FILE_MARK)
-    if storage and storage.startswith(SQLITE_URL) and Path(storage[len(SQLITE_URL):]).resolve() == out.resolve():
-        raise UserError(f"--out {out} is the Optuna study's database (--storage {storage}); give the plan another file")
+    check_storage_apart(storage, out)
     with bar:
         plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, min_gain=min_gain, **opts)
     plan.save(out)
@@ -260,7 +258,7 @@ def search(
         return
     for item in render.plan_summary(plan):
         render.console.print(item)
-    render.console.print(f"[green]wrote[/] {escape(str(out))}")
+    render.wrote(out)
 
 
 class _CommandAfterDashes(typer.core.TyperCommand):
@@ -402,7 +400,7 @@ def report(
     out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write."),
 ) -> None:
     """One self-contained HTML page: fit pictures, accuracy, and for a plan a before/after timeline."""
-    render.console.print(f"[green]wrote[/] {escape(str(write_report(target, out)))}")
+    render.wrote(write_report(target, out))
 
 
 @workload_app.command("list")
@@ -450,8 +448,8 @@ def workload_import(
     w = import_trace(trace, name=name, ranks=ranks)
     w.save(out)
     s = summary(w)
-    render.console.print(f"[green]wrote[/] {escape(str(out))}: {s['groups']} groups from {s['gemms']} GEMMs and {s['collectives']} collectives; "
-                         f"groups cover {s['groups_ms']:.1f} of {s['traced_step_ms']:.1f} traced ms, {s['exposed_ms']:.1f} ms exposed")
+    render.wrote(out, f"{s['groups']} groups from {s['gemms']} GEMMs and {s['collectives']} collectives; "
+                      f"groups cover {s['groups_ms']:.1f} of {s['traced_step_ms']:.1f} traced ms, {s['exposed_ms']:.1f} ms exposed")
 
 
 def _interrupted(e: BaseException | None, argv: list[str] | None) -> None:

@@ -35,6 +35,16 @@ def simulated_tag(simulated: bool) -> str:
     return " [bold magenta](simulated)[/]" if simulated else ""
 
 
+def wrote(path: Any, detail: str = "") -> None:
+    """Say that a verb wrote a file (its path escaped: a name holding ``[...]`` is no markup).
+
+    Args:
+        path: the file written.
+        detail: what it holds, after a colon ("" for nothing).
+    """
+    console.print(f"[green]wrote[/] {escape(str(path))}" + (f": {escape(detail)}" if detail else ""))
+
+
 def percent(value: float) -> str:
     """A fraction as a percentage with one decimal (a held-out MAPE of 0.1% is not 0%), "n/a" for
     NaN (a quantity with no points to hold out).

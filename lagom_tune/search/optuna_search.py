@@ -7,6 +7,7 @@ storage (``sqlite:///study.db``) and ``load_if_exists``.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable
 
 import optuna
@@ -21,6 +22,21 @@ from lagom_tune.search.space import Var, default_assignment
 
 
 OBJECTIVE_ATTR = "lagom_tune.objective"  # the study's user attribute: the evaluator's identity it was started with
+SQLITE_URL = "sqlite:///"  # an Optuna storage URL naming a file: sqlite:///relative.db, sqlite:////absolute.db
+
+
+def check_storage_apart(storage: str | None, out: Path) -> None:
+    """Refuse an Optuna storage whose database is the file a verb is about to write (``--storage
+    sqlite:///plan.yaml --out plan.yaml`` replaced the study with the plan).
+
+    Args:
+        storage: the Optuna storage URL, or None.
+        out: the file to be written.
+    Raises:
+        UserError: when the storage's database is ``out``.
+    """
+    if storage and storage.startswith(SQLITE_URL) and Path(storage[len(SQLITE_URL):]).resolve() == out.resolve():
+        raise UserError(f"--out {out} is the Optuna study's database (--storage {storage}); give the plan another file")
 
 
 def comm_sms(settings: Settings) -> int:

@@ -12,10 +12,12 @@ from lagom_tune.model.contention import CostModel
 from lagom_tune.search.baselines import autoccl_search, default_search, exhaustive_search
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search.lagom import lagom_search
-from lagom_tune.search.optuna_search import optuna_search
+from lagom_tune.search.optuna_search import check_storage_apart, optuna_search
 from lagom_tune.search.result import SearchResult
 from lagom_tune.search.space import variables
 from lagom_tune.workload.spec import Workload
+
+__all__ = ["OPTIMIZERS", "check_options", "check_storage_apart", "compare", "option_names", "run_optimizer", "search", "taken_options"]
 
 # Every optimizer has one lifecycle: ``fn(evaluator, variables, **its keyword-only options)`` returns
 # a SearchResult. Its options are its keyword-only parameters, typed and documented there.
