@@ -51,6 +51,10 @@ def test_bad_workload_file(tmp_path):
     (["show", "missing.yaml"], "file not found"),
     (["show", "/dev/null"], "/dev/null is not a regular file"),  # was "file not found"
     (["profile", "--workload", "", "--out", "x"], "--workload is empty"),  # was ". is a folder"
+    # empty values took the defaults silently; --ib-gbps was accepted and recorded as nothing on one node
+    (["profile", "--backend", "sim", "--hardware", "", "--out", "x"], "unknown --hardware ''"),
+    (["workload", "show", "llama3-8b", "--parallel", ""], "--parallel '': expected"),
+    (["profile", "--backend", "sim", "--workload", "olmoe-1b-7b", "--ib-gbps", "100", "--out", "x"], "fit one node of 8 GPUs"),
 ])
 def test_bad_flags_and_arguments(args, fragment):
     assert_one_line_error(cli(*args), fragment)

@@ -147,7 +147,7 @@ class SimBackend(LocalBackend):
     """The simulated cluster behind the Backend protocol; labelled ``simulated`` everywhere."""
 
     def __init__(self, options: BackendOptions):
-        hw = options.hardware or DEFAULT_CLUSTER
+        hw = DEFAULT_CLUSTER if options.hardware is None else options.hardware  # '' is refused, not the default
         if hw not in CLUSTERS:
             raise UserError(f"unknown --hardware {hw!r}; simulated clusters: {', '.join(CLUSTERS)}")
         ib = int(options.extra.get("ib_gbps", 400))
@@ -214,6 +214,9 @@ class SimBackend(LocalBackend):
             raise UserError(f"the workload needs {needed} nodes of {GPUS_PER_NODE} GPUs (its largest communicator); "
                             f"--nodes {self.options.nodes} is too {'few' if self.options.nodes < needed else 'many'} "
                             "(leave --nodes out to size the cluster to it)")
+        if self.nodes == 1 and "ib_gbps" in self.options.extra:  # it would be accepted and recorded as nothing
+            raise UserError(f"--ib-gbps {self.ib_gbps}: the workload's communicators fit one node of {GPUS_PER_NODE} GPUs, "
+                            "joined by NVLink or PCIe, not InfiniBand; leave --ib-gbps out")
 
     def iteration(self, workload: Workload, items) -> float:
         return self.sim.iteration(workload, settings_from_items(items))

@@ -31,7 +31,7 @@ def backend_from_fingerprint(fp: dict[str, Any]):
     return info.create(BackendOptions(
         ranks=int(fp.get("ranks", 2)), hardware=fp.get("cluster"),
         nodes=int(fp.get("nodes", 1)), seed=int(fp.get("seed") or 0), noise=float(fp.get("noise") or 0.0),
-        extra={"ib_gbps": fp.get("ib_gbps") or 400}))
+        extra={"ib_gbps": fp["ib_gbps"]} if fp.get("ib_gbps") else {}))  # recorded for multi-node clusters only
 
 
 def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[str, Settings], repeats: int) -> dict[str, Any]:

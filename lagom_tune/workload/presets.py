@@ -479,7 +479,7 @@ def build_model(model: str, parallel: str | None = None, seq: int | None = None,
         The Workload.
     """
     arch = ARCHS[model]
-    par = parse_parallel(parallel or ("ep=8" if arch.experts else "fsdp=8"))
+    par = parse_parallel(("ep=8" if arch.experts else "fsdp=8") if parallel is None else parallel)  # '' is refused, not the default
     family = next(iter({"fsdp", "tp", "ep", "ddp"} & set(par)))
     mbs = mbs or PAPER_MBS.get((model, family), 1)
     seq = seq or min(DEFAULT_SEQ, arch.max_seq)
@@ -517,7 +517,7 @@ def _model_preset(model: str, parallel: str | None = None) -> Preset:
     default = parallel or ("ep=8" if a.experts else "fsdp=8")
 
     def build(parallel: str | None = None, seq: int | None = None, mbs: int | None = None, **kw: Any) -> Workload:
-        return build_model(model, parallel or default, seq, mbs, **kw)
+        return build_model(model, default if parallel is None else parallel, seq, mbs, **kw)
 
     return Preset(f"{model} ({a.layers} layers, {kind}); --parallel {default} by default", build)
 
