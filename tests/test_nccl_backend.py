@@ -438,6 +438,47 @@ def test_an_overlapped_job_is_the_same_at_every_setting_of_a_shape():
     assert jobs == {(25, 7 << 20)} and len(sized) == 1  # 25 GEMMs of 40 µs last 1 ms; sized once
 
 
+def test_a_collectives_overlapped_job_is_sized_at_nccls_defaults_and_kept_by_later_workers(monkeypatch):
+    """The GEMMs beside a collective were counted at the shape's first point, channels=1 (the
+    collective at its slowest), and counted again in each buffer size's worker: the job changed
+    with the setting, and at 32-64 channels the collective covered a small part of the window."""
+    from lagom_tune.backends.nccl_sweep import JOB_REFERENCE, batches, job_key, plan_collective_points
+    from lagom_tune.backends.nccl_worker import CudaMeter, WorkerSpec
+    import lagom_tune.backends.tensors as tensors
+
+    monkeypatch.setattr(tensors, "slowest_rank", lambda dist, values, device="cpu": values)
+    space = nccl_knob_space(64, 16)
+    points = plan_collective_points(ONE_PAIR, space, world=2, gpus_per_node=2)
+    with_overlaps = [b for b in batches(points) if any(p.kind == "overlap" for p in b.points)]
+    # the first worker to meet the overlaps runs NCCL's default buffer size: it sizes every job
+    assert dict(with_overlaps[0].process)["buffsize"] == JOB_REFERENCE["buffsize"] == space["buffsize"].default
+    collective_us = {1: 40_000.0, 16: 8_000.0, 64: 4_000.0}  # the collective alone at each channel count
+
+    def meter(jobs=()):
+        m = CudaMeter.__new__(CudaMeter)
+        m.device, m.dist = "cpu", types.SimpleNamespace()
+        m.jobs = {k: (n, b) for k, n, b in jobs}
+        m.comm = lambda point, nbytes=None, settings=None: (("launch", point.settings["channels"]), None)
+        m.per_launch_us = lambda fn, warmup=3, count=5: collective_us[fn[1]]
+        return m
+
+    first = meter()
+    overlaps = [p for b in with_overlaps for p in b.points if p.kind == "overlap"]
+    assert overlaps[0].settings["channels"] == 1  # the first setting met is the slowest
+    jobs = {first.job(p, 50e-6) for p in overlaps}
+    assert jobs == {(160, 0)}  # 8 ms at 16 channels / 50 µs GEMMs, at every setting
+    passed = tuple((k, n, b) for k, (n, b) in first.jobs.items())
+    later = meter(passed)
+    later.per_launch_us = lambda fn, warmup=3, count=5: pytest.fail("a later worker sized a job again")
+    assert later.job(overlaps[-1], 55e-6) == (160, 0) and job_key(overlaps[-1]) in later.jobs
+    # never fewer GEMMs than the GEMM point's own 1 ms sample (the two are one measurement)
+    short = meter()
+    short.per_launch_us = lambda fn, warmup=3, count=5: 10.0
+    assert short.job(overlaps[0], 50e-6) == (20, 0)
+    # the worker hands its jobs on in its last message
+    assert WorkerSpec(0, 2, 0, 2, "h", 0, "p/", (), 1, 60.0, jobs=passed).jobs == passed
+
+
 def test_gemm_launches_cycle_operand_copies_past_the_l2():
     """The H200 ran MPT-7B's 4x128x2048x2048 at 4.7 TB/s of A, B and C moved once, more than the
     4.26 TB/s it copies: back to back on one pair of operands, a GEMM reads them from the L2 the

@@ -220,17 +220,19 @@ class NcclBackend(RegisteredBackend):
     def measure(self, points: list[Point], repeats: int, sink: RowSink) -> None:
         if any(p.kind == "iteration" for p in points):
             raise UserError("the nccl backend does not replay whole iterations; measure a plan with `lagom-tune apply`")
+        jobs: tuple = ()
         for i, batch in enumerate(batches(points)):
             env, removed = worker_env(dict(batch.process), batch.ops, self.nccl_version, os.environ)
             if removed and self.writer and i == 0:
                 print(f"lagom-tune: the profile sets these itself and ignores yours: {', '.join(removed)}")
             spec = WorkerSpec(self.coord.rank, self.coord.world, self.coord.local_rank, self.coord.gpus_per_node,
                               self.coord.store_host, self.coord.store_port, f"lagom/{self.token}/{i}/", batch.points,
-                              repeats, self.options.timeout_s, self.standin)
-            self._run_batch(spec, env, sink)
+                              repeats, self.options.timeout_s, self.standin, jobs)
+            jobs = self._run_batch(spec, env, sink)
         self.coord.finish()
 
-    def _run_batch(self, spec: WorkerSpec, env: dict[str, str], sink: RowSink) -> None:
+    def _run_batch(self, spec: WorkerSpec, env: dict[str, str], sink: RowSink) -> tuple:
+        """Measure one batch in a worker of its own; returns the overlapped jobs it knows (for the next)."""
         import torch
 
         ctx = torch.multiprocessing.get_context("spawn")
@@ -248,7 +250,7 @@ class NcclBackend(RegisteredBackend):
                     raise RunError(f"rank {r}: {why}", hint="rerun the same command to resume from the last completed point")
                 if self.writer:
                     sink(point, reduce_ranks(point, [m[1] for m in everyone]))
-            _await_done(proc, results, spec.timeout_s)
+            return _await_done(proc, results, spec.timeout_s)
         finally:
             proc.join(timeout=10)
             if proc.is_alive():
@@ -274,13 +276,15 @@ def _next_rows(proc, results, i: int, spec: WorkerSpec, total: int) -> tuple:
     return ("error", f"worker made no progress for {spec.timeout_s:.0f} s at point {i + 1} of {total} of its batch")
 
 
-def _await_done(proc, results, timeout_s: float) -> None:
+def _await_done(proc, results, timeout_s: float) -> tuple:
+    """The worker's overlapped jobs, once it has finished its last point."""
     try:
         msg = results.get(timeout=timeout_s)
     except queue.Empty:
         raise RunError("a worker did not finish after its last point", hint="rerun to resume") from None
     if msg[0] == "error":
         raise RunError(f"worker failed while finishing: {msg[1]}")
+    return msg[1]
 
 
 @contextlib.contextmanager

@@ -33,9 +33,21 @@ PER_OP_SYNTAX = (2, 24)  # NCCL_ALGO="allreduce:tree;allgather:ring" since NCCL 
 PROBE = PROBE_OP  # the op of the probe's rows (registered as the nccl backend's instrument)
 PROBE_SIZES = (4 << 20, 32 << 20, 256 << 20)
 PROBE_THREADS = 512
-# The overlapped probe's job (its bytes) is what it copies at NCCL's default channels and buffer
-# size in the time of the GEMMs beside it; the same bytes at every setting of that shape.
-PROBE_REFERENCE = {k: nccl_knob_space().defaults()[k] for k in ("channels", "buffsize")}
+# An overlapped job is sized once per shape, at NCCL's default channels and buffer size: the
+# probe's bytes are what it copies then in the time of the GEMMs beside it, a collective's GEMMs as
+# many as last about as long as it does then; the same job at every setting of that shape.
+JOB_REFERENCE = {k: nccl_knob_space().defaults()[k] for k in ("channels", "buffsize")}
+
+
+def job_key(point: Point) -> tuple:
+    """What an overlapped point's job is sized for: its shape and its collective (not its knobs).
+
+    Args:
+        point: an overlapped point.
+    Returns:
+        The key of its job.
+    """
+    return (point.gemm.shape_key, point.op, point.nbytes, point.ranks, point.settings.get("nodes", 1))
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lagom_tune.backends.base import Point
-from lagom_tune.backends.gpu_timing import Launches, launch_count, launches, time_overlapped, time_run
-from lagom_tune.backends.nccl_sweep import PROBE, PROBE_REFERENCE, channel_options, subgroups
+from lagom_tune.backends.gpu_timing import MAX_LAUNCHES, Launches, launch_count, launches, time_overlapped, time_run
+from lagom_tune.backends.nccl_sweep import JOB_REFERENCE, PROBE, channel_options, job_key, subgroups
 from lagom_tune.backends.parent_watch import exit_with_parent
 from lagom_tune.backends.probe import Probe, probe_geometry, steps_for
 from lagom_tune.measurements import PAIRED, overlap_columns, timed_columns
@@ -37,10 +37,13 @@ class WorkerSpec:
     repeats: int
     timeout_s: float
     standin: bool = False  # CPU and gloo instead of CUDA and NCCL: tests of the orchestration only
+    # overlapped jobs an earlier batch sized, (job_key, n GEMMs, probe bytes): the same job at every setting
+    jobs: tuple[tuple[tuple, int, int], ...] = ()
 
 
 def worker_main(spec: WorkerSpec, results, parent: int) -> None:
-    """Entry point of a worker process; reports ("rows", i, rows), then ("done",) or ("error", msg).
+    """Entry point of a worker process; reports ("rows", i, rows), then ("done", jobs) with the
+    overlapped jobs it knows (``WorkerSpec.jobs``' form), or ("error", msg).
 
     Args:
         spec: the worker's rank, rendezvous and points.
@@ -67,7 +70,7 @@ def worker_main(spec: WorkerSpec, results, parent: int) -> None:
             results.put(("rows", i, meter.measure(point, spec.repeats)))
         dist.barrier()
         dist.destroy_process_group()
-        results.put(("done",))
+        results.put(("done", tuple((k, n, b) for k, (n, b) in getattr(meter, "jobs", {}).items())))
     except KeyboardInterrupt:  # Ctrl-C reaches every process of the group: the parent says it once
         raise SystemExit(130) from None
     except Exception as e:  # the parent names the rank and ends the run
@@ -135,7 +138,8 @@ class CudaMeter:
         self.spec, self.torch, self.dist = spec, torch, dist
         self.device = torch.device("cuda", spec.local_rank)
         self.groups: dict[tuple, Any] = {}
-        self.jobs: dict[tuple, tuple[int, int]] = {}  # overlapped job per shape (and collective): (n, probe bytes)
+        # overlapped job per shape and collective (job_key): (n GEMMs, probe bytes); earlier batches' given
+        self.jobs: dict[tuple, tuple[int, int]] = {k: (n, b) for k, n, b in spec.jobs}
         self.side = torch.cuda.Stream(device=self.device)
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -180,7 +184,7 @@ class CudaMeter:
     def probe_bytes_lasting(self, point: Point, seconds: float) -> int:
         """Bytes the probe at NCCL's default channels and buffer size copies in ``seconds``,
         from a timed 16 MiB trial: the overlapped probe's job at every setting of a shape."""
-        s = {**point.settings, **PROBE_REFERENCE}
+        s = {**point.settings, **JOB_REFERENCE}
         launch, trial = self.comm(point, 16 << 20, s)
         trial_s = self.per_launch_us(launch, warmup=1, count=1) / 1e6
         steps = steps_for(seconds, trial.geometry.steps, trial_s)
@@ -222,19 +226,22 @@ class CudaMeter:
 
     def job(self, point: Point, gemm_s: float) -> tuple[int, int]:
         """The overlapped job of the point's shape: ``n`` GEMMs, and the probe's bytes (0 for a
-        collective, whose size the workload fixes); fixed at the shape's first point."""
+        collective, whose size the workload fixes); sized once, at NCCL's default channels and
+        buffer size (:data:`~lagom_tune.backends.nccl_sweep.JOB_REFERENCE`), whichever setting
+        comes first, and kept for every other (later batches receive it in ``WorkerSpec.jobs``)."""
         from lagom_tune.backends.tensors import slowest_rank  # local: this module imports torch only in a worker
 
-        key = (point.gemm.shape_key, point.op, point.nbytes, point.ranks, point.settings.get("nodes", 1))
+        key = job_key(point)
         if key not in self.jobs:
             (y,) = slowest_rank(self.dist, (gemm_s,), self.device)  # every rank runs the same number of GEMMs
-            if point.op == PROBE:  # the GEMM point's launches; the probe copies what it can meanwhile at NCCL's defaults
-                n = launch_count(y)
+            n = launch_count(y)  # at least the GEMM point's launches: one measurement (see gpu_timing)
+            if point.op == PROBE:  # the probe copies what it can meanwhile at NCCL's defaults
                 self.jobs[key] = (n, self.probe_bytes_lasting(point, n * y))
-            else:  # as many GEMMs as last about as long as the collective
-                fn, _ = self.comm(point)
+            else:  # as many GEMMs as last about as long as the collective at NCCL's default channels
+                ref = replace(point, config=tuple({**point.settings, "channels": JOB_REFERENCE["channels"]}.items()))
+                fn, _ = self.comm(ref)
                 (x,) = slowest_rank(self.dist, (self.per_launch_us(fn, warmup=1) / 1e6,), self.device)
-                self.jobs[key] = (max(1, round(x / y)), 0)
+                self.jobs[key] = (max(n, min(MAX_LAUNCHES, round(x / y))), 0)
         return self.jobs[key]
 
     def overlap(self, point: Point, repeats: int) -> list[dict]:
