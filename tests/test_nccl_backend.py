@@ -86,9 +86,21 @@ def test_layout_checks_and_subgroups():
         check_layout(8, 8, 8, 2)
     with pytest.raises(UserError, match="within one node"):
         check_layout(16, 8, 16, 1)
-    assert subgroups(16, 8, 1) == [list(range(8)), list(range(8, 16))]  # tensor parallel within a node
-    assert subgroups(16, 2, 2) == [[i, i + 8] for i in range(8)]  # data parallel across nodes
-    assert subgroups(4, 4, 1) == [[0, 1, 2, 3]]
+    assert subgroups(16, 8, 1, 8) == [list(range(8)), list(range(8, 16))]  # tensor parallel within a node
+    assert subgroups(16, 2, 2, 8) == [[i, i + 8] for i in range(8)]  # data parallel across nodes
+    assert subgroups(4, 4, 1, 4) == [[0, 1, 2, 3]]
+    # a group over 2 nodes in a 4-node job spans 2 nodes, not all 4 (its rows say nodes=2)
+    assert subgroups(32, 16, 2, 8) == [list(range(16)), list(range(16, 32))]
+    assert subgroups(32, 4, 2, 8) == [[(b * 2 + n) * 8 + p * 2 + r for n in range(2) for r in range(2)] for b in range(2) for p in range(4)]
+    for world, ranks, nodes in ((32, 16, 2), (32, 4, 2), (16, 2, 2), (32, 8, 4)):
+        check_layout(world, 8, ranks, nodes)
+        groups = subgroups(world, ranks, nodes, 8)
+        assert sorted(r for g in groups for r in g) == list(range(world)) and {len(g) for g in groups} == {ranks}
+        assert {len({r // 8 for r in g}) for g in groups} == {nodes}
+    with pytest.raises(UserError, match="cannot tile"):
+        check_layout(24, 8, 4, 3)  # 4 ranks over 3 nodes: no equal slices
+    with pytest.raises(UserError, match="cannot tile"):
+        check_layout(24, 8, 6, 2)  # 3 ranks a node: 8 GPUs do not tile into slices of 3
 
 
 def test_worker_env_per_op_syntax_and_overrides_removed():

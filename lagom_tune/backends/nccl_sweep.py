@@ -163,23 +163,31 @@ def check_layout(world: int, gpus_per_node: int, ranks: int, nodes: int) -> None
         raise UserError(f"the workload has a collective across {nodes} nodes but this job spans {nodes_total}")
     if nodes == 1 and ranks > gpus_per_node:
         raise UserError(f"the workload has a {ranks}-rank collective within one node but this job has {gpus_per_node} GPUs per node")
+    if nodes > 1 and (ranks % nodes or gpus_per_node % (ranks // nodes) or nodes_total % nodes):
+        # a communicator takes the same share of each of its nodes, and the job tiles into them
+        raise UserError(f"the workload has a {ranks}-rank collective across {nodes} nodes, which this job of {nodes_total} "
+                        f"nodes of {gpus_per_node} GPUs cannot tile into equal slices of {nodes} nodes")
 
 
-def subgroups(world: int, ranks: int, nodes: int) -> list[list[int]]:
+def subgroups(world: int, ranks: int, nodes: int, gpus_per_node: int) -> list[list[int]]:
     """Communicators of ``ranks`` ranks that tile the job the way the workload lays them out:
-    consecutive ranks within a node; strided (one slice of every node) when a group spans nodes.
+    consecutive ranks within a node; across ``nodes`` nodes, the same slice of consecutive ranks
+    of each of ``nodes`` neighbouring nodes (a data-parallel group of 2 over 2 nodes: ``[i, i +
+    gpus_per_node]``), never more nodes than the workload's collective spans.
 
     Args:
         world: ranks in the job.
         ranks: ranks per communicator.
         nodes: nodes one communicator spans.
+        gpus_per_node: ranks per node.
     Returns:
-        Each communicator's global ranks.
+        Each communicator's global ranks (a layout :func:`check_layout` accepts).
     """
-    count = world // ranks
-    if nodes > 1:
-        return [list(range(start, world, count)) for start in range(count)]
-    return [list(range(i * ranks, (i + 1) * ranks)) for i in range(count)]
+    if nodes == 1:
+        return [list(range(i * ranks, (i + 1) * ranks)) for i in range(world // ranks)]
+    per_node = ranks // nodes
+    return [[(block * nodes + node) * gpus_per_node + part * per_node + r for node in range(nodes) for r in range(per_node)]
+            for block in range(world // gpus_per_node // nodes) for part in range(gpus_per_node // per_node)]
 
 
 def process_settings(p: Point) -> tuple[tuple[str, Any], ...]:

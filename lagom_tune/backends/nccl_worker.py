@@ -154,7 +154,7 @@ class CudaMeter:
         key = (point.ranks, s.get("nodes", 1), s["channels"])
         if key not in self.groups:
             opts = channel_options(self.dist.ProcessGroupNCCL.Options, point.ranks, s["channels"])
-            layout = subgroups(self.spec.world, point.ranks, s.get("nodes", 1))
+            layout = subgroups(self.spec.world, point.ranks, s.get("nodes", 1), self.spec.gpus_per_node)
             mine, _ = self.dist.new_subgroups_by_enumeration(layout, backend="nccl", pg_options=opts)
             self.groups[key] = mine
         return self.groups[key]
