@@ -175,6 +175,8 @@ def test_collective_calls_use_the_new_names_with_a_fallback():
 def test_nccl_version_from_torch():
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(nccl=types.SimpleNamespace(version=lambda: (2, 26, 2))))
     assert _nccl_version(fake) == (2, 26, 2)
+    suffixed = types.SimpleNamespace(cuda=types.SimpleNamespace(nccl=types.SimpleNamespace(version=lambda: (2, 28, 9, "+cuda13.0"))))
+    assert _nccl_version(suffixed) == (2, 28, 9)  # was a ValueError traceback when the backend started
 
     def broken():
         raise RuntimeError("no NCCL")
@@ -508,6 +510,33 @@ def test_gemm_launches_cycle_operand_copies_past_the_l2():
     products = [launch() for _ in range(2 * CACHE_SPAN)]
     assert all(not torch.equal(products[i], products[j]) for i in range(CACHE_SPAN) for j in range(i))  # a new pair each launch
     assert all(torch.equal(products[i], products[i + CACHE_SPAN]) for i in range(CACHE_SPAN))  # ... in a cycle
+
+
+def test_the_hbm_copy_is_timed_on_its_own_devices_stream():
+    """The events were recorded on the current device's stream (GPU 0 in every parent) while the
+    copy ran on cuda:local_rank: on local ranks > 0 they timed nothing."""
+    from lagom_tune.backends.nccl import _measured_copy_bandwidth
+
+    recorded = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self, stream=None):
+            recorded.append(stream)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 1.0
+
+    cuda = types.SimpleNamespace(Event=Event, current_stream=lambda device=None: ("stream of", device), empty_cache=lambda: None)
+    fake = types.SimpleNamespace(cuda=cuda, empty=lambda n, dtype=None, device=None: torch.empty(4), empty_like=torch.empty_like,
+                                 float32=torch.float32)
+    assert _measured_copy_bandwidth(fake, "cuda:3") == pytest.approx(2 * (1 << 30) / 1e-3 / 1e9)
+    assert recorded == [("stream of", "cuda:3")] * 10
 
 
 def test_short_launches_are_replayed_from_a_cuda_graph_and_long_ones_launched():

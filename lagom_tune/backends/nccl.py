@@ -109,7 +109,8 @@ def _nccl_version(torch) -> tuple[int, ...] | None:
         v = torch.cuda.nccl.version()
     except Exception:  # noqa: BLE001 - torch built without NCCL
         return None
-    return tuple(int(x) for x in v) if isinstance(v, tuple) else None
+    # (2, 28, 9) or, for an NCCL built with a suffix, (2, 28, 9, '+cuda13.0')
+    return tuple(int(x) for x in v[:3]) if isinstance(v, tuple) else None
 
 
 def _measured_copy_bandwidth(torch, device) -> float:
@@ -119,11 +120,12 @@ def _measured_copy_bandwidth(torch, device) -> float:
     dst = torch.empty_like(src)
     dst.copy_(src)
     best = float("inf")
+    stream = torch.cuda.current_stream(device)  # the copy's: the current device's would time nothing on local rank > 0
     for _ in range(5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start.record(stream)
         dst.copy_(src)
-        end.record()
+        end.record(stream)
         end.synchronize()
         best = min(best, start.elapsed_time(end) / 1e3)
     del src, dst
