@@ -19,6 +19,9 @@ from lagom_tune.knobs import Knob, KnobSpace
 
 ALGOS = ("ring", "tree")
 PROTOS = ("ll", "ll128", "simple")
+# NCCL runs all-to-all as send/recv: NCCL_PROTO and a tuner plugin never reach it, so only the
+# default protocol is measured, searched or planned for it.
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 CHANNELS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 THREADS = (64, 128, 256, 512)
 BUFFSIZES = (1 << 20, 2 << 20, 4 << 20, 8 << 20)
@@ -40,7 +43,8 @@ def nccl_knob_space(max_channels: int = 64, default_channels: int = 16) -> KnobS
         Knob("algo", "collective", ALGOS, "ring", comm_direction=0, mechanism="lagom-tune NCCL tuner plugin (NCCL_TUNER_PLUGIN)",
              description="collective algorithm", only_for=(("tree", ("all_reduce",)),)),
         Knob("proto", "collective", PROTOS, "simple", comm_direction=0, mechanism="NCCL tuner plugin",
-             description="protocol: LL (latency), LL128, Simple (bandwidth)"),
+             description="protocol: LL (latency), LL128, Simple (bandwidth)",
+             only_for=(("ll", COLLECTIVE_OPS), ("ll128", COLLECTIVE_OPS))),
         Knob("channels", "collective", channels, default_channels, mechanism="NCCL tuner plugin; communicator max_ctas",
              description="channels (one CTA, one SM each)"),
         Knob("threads", "process", THREADS, 512, mechanism="NCCL_NTHREADS", env="NCCL_NTHREADS",

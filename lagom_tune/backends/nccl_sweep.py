@@ -100,7 +100,7 @@ def plan_collective_points(workload: Workload, space: KnobSpace, world: int, gpu
                 _add(points, Point("collective", cfg, op=op, nbytes=size, ranks=ranks))
 
             for a in algo.domain_for({op}):
-                for p in proto.domain:
+                for p in proto.domain_for({op}):
                     for ch in chan.domain:
                         coll(nccl_config(a, p, ch, thr.default, buf.default, nodes))
             for ch in few_channels:

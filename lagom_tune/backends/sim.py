@@ -36,9 +36,9 @@ from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings, settings_from_items
 from lagom_tune.measurements import ALONE_COLUMNS, OVERLAPPED_COLUMNS, PAIRED, overlap_columns, timed_columns
 from lagom_tune.timeline import Timeline, simulate
+from lagom_tune.workload.presets import GPUS_PER_NODE
 from lagom_tune.workload.spec import Gemm, OverlapGroup, Workload
 
-GPUS_PER_NODE = 8  # every simulated cluster's node
 
 
 @dataclass(frozen=True)
@@ -181,13 +181,11 @@ class SimBackend(LocalBackend):
         for g in sorted(workload.gemms().values(), key=lambda g: g.flops):
             points.append(Point("gemm", (), gemm=g))
         colls = {(c.op, c.nbytes, c.ranks, c.nodes) for c in workload.collectives()}
-        cells = [(a, p, ch, t, b) for a in space["algo"].domain for p in space["proto"].domain
-                 for ch in space["channels"].domain for t in space["threads"].domain for b in space["buffsize"].domain]
         for op, nbytes, ranks, nodes in sorted(colls):
+            cells = [(a, p, ch, t, b) for a in space["algo"].domain_for({op}) for p in space["proto"].domain_for({op})
+                     for ch in space["channels"].domain for t in space["threads"].domain for b in space["buffsize"].domain]
             for size in sorted({nbytes, max(1 << 16, nbytes // 8)}):
                 for a, p, ch, t, b in cells:
-                    if a == "tree" and op != "all_reduce":
-                        continue
                     points.append(Point("collective", nccl_config(a, p, ch, t, b, nodes), op=op, nbytes=size, ranks=ranks))
         # Overlapped pairs: every GEMM shape that runs beside a collective, against each
         # collective of the workload, over channels and buffer sizes (Simple, ring, 512 threads).
