@@ -144,7 +144,7 @@ IN_TEST_PLAN = Plan(
            CollectiveRule("reduce_scatter", "dp", 1 << 20, 1 << 28, {"algo": "ring", "proto": "ll128", "channels": 4}),
            CollectiveRule("all_reduce", "tp", 1, 1 << 26, {"algo": "tree", "proto": "ll", "channels": 8}),
            CollectiveRule("all_reduce", "tp", 1 << 26, 1 << 30, {"channels": 16}),
-           CollectiveRule("broadcast", "*", 0, 4096, {"algo": "ring", "proto": "ll"}),
+           CollectiveRule("broadcast", "*", 0, 4096, {"algo": "ring", "proto": "simple"}),
            CollectiveRule("all_to_all", "dp", 0, 1 << 30, {"channels": 4})),
 )
 PLANS = {p.name: load_plan(p) for p in sorted((ROOT / "plans").glob("*.yaml"))}
@@ -269,19 +269,28 @@ def test_each_rule_is_logged_once_through_nccls_logger(lib, tmp_path, monkeypatc
     tuner.call(ctx, FUNC["broadcast"], 1024, fake_table(random.Random(2)))
     tuner.finalize(ctx)
     said = [msg for level, flags, msg in tuner.logs if level == LOG_INFO and "broadcast 0..4096 B" in msg]
-    assert said and all("ring/ll, * channels" in m for m in said), tuner.logs
+    assert said and all("ring/simple, * channels" in m for m in said), tuner.logs
 
 
 def test_tuner_api_v2_returns_algorithm_and_protocol(lib, tmp_path, monkeypatch):
     use_rules(monkeypatch, tmp_path, tuner_rules(IN_TEST_PLAN))
     tuner = Tuner(lib, 2)
     ctx = tuner.init(16, 2)
-    assert tuner.call_direct(ctx, FUNC["reduce_scatter"], 1 << 20) == (ALGO["ring"], PROTO["ll128"], 4)
+    assert tuner.call_direct(ctx, FUNC["all_gather"], 1 << 20) == (ALGO["ring"], PROTO["simple"], 2)
+    # NCCL 2.19-2.21 run what a v1/v2 tuner returns unchecked: LL128 where NCCL turned it off (unsafe
+    # there) was forced; only Simple is now, and a rule for another protocol still sets its channels
+    assert tuner.call_direct(ctx, FUNC["reduce_scatter"], 1 << 20) == (-1, -1, 4)
     assert tuner.call_direct(ctx, FUNC["reduce_scatter"], 1 << 29) == (-1, -1, UNTOUCHED)
     tuner.finalize(ctx)
     ctx = tuner.init(8, 1)
-    assert tuner.call_direct(ctx, FUNC["all_reduce"], 1 << 20) == (ALGO["tree"], PROTO["ll"], 8)
+    assert tuner.call_direct(ctx, FUNC["all_reduce"], 1 << 20) == (-1, -1, 8)
     assert tuner.call_direct(ctx, FUNC["all_reduce"], 1 << 27) == (-1, -1, 16)
+    tuner.finalize(ctx)
+    assert any("rule at line" in m and "ll128" in m and "skipped" in m for _, _, m in tuner.logs), tuner.logs
+    # the user's NCCL_PROTO/NCCL_ALGO exclude what the plugin cannot see: nothing forced, channels set
+    monkeypatch.setenv("NCCL_PROTO", "^LL128")
+    ctx = tuner.init(16, 2)
+    assert tuner.call_direct(ctx, FUNC["all_gather"], 1 << 20) == (-1, -1, 2)
     tuner.finalize(ctx)
 
 
@@ -315,16 +324,16 @@ def test_tuner_api_v1_has_one_context_per_process(lib, tmp_path, monkeypatch):
         return algo.value, proto.value, nch.value
 
     assert call("all_gather", 1 << 20) == (-1, -1, UNTOUCHED)  # dp's rule: this call may come from tp
-    assert call("broadcast", 1024) == (ALGO["ring"], PROTO["ll"], UNTOUCHED)  # a rule for any communicator stays
+    assert call("broadcast", 1024) == (ALGO["ring"], PROTO["simple"], UNTOUCHED)  # a rule for any communicator stays
     assert any(b"cannot tell this process's communicators apart; 2 rule(s) for particular communicators are not applied, 1 for any" in m for m in said), said
     # NCCL destroys as each communicator is freed: the others live on, still indistinguishable
     assert v1.destroy() == 0 and v1.init(8, 1, logger) == 0
     assert call("all_reduce", 1 << 20) == (-1, -1, UNTOUCHED)  # tp's rule, which the live world communicator would take
-    assert call("broadcast", 1024) == (ALGO["ring"], PROTO["ll"], UNTOUCHED)
+    assert call("broadcast", 1024) == (ALGO["ring"], PROTO["simple"], UNTOUCHED)
     for _ in range(3):
         assert v1.destroy() == 0
     assert v1.init(8, 1, logger) == 0  # all gone: a process of one communicator again
-    assert call("all_reduce", 1 << 20) == (ALGO["tree"], PROTO["ll"], 8)
+    assert call("all_reduce", 1 << 20) == (-1, -1, 8)  # tp's rule: its channels (tree/LL is not forced on v1)
     assert v1.destroy() == 0
 
 
@@ -365,6 +374,8 @@ def test_malformed_rules_are_refused_with_the_line(lib, case, tmp_path, monkeypa
     assert tuner.call(ctx, FUNC["all_reduce"], 5, table) == (pytest.approx(table), UNTOUCHED)
     tuner.finalize(ctx)
     assert any(level == LOG_WARN and "is not usable (line" in msg for level, _, msg in tuner.logs), tuner.logs
+    # on every subsystem, as NCCL's WARNs are: with NCCL_DEBUG_SUBSYS's default (no TUNING) it was dropped
+    assert {flags for level, flags, _ in tuner.logs if level == LOG_WARN} == {ctypes.c_ulong(-1).value}
 
 
 def test_a_missing_rules_file_or_variable_keeps_nccls_choices(lib, tmp_path, monkeypatch):

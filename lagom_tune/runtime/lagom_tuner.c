@@ -155,6 +155,7 @@ typedef struct {
   int n;
   ncclDebugLogger_t log;
   size_t nRanks, nNodes;
+  int user_narrowed; /* NCCL_ALGO or NCCL_PROTO set: v1/v2 cannot see what they exclude */
 } context_t;
 
 static void say(const context_t* c, int level, int line, const char* fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -166,7 +167,9 @@ static void say(const context_t* c, int level, int line, const char* fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   /* NCCL's logger takes a printf format: pass the message as an argument so a '%' in it is inert. */
-  c->log(level, NCCL_TUNING_SUBSYS, __FILE__, line, "%s", msg);
+  /* A WARN goes to every subsystem, as NCCL's own WARNs do (NCCL_ALL): NCCL drops a message none
+   * of whose subsystems NCCL_DEBUG_SUBSYS names, and its default names INIT, BOOTSTRAP and ENV. */
+  c->log(level, level == NCCL_LOG_WARN ? ~0UL : NCCL_TUNING_SUBSYS, __FILE__, line, "%s", msg);
 }
 
 static int index_of(const char* word, const char* const* names, int n) {
@@ -325,6 +328,7 @@ static ncclResult_t plugin_init(size_t nRanks, size_t nNodes, ncclDebugLogger_t 
   context_t* c = calloc(1, sizeof *c);
   if (!c) return ncclSystemError;
   c->log = log;
+  c->user_narrowed = getenv("NCCL_ALGO") != NULL || getenv("NCCL_PROTO") != NULL;
   c->nRanks = nRanks;
   c->nNodes = nNodes;
   *ctx_out = c;
@@ -446,10 +450,13 @@ static ncclResult_t coll_info_direct(context_t* c, ncclFunc_t coll, size_t nByte
   if (r == NULL) return ncclSuccess;
   int skipped = 0;
   if (r->algo != UNSET || r->proto != UNSET) {
-    /* Without a cost table only what these versions always have is forced: ring, and tree for
-     * all-reduce; CollNet and NVLS only when NCCL says they are supported. */
+    /* Without a cost table NCCL 2.19-2.21 run what the tuner returns unchecked, so only what
+     * these versions always have is forced: the Simple protocol (NCCL turns LL128 off where it
+     * is unsafe, and LL where it is slow) on ring, or tree for all-reduce; CollNet and NVLS only
+     * when NCCL says they are supported; nothing when the user's NCCL_ALGO/NCCL_PROTO narrowed
+     * NCCL's choices (the plugin cannot see what they exclude). */
     int a = r->algo, p = r->proto;
-    int ok = a != UNSET && p != UNSET &&
+    int ok = a != UNSET && p == PROTO_SIMPLE && !c->user_narrowed &&
              (a == ALGO_RING || (a == ALGO_TREE && coll == FUNC_ALLREDUCE) ||
               ((a == ALGO_COLLNET_DIRECT || a == ALGO_COLLNET_CHAIN) && collNetSupport) ||
               ((a == ALGO_NVLS || a == ALGO_NVLS_TREE) && nvlsSupport));
