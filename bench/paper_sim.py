@@ -30,6 +30,7 @@ from lagom_tune.plan.schema import knob_space_for
 from lagom_tune.search.replay import validate
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.search.evaluate import ModelEvaluator
+from lagom_tune.search import DEFAULT_MIN_GAIN
 from lagom_tune.search.run import run_optimizer
 from lagom_tune.search.space import variables
 from lagom_tune.workload.presets import TABLE2, build_preset
@@ -39,7 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # The paper's clusters were 2 nodes x 8 GPUs; FSDP and TP+DP workloads use all 16, EP uses one node.
 WORKLOADS = ["phi-2-fsdp16", "llama3-8b-fsdp16", "mpt-7b-fsdp16", "phi-2-tp8-dp2", "llama3-8b-tp8-dp2", "mpt-7b-tp8-dp2",
              "deepseek-moe-16b-ep8", "olmoe-1b-7b-ep8"]
-MIN_GAIN = 0.02  # `lagom-tune search --min-gain` default
 PAPER = "Lagom paper: 1.07-1.33x over NCCL, 1.03-1.27x over AutoCCL (measured on 16 A40s)"
 LEE = "Lee et al. 2025 (GPT and LLaMA training on 4 A100s, H100s, MI250s, MI210s)"
 LEE_CLUSTERS = ["a100-nvlink", "h100-nvlink"]  # the simulated GPUs Lee et al. measured
@@ -112,8 +112,8 @@ def run_one(cluster: str, name: str, trials: int, work: Path) -> dict:
         hist[opt] = ev.history
     best = min(r.evaluation.iteration_s for r in res.values())
     d = res["default"].evaluation.iteration_s
-    # What `search` deploys: Lagom's settings only when predicted more than MIN_GAIN faster.
-    deployed = res["lagom"] if d / res["lagom"].evaluation.iteration_s - 1 > MIN_GAIN else res["default"]
+    # What `search` deploys: Lagom's settings only when predicted more than DEFAULT_MIN_GAIN faster.
+    deployed = res["lagom"] if d / res["lagom"].evaluation.iteration_s - 1 > DEFAULT_MIN_GAIN else res["default"]
     # Replayed on the ground truth itself: the profile's noise would move each ratio by ~3%.
     replay = validate(w, {**fp, "noise": 0.0}, {"default": res["default"].settings, "autoccl": res["autoccl"].settings,
                                                 "lagom": res["lagom"].settings, "plan": deployed.settings}, 1)
@@ -192,7 +192,7 @@ def report(df: pd.DataFrame, trials: int) -> str:
         f"Lagom over NCCL defaults: **{lo:.3f}–{hi:.3f}×** (replayed: {df['replay_lagom_x'].min():.3f}–{df['replay_lagom_x'].max():.3f}×); "
         f"over AutoCCL-style tuning: **{lo_a:.3f}–{hi_a:.3f}×**. {PAPER}.",
         "",
-        f"`plan_x` is what `lagom-tune search` deploys: Lagom's settings only when predicted more than {MIN_GAIN:.0%} faster "
+        f"`plan_x` is what `lagom-tune search` deploys: Lagom's settings only when predicted more than {DEFAULT_MIN_GAIN:.0%} faster "
         f"(`--min-gain`), else the defaults. Replayed on the simulator's ground truth, deployed plans range "
         f"{df['replay_plan_x'].min():.3f}–{df['replay_plan_x'].max():.3f}× (raw Lagom: {df['replay_lagom_x'].min():.3f}–"
         f"{df['replay_lagom_x'].max():.3f}×): predicted gains below the model's error can be losses.",

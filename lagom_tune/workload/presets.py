@@ -43,7 +43,7 @@ from typing import Any, Callable
 from lagom_tune.errors import UserError
 from lagom_tune.workload.spec import DTYPES, MAX_RANKS, Collective, Gemm, OverlapGroup, Workload, load_workload
 
-GPUS_PER_NODE = 8
+GPUS_PER_NODE = 8  # the nodes presets lay communicators over, and every simulated cluster's
 
 # Communicator roles, named as torchtitan names its DeviceMesh dimensions, so that a plan's roles
 # are the mesh dimensions whose groups the runtime shim gives their settings (README, "apply").
