@@ -29,6 +29,8 @@ from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.profile.summary import collective_summary
 from lagom_tune.report import write_report
 from lagom_tune.runtime import launch
+from lagom_tune.runtime.shim import check_no_plan_in_effect
+from lagom_tune.search import DEFAULT_MIN_GAIN
 from lagom_tune.workload.presets import MAX_MBS, MAX_SEQ, PRESETS, resolve_workload
 from lagom_tune.workload.spec import FILE_MARK as WORKLOAD_FILE_MARK, Workload
 from lagom_tune.workload.trace import import_trace, summary
@@ -141,6 +143,7 @@ def profile(
     """
     from lagom_tune.model.fit import fit_run  # local: fitting imports torch; other verbs start without it
 
+    check_no_plan_in_effect(os.environ, "profile")
     check_writable(out / "meta.yaml", "run folder")
     RunFolder(out).check_files()
     own = {k: val for k, val in dict(hardware=hardware, nodes=nodes, ib_gbps=ib_gbps, noise=noise, seed=seed, ranks=ranks).items()
@@ -198,7 +201,7 @@ def search(
     study_name: Optional[str] = typer.Option(None, help="Optuna study name (resume with the same name)."),
     multi_objective: bool = typer.Option(False, "--multi-objective",
                                          help="Optuna: iteration time vs SMs for communication; the plan records the Pareto front."),
-    min_gain: float = typer.Option(0.02, "--min-gain", parser=_number(0.0, 1.0, below=True), help="Keep the defaults unless the plan is predicted faster by more "
+    min_gain: float = typer.Option(DEFAULT_MIN_GAIN, "--min-gain", parser=_number(0.0, 1.0, below=True), help="Keep the defaults unless the plan is predicted faster by more "
                                    "than this fraction, in [0, 1) (smaller gains are within the model's error)."),
     validate: int = typer.Option(0, "--validate", min=0, max=1000, help="Measure default and plan on the backend, N interleaved repeats each."),
 ) -> None:
@@ -250,6 +253,8 @@ def search(
         raise UserError("--out PLAN.yaml is required (or use --compare)")
     check_writable(out, "plan", open_run(run_dir).files, replaces=PLAN_FILE_MARK)
     check_storage_apart(storage, out)
+    if validate:
+        check_no_plan_in_effect(os.environ, "search --validate")
     with bar:
         plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, min_gain=min_gain, **opts)
     plan.save(out)

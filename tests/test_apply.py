@@ -360,6 +360,27 @@ def test_chunking_is_applied_to_ddp_and_to_direct_all_reduce(tmp_path):
     assert {"chunk_bytes", "chunk_bytes[all_reduce]", "threads"} <= settings
 
 
+@pytest.mark.slow
+def test_ddp_over_a_mesh_dimension_own_hooks_and_sparse_gradients(tmp_path):
+    """Three scripts a chunked all-reduce plan broke or misjudged: DDP(device_mesh=...) was judged
+    by the world's group (its role was "tp", its cap not applied); a script registering its own
+    comm hook after DDP(...) died ("can only be called once"); a model with sparse gradients died
+    in the hook ("Could not run 'aten::view' ... SparseCPU")."""
+    import dataclasses
+
+    plan_obj = dataclasses.replace(BASE, groups={"dp": 1, "tp": 2},
+                                   settings=Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 8, "chunk_bytes": 1 << 20}}))
+    _, reports = run_under_plan(plan_obj, "ddp_hooks_and_meshes.py", tmp_path)
+    for seen in reports:
+        assert seen["caps"] == [8 * 1024 * 1024] * 3  # the mesh's dp dimension is the plan's dp role
+        own, sparse, plain = seen["hooks"]
+        assert "fp16_compress_hook" in own and "chunked" not in sparse and "chunked_allreduce_hook" in plain
+    applied = json.loads((tmp_path / "applied.json").read_text())
+    chunks = [(r["applied"], r["how"]) for r in applied["ranks"]["0"]["records"] if r["setting"] == "chunk_bytes"]
+    assert [a for a, _ in chunks] == [False, False, True], chunks
+    assert "registers its own DDP comm hook" in chunks[0][1] and "sparse gradients" in chunks[1][1]
+
+
 def test_ddp_settings_reach_only_a_ddp_model_of_their_role(tmp_path):
     """A DDP model over a group of no role of the plan (here one rank) got the data-parallel
     role's bucket cap and was recorded as applied."""
@@ -389,6 +410,22 @@ def test_ddp_settings_of_another_role_are_reported_not_applied(tmp_path, monkeyp
     assert not records["bucket_cap_mb[dp_shard]"]["applied"] and not records["chunk_bytes[dp_shard]"]["applied"]
     assert "no way to set it on dp_shard's communicators" in records["bucket_cap_mb[dp_shard]"]["how"]
     assert not records["bucket_cap_mb"]["applied"]  # no DDP model was built in this process
+
+
+def test_a_rank_that_cannot_write_its_record_trains_on(tmp_path, monkeypatch, capsys):
+    """A full disk, or a folder the ranks may not write, raised UserError inside `import torch`:
+    every rank of the user's training died."""
+    from lagom_tune.runtime.shim import Shim
+
+    monkeypatch.setenv("RANK", "0")
+    (tmp_path / "file").write_text("")
+    shim = Shim(BASE, "p.yaml", str(tmp_path / "file" / "applied"))  # a folder under a file: not writable
+    shim.record("threads", 1, True, "torch.set_num_threads")
+    shim.record("bucket_cap_mb", 8, True, "DistributedDataParallel(bucket_cap_mb=...)")
+    shim.at_exit()
+    err = capsys.readouterr().err
+    assert err.count("not recorded for applied.json") == 1 and "the training goes on" in err
+    assert "[lagom-tune rank 0] applied bucket_cap_mb=8" in err  # its log lines still go on
 
 
 def test_a_command_that_fails_before_any_rank_keeps_the_last_applied_record(tmp_path):

@@ -77,6 +77,18 @@ def test_lines_printed_to_a_pipe_are_never_hard_wrapped():
     assert out.count("\n") == 1 and "groups cover" in out
 
 
+def test_a_plan_left_in_the_shell_is_refused_where_lagom_tune_measures(tiny_run, tmp_path):
+    """After `eval "$(lagom-tune apply plan.yaml --print-env)"` every Python process loads the plan,
+    lagom-tune's own ranks too: a `search --validate` replay of the "default" ran the plan's
+    chunked all-reduce, and nothing said so."""
+    env = {"LAGOM_TUNE_PLAN": str(tmp_path / "p.yaml")}
+    assert_one_line_error(cli("profile", "--out", tmp_path / "run", env=env), "unset LAGOM_TUNE_PLAN")
+    assert_one_line_error(cli("search", tiny_run, "--validate", "2", "--out", tmp_path / "p2.yaml", env=env),
+                          "the plan would apply to search --validate's own measurements")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "p2.yaml").exists()
+    cli("search", tiny_run, "--out", tmp_path / "p3.yaml", env=env, check=True)  # measuring nothing: nothing to refuse
+
+
 def test_small_things_a_new_user_meets(tmp_path):
     """--version; --verbose after the verb; workload list --json; a folder given as a plan."""
     import json

@@ -83,6 +83,23 @@ def test_shim_injects_options_into_process_groups(tmp_path, monkeypatch):
     assert [r["setting"] for r in shim.records] == ["ctas[dp]", "ctas[tp]"]
 
 
+def test_a_tuner_file_missing_on_this_node_is_named(tmp_path, monkeypatch):
+    """`--print-env` on one host exports the plugin and rules from its cache: a node without them
+    was told there was no C compiler when apply ran."""
+    plugin, rules = tmp_path / "libnccl-tuner.so", tmp_path / "x.rules"
+    rules.write_text("lagom-tune-tuner-rules 1\n")
+    monkeypatch.setenv(nccl.PLUGIN_ENV, str(plugin))
+    monkeypatch.setenv(nccl.RULES_ENV, str(rules))
+    shim = Shim(PLAN, str(tmp_path / "p.yaml"), None)
+    shim.on_torch_nccl(None)
+    (record,) = [r for r in shim.records if r["setting"] == "collective_rules"]
+    assert not record["applied"] and f"{nccl.PLUGIN_ENV}={plugin}: no such file on this node" in record["how"]
+    monkeypatch.delenv(nccl.PLUGIN_ENV)
+    shim = Shim(PLAN, str(tmp_path / "p.yaml"), None)
+    shim.on_torch_nccl(None)
+    assert "no tuner plugin in the environment" in shim.records[0]["how"]
+
+
 def test_the_users_own_options_are_kept_and_bounded(tmp_path):
     shim = Shim(PLAN, str(tmp_path / "p.yaml"), None)
     c10d = fake_c10d()
@@ -91,6 +108,9 @@ def test_the_users_own_options_are_kept_and_bounded(tmp_path):
     mine.is_high_priority_stream = True
     c10d.init_process_group(backend="nccl", world_size=16, pg_options=mine)
     assert c10d.calls[0][3] is mine and mine.config.max_ctas == 4 and mine.is_high_priority_stream
+    # the same Options reused for a group of no role: it had kept the world role's bounds
+    c10d.new_group(ranks=[0, 1, 2], backend="nccl", pg_options=mine)
+    assert c10d.calls[1][3] is mine and (mine.config.min_ctas, mine.config.max_ctas) == (-1, -1)
 
 
 def test_environment_overrides_are_reported_not_hidden(tmp_path, monkeypatch):

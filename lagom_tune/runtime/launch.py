@@ -30,7 +30,7 @@ from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads
 from lagom_tune.errors import Interrupted, UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
 from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, TunerRule, TunerRules, ambiguous_roles, communicator_configs, tuner_rules
-from lagom_tune.runtime.shim import rank_reports
+from lagom_tune.runtime.shim import APPLIED_ENV, PLAN_ENV, rank_reports
 from lagom_tune.runtime.tuner_build import PluginBuild, ensure_plugin, rules_path
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
@@ -330,7 +330,7 @@ def plan_environment(plan: Plan, plan_path: Path, applied_dir: str | None, base:
         The variables to set.
     """
     # Without an applied folder (--print-env, --dry-run) ranks only log what they apply.
-    env = {"LAGOM_TUNE_PLAN": str(plan_path.resolve()), **({"LAGOM_TUNE_APPLIED_DIR": applied_dir} if applied_dir else {})}
+    env = {PLAN_ENV: str(plan_path.resolve()), **({APPLIED_ENV: applied_dir} if applied_dir else {})}
     if tuner is not None:
         env.update(tuner.env())
     space = knob_space_for(plan.backend)

@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.chunking import chunked_all_reduce
@@ -28,9 +28,12 @@ from lagom_tune.backends.nccl_controls import build_options, overriding_env
 from lagom_tune.backends.registry import (
     CHUNKED_ALL_REDUCE, DDP_BUCKET_CAP, NCCL_ENVIRONMENT, NCCL_TUNER_RULES, THREAD_COUNT, backend_info,
 )
+from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
 from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, match_role, mesh_dim_of, plan_roles
 
+PLAN_ENV = "LAGOM_TUNE_PLAN"  # the plan every process `apply` starts loads (site/sitecustomize.py reads it too)
+APPLIED_ENV = "LAGOM_TUNE_APPLIED_DIR"  # where each rank writes what it applied
 DDP_MODULE = "torch.nn.parallel.distributed"
 C10D_MODULE = "torch.distributed.distributed_c10d"
 MESH_MODULE = "torch.distributed.device_mesh"
@@ -150,6 +153,7 @@ class Shim:
         self.configs: dict = {}
         self.overridden: list[str] = []
         self.built_ddp = False
+        self.users_bounds: dict[int, tuple] = {}  # id(the script's Options) -> (them, their own min_ctas, max_ctas)
         self.joined_rank: int | None = None  # the rank this process gave init_process_group itself
         self.started = time.time()
         self.ddp_role = ddp_role_of(plan)
@@ -206,7 +210,11 @@ class Shim:
             return
         out = {"rank": self.rank, "pid": os.getpid(), "started": self.started, "took_part": self.took_part,
                "plan": self.plan_path, "records": self.records, "communicators": [asdict(c) for c in self.communicators]}
-        atomic_write_text(os.path.join(self.applied_dir, f"rank-{self.rank}.{os.getpid()}.json"), json.dumps(out, indent=1))
+        try:
+            atomic_write_text(os.path.join(self.applied_dir, f"rank-{self.rank}.{os.getpid()}.json"), json.dumps(out, indent=1))
+        except (UserError, OSError) as e:  # a full disk must not end the user's training: say so once, go on
+            sys.stderr.write(f"[lagom-tune rank {self.rank}] not recorded for applied.json ({e}); the training goes on\n")
+            self.applied_dir = None
 
     def at_exit(self) -> None:
         if self.is_rank:
@@ -255,7 +263,10 @@ class Shim:
 
         def __init__(self, *args, **kwargs):
             bound = signature.bind_partial(self, *args, **kwargs)
-            elsewhere = shim._not_ddp_role(bound.arguments.get("process_group"))
+            group, mesh = bound.arguments.get("process_group"), bound.arguments.get("device_mesh")
+            if group is None and mesh is not None:  # DDP(device_mesh=...), replicate(): the mesh's one dimension
+                group = mesh.get_group()
+            elsewhere = shim._not_ddp_role(group)
             if elsewhere:  # a DDP model on another communicator: the script's settings stand
                 original(self, *args, **kwargs)
                 shim.built_ddp = True
@@ -273,15 +284,42 @@ class Shim:
                 how = "DistributedDataParallel(bucket_cap_mb=...)" + (f", replacing the script's {previous}" if previous is not None else "")
                 shim.record("bucket_cap_mb", cap, in_effect == int(cap * 1024 * 1024), how)
             if chunk:
+                sparse = _sparse_gradients(self.module)
+                if sparse:
+                    shim.record("chunk_bytes", chunk, False, f"the model has sparse gradients ({sparse}), which no chunked hook splits")
+                else:  # registered at the first forward: DDP takes one comm hook, and the script may register its own first
+                    self.__dict__[CHUNK_PENDING] = chunk
+                    shim.pending["chunk_bytes"] = "the DDP model never ran forward (the chunked hook is registered at its first)"
+
+        def register_comm_hook(self, *args, **kwargs):
+            if self.__dict__.pop(CHUNK_PENDING, None):
+                shim.record("chunk_bytes", chunk, False, "the script registers its own DDP comm hook, which DDP takes alone")
+            return original_hook(self, *args, **kwargs)
+
+        def _register_builtin_comm_hook(self, *args, **kwargs):
+            if self.__dict__.pop(CHUNK_PENDING, None):
+                shim.record("chunk_bytes", chunk, False, "the script registers a built-in DDP comm hook, which DDP takes alone")
+            return original_builtin(self, *args, **kwargs)
+
+        def forward(self, *args, **kwargs):
+            pending = self.__dict__.pop(CHUNK_PENDING, None)
+            if pending:
                 try:
-                    self.register_comm_hook(self.process_group, chunked_allreduce_hook(chunk))
-                    shim.record("chunk_bytes", chunk, True, "DDP comm hook: each bucket all-reduced in chunks, all in flight")
-                except RuntimeError as e:  # the script registered its own hook first
-                    shim.record("chunk_bytes", chunk, False, f"DDP comm hook not registered: {e}")
+                    original_hook(self, self.process_group, chunked_allreduce_hook(pending))
+                    shim.record("chunk_bytes", pending, True, "DDP comm hook: each bucket all-reduced in chunks, all in flight")
+                except RuntimeError as e:  # a hook DDP was given some other way
+                    shim.record("chunk_bytes", pending, False, f"DDP comm hook not registered: {e}")
+            return original_forward(self, *args, **kwargs)
 
         __init__.__wrapped__ = original
         ddp.__init__ = __init__
-
+        if chunk:
+            original_hook, original_builtin, original_forward = ddp.register_comm_hook, ddp._register_builtin_comm_hook, ddp.forward
+            for name, wrapper, wrapped in (("register_comm_hook", register_comm_hook, original_hook),
+                                           ("_register_builtin_comm_hook", _register_builtin_comm_hook, original_builtin),
+                                           ("forward", forward, original_forward)):
+                wrapper.__wrapped__ = wrapped
+                setattr(ddp, name, wrapper)
 
     def _not_ddp_role(self, group: Any) -> str:
         """Why ``group`` (None: the default group) is not a communicator of the plan's DDP role, or
@@ -327,9 +365,13 @@ class Shim:
     def on_torch_nccl(self, torch) -> None:
         if self.plan.rules:
             plugin, rules = os.environ.get(PLUGIN_ENV), os.environ.get(RULES_ENV)
-            ok = bool(plugin and rules) and os.path.isfile(plugin) and os.path.isfile(rules)
+            missing = [f"{var}={path}" for var, path in ((PLUGIN_ENV, plugin), (RULES_ENV, rules)) if path and not os.path.isfile(path)]
+            ok = bool(plugin and rules) and not missing
             self.record("collective_rules", len(self.plan.rules), ok,
                         f"NCCL_TUNER_PLUGIN={plugin} reads {RULES_ENV}={rules}" if ok else
+                        f"{' and '.join(missing)}: no such file on this node (`--print-env` names files on the host "
+                        "that ran it; put them where every node sees them): only per-communicator CTA bounds apply"
+                        if missing else
                         "no tuner plugin in the environment (no C compiler when `apply` ran, or not run under "
                         "`lagom-tune apply`): only per-communicator CTA bounds apply")
         space = knob_space_for(self.plan.backend)  # the knob modules import no torch, numpy or pandas
@@ -504,6 +546,9 @@ class Shim:
 
     def _decide(self, via: str, ident, backend: str, is_nccl: bool, existing: Any) -> tuple[CommunicatorRecord, Any]:
         """The group's role and the ProcessGroupNCCL.Options to make it with (None: leave as given)."""
+        if existing is not None and id(existing) in self.users_bounds:
+            # Options the script reuses for another group: that group starts from the script's own bounds
+            _, existing.config.min_ctas, existing.config.max_ctas = self.users_bounds[id(existing)]
         match = match_role(self.roles, ident)
         rec = CommunicatorRecord(via, list(ident.ranks), ident.mesh_dim, match.role, match.by, backend,
                                  note=match.describe(ident))
@@ -532,6 +577,8 @@ class Shim:
             rec.not_applied["ctas"] = f"{bounds}: {why}"
             self.record(f"ctas[{cfg.role}]", bounds, False, why)
             return rec, None
+        if existing is not None:
+            self.users_bounds.setdefault(id(existing), (existing, existing.config.min_ctas, existing.config.max_ctas))
         opts = build_options(cls, cfg, existing)
         rec.applied = {"min_ctas": opts.config.min_ctas, "max_ctas": opts.config.max_ctas}  # as passed on
         self.record(f"ctas[{cfg.role}]", bounds, True,
@@ -677,6 +724,20 @@ def _rebind(replaced: dict[int, tuple[Any, Any]], skip: Any, by_value: bool = Fa
                 except (AttributeError, TypeError):  # a read-only module: its calls keep the original
                     pass
 
+CHUNK_PENDING = "_lagom_tune_chunk_bytes"  # a DDP model's chunked hook, registered at its first forward
+
+
+def _sparse_gradients(module: Any) -> str:
+    """The first submodule of ``module`` that makes sparse gradients (as DDP finds them: an
+    Embedding or EmbeddingBag with ``sparse=True``), by name; "" for none."""
+    import torch
+
+    for name, m in module.named_modules():
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse:
+            return f"{name or type(m).__name__} with sparse=True"
+    return ""
+
+
 def chunked_allreduce_hook(chunk_bytes: int):
     """A DDP comm hook that averages each gradient bucket in chunks of ``chunk_bytes``.
 
@@ -760,10 +821,26 @@ def install(plan_path: str, applied_dir: str | None = None) -> Shim:
     return shim
 
 
+def check_no_plan_in_effect(env: Mapping[str, str], verb: str) -> None:
+    """Refuse to measure under a plan: a plan left in the shell (``eval "$(lagom-tune apply plan.yaml
+    --print-env)"``) reaches every Python process, lagom-tune's own measuring ranks among them (a
+    "default" replay ran the plan's chunked all-reduce).
+
+    Args:
+        env: the environment (``os.environ``).
+        verb: what would measure, for the message.
+    Raises:
+        UserError: naming the variable, when a plan is in effect.
+    """
+    if env.get(PLAN_ENV):
+        raise UserError(f"{PLAN_ENV}={env[PLAN_ENV]} is set (an `eval \"$(lagom-tune apply ... --print-env)\"`?): "
+                        f"the plan would apply to {verb}'s own measurements; `unset {PLAN_ENV}` first")
+
+
 def install_from_env() -> Shim:
-    """Install the plan ``LAGOM_TUNE_PLAN`` names (what ``sitecustomize`` does in every process ``apply`` starts).
+    """Install the plan :data:`PLAN_ENV` names (what ``sitecustomize`` does in every process ``apply`` starts).
 
     Returns:
         The shim.
     """
-    return install(os.environ["LAGOM_TUNE_PLAN"], os.environ.get("LAGOM_TUNE_APPLIED_DIR"))
+    return install(os.environ[PLAN_ENV], os.environ.get(APPLIED_ENV))
