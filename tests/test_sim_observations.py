@@ -83,7 +83,10 @@ def test_h200_all_reduce_with_ctas_capped():
 
 @pytest.mark.parametrize("cluster", sorted(REFERENCE_BUSBW))
 def test_nccl_tests_bus_bandwidth_at_nccl_defaults(cluster):
-    """Large all-reduce at NCCL's default settings within the published nccl-tests range (10% margin)."""
+    """Large all-reduce at NCCL's default settings within the published nccl-tests range (10% margin).
+    The simulator sits below each range's low end, inside the margin (2026-12-01: A100 218 GB/s
+    against 230-250, H100 and H200 328 against 360-480, whose high end is NVLS, which it does not
+    model); the ring cannot pass its link (255, 380 GB/s), so only a too-slow simulator fails here."""
     lo, hi, source = REFERENCE_BUSBW[cluster]
     c = CLUSTERS[cluster]
     bw = busbw(SimCluster(c), "all_reduce", 1 << 30, 8, channels=c.default_channels) * 1e9
@@ -158,10 +161,16 @@ def _default_overlaps():
 
 
 def test_overlap_slows_compute_yet_beats_serial():
-    """Lee et al. 2025, qualitatively: overlap slows computation yet beats running serially."""
+    """Lee et al. 2025, qualitatively: overlap slows computation yet beats running serially. (The
+    bounds were "slower at all" and "shorter than serial", which a simulator with no contention
+    passed too: a channel block's launch delay alone made every GEMM slower, and max(y, x) is below
+    y + x. Lee measured 18.9% on average; here on 16 H100s, 2026-12-01: median 1.80, least 1.28,
+    every window at least 1.6% past the longer stream alone.)"""
     pairs = list(_default_overlaps())
-    assert all(sd > 1.0 for sd, _ in pairs)
-    assert all(o["window_us"] < o["compute_alone_us"] + o["comm_alone_us"] for _, o in pairs)
+    slowdowns = [sd for sd, _ in pairs]
+    assert min(slowdowns) > 1.1 and sorted(slowdowns)[len(slowdowns) // 2] > 1.15, slowdowns
+    assert all(max(o["compute_alone_us"], o["comm_alone_us"]) * 1.01 < o["window_us"] < o["compute_alone_us"] + o["comm_alone_us"]
+               for _, o in pairs)
 
 
 @pytest.mark.parametrize("cluster", LEE_CLUSTERS)
