@@ -410,6 +410,14 @@ def test_ddp_settings_of_another_role_are_reported_not_applied(tmp_path, monkeyp
     assert not records["bucket_cap_mb[dp_shard]"]["applied"] and not records["chunk_bytes[dp_shard]"]["applied"]
     assert "no way to set it on dp_shard's communicators" in records["bucket_cap_mb[dp_shard]"]["how"]
     assert not records["bucket_cap_mb"]["applied"]  # no DDP model was built in this process
+    # a rank's helper (a DataLoader worker, a subprocess) inherits RANK: at exit it said "NOT applied
+    # bucket_cap_mb (no DistributedDataParallel model was built in this process)" after the rank applied it
+    helper_dir = tmp_path / "helper"
+    helper_dir.mkdir()
+    monkeypatch.setenv("LAGOM_TUNE_RANK_PID", "1")  # the rank's, not this process's
+    helper = Shim(plan, "p.yaml", str(helper_dir))
+    helper.at_exit()
+    assert not any(r["setting"] == "bucket_cap_mb" for r in rank_reports(helper_dir)["0"]["records"])
 
 
 def test_a_rank_that_cannot_write_its_record_trains_on(tmp_path, monkeypatch, capsys):

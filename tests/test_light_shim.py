@@ -70,6 +70,18 @@ def test_torch_is_patched_when_the_user_imports_it(tmp_path):
     assert "] applied threads=1" in err and "torch.set_num_threads" in err
 
 
+def test_a_hooked_module_keeps_its_loaders_resources(tmp_path):
+    """Under the shim torch's loader was a bare Loader: importlib.resources listed nothing in torch,
+    pkgutil.get_data returned None, and is_package / get_filename raised AttributeError."""
+    probe = textwrap.dedent("""\
+        import importlib.resources, pkgutil, torch
+        assert any(p.name == "version.py" for p in importlib.resources.files("torch").iterdir())
+        assert pkgutil.get_data("torch", "version.py") and torch.__loader__.is_package("torch")
+        assert torch.__loader__.get_filename("torch").endswith("__init__.py")
+    """)
+    _probe(BASE.save(tmp_path / "gloo.yaml"), probe)
+
+
 def test_a_simulated_plan_is_not_applied_in_a_rank():
     """A what-if plan named by hand in LAGOM_TUNE_PLAN (apply and --print-env refuse it first):
     the user's program still runs, and says the plan was not applied and why."""

@@ -34,6 +34,7 @@ from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, GroupIdentity, commun
 
 PLAN_ENV = "LAGOM_TUNE_PLAN"  # the plan every process `apply` starts loads (site/sitecustomize.py reads it too)
 APPLIED_ENV = "LAGOM_TUNE_APPLIED_DIR"  # where each rank writes what it applied
+RANK_PID_ENV = "LAGOM_TUNE_RANK_PID"  # set by a rank's shim: a process that inherits RANK and it is the rank's helper
 DDP_MODULE = "torch.nn.parallel.distributed"
 C10D_MODULE = "torch.distributed.distributed_c10d"
 MESH_MODULE = "torch.distributed.device_mesh"
@@ -117,6 +118,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                 real.exec_module(module)
                 callback(module)
 
+            def __getattr__(self, attr):  # the rest is the real loader's: importlib.resources, pkgutil.get_data ...
+                return getattr(real, attr)
+
         spec.loader = Loader()
         return spec
 
@@ -155,6 +159,10 @@ class Shim:
         self.built_ddp = False
         self.users_bounds: dict[int, tuple] = {}  # id(the script's Options) -> (them, their own min_ctas, max_ctas)
         self.joined_rank: int | None = None  # the rank this process gave init_process_group itself
+        # a DataLoader worker, a tool a rank runs: it inherits the rank's RANK, and its settings are the rank's to report
+        self.helper = "RANK" in os.environ and os.environ.get(RANK_PID_ENV, str(os.getpid())) != str(os.getpid())
+        if "RANK" in os.environ and not self.helper:
+            os.environ[RANK_PID_ENV] = str(os.getpid())
         self.started = time.time()
         self.ddp_role = ddp_role_of(plan)
         self.pending = {}
@@ -218,7 +226,7 @@ class Shim:
 
     def at_exit(self) -> None:
         if self.is_rank:
-            for setting, why in list(self.pending.items()):
+            for setting, why in list(self.pending.items()) if not (self.helper and not self.took_part) else ():
                 self.record(setting, self.plan.settings.communicators.get(self.ddp_role, {}).get(setting), False, why)
             self.flush()  # records made before any flush (settings no applier reaches)
 
