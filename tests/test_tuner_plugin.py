@@ -390,6 +390,9 @@ def test_a_missing_rules_file_or_variable_keeps_nccls_choices(lib, tmp_path, mon
         assert tuner.call(ctx, FUNC["all_reduce"], 5, table) == (pytest.approx(table), UNTOUCHED)
         tuner.finalize(ctx)
         assert tuner.logs
+        if value:  # said why, without a "line 0"
+            assert any("cannot open the rules file: No such file or directory" in m and "line 0" not in m
+                       for _, _, m in tuner.logs), tuner.logs
 
 
 def test_the_rules_apply_writes_parse_in_the_plugin(lib):

@@ -30,6 +30,7 @@
  * Built by lagom_tune/runtime/tuner_build.py with the system C compiler; no CUDA headers needed.
  */
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -295,7 +296,10 @@ static int parse_rules(const char* text, size_t len, rule_t** out, char* err, si
 /* Read at most MAX_FILE_BYTES + 1 bytes of `path` into a malloc'd buffer. */
 static char* read_file(const char* path, size_t* len, char* err, size_t errlen) {
   FILE* f = fopen(path, "rb");
-  if (!f) { set_error(err, errlen, 0, "cannot open the rules file"); return NULL; }
+  if (!f) { /* the file as a whole: no line to name, and why */
+    if (err && errlen) snprintf(err, errlen, "cannot open the rules file: %s", strerror(errno));
+    return NULL;
+  }
   char* buf = malloc(MAX_FILE_BYTES + 1);
   if (!buf) { fclose(f); set_error(err, errlen, 0, "out of memory"); return NULL; }
   *len = fread(buf, 1, MAX_FILE_BYTES + 1, f);
@@ -437,7 +441,9 @@ static ncclResult_t coll_info_table(void* ctx, ncclFunc_t coll, size_t nBytes, i
     else skipped = 1;
   }
   if (r->channels != UNSET && nChannels) *nChannels = r->channels;
-  if (skipped) log_once(c, i, LOGGED_SKIPPED, r, "skipped algorithm/protocol: not available for this call (channels still set)");
+  if (skipped)
+    log_once(c, i, LOGGED_SKIPPED, r, r->channels != UNSET ? "skipped algorithm/protocol: not available for this call (channels still set)"
+                                                             : "skipped algorithm/protocol: not available for this call");
   else log_once(c, i, LOGGED_APPLIED, r, "applied");
   return ncclSuccess;
 }
@@ -468,7 +474,10 @@ static ncclResult_t coll_info_direct(context_t* c, ncclFunc_t coll, size_t nByte
     }
   }
   if (r->channels != UNSET && nChannels) *nChannels = r->channels;
-  if (skipped) log_once(c, i, LOGGED_SKIPPED, r, "skipped algorithm/protocol: not known to be available with this NCCL's tuner API (channels still set)");
+  if (skipped)
+    log_once(c, i, LOGGED_SKIPPED, r, r->channels != UNSET
+                                          ? "skipped algorithm/protocol: not forced through this NCCL's tuner API (channels still set)"
+                                          : "skipped algorithm/protocol: not forced through this NCCL's tuner API");
   else log_once(c, i, LOGGED_APPLIED, r, "applied");
   return ncclSuccess;
 }
