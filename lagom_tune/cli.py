@@ -280,7 +280,7 @@ def apply(
     plan_file: Path = typer.Argument(..., metavar="PLAN", help="Plan YAML from `lagom-tune search`."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the plan, build the NCCL tuner plugin and print what would be set; run nothing."),
     print_env: bool = typer.Option(False, "--print-env", help="Print shell export lines (for Slurm and other launchers)."),
-    applied: Optional[Path] = typer.Option(None, help="Where to write applied.json (default: beside the plan)."),
+    applied: Optional[Path] = typer.Option(None, help="Where to write applied.json (default: beside the plan; applied.HOST.json for a plan of several nodes)."),
 ) -> None:
     """Run `-- CMD [ARGS...]` with the plan in effect in every Python rank it starts; exit with its code.
 

@@ -82,6 +82,20 @@ def test_a_plan_for_other_nodes_is_refused():
         assert notes and "world size not known from the command (elastic --nnodes" in notes[0], notes
 
 
+def test_each_node_of_a_multi_node_plan_records_its_own_ranks(tmp_path):
+    """Each node runs `apply` and sees only its own ranks: on a shared file system every node wrote
+    applied.json beside the plan, and the last one's ranks were all that stayed."""
+    import dataclasses
+    import socket
+
+    from lagom_tune.runtime.launch import default_applied_path
+
+    plan = tmp_path / "p.yaml"
+    assert default_applied_path(BASE, plan) == tmp_path / "applied.json"
+    two = dataclasses.replace(BASE, world_size=4, nodes=2)
+    assert default_applied_path(two, plan) == tmp_path / f"applied.{socket.gethostname()}.json"
+
+
 def test_environment_puts_the_shim_first(tmp_path):
     env = plan_environment(BASE, tmp_path / "p.yaml", "/tmp/x", {"PYTHONPATH": "/already"})
     assert env["PYTHONPATH"].split(":") == [str(SITE_DIR), "/already"]

@@ -16,6 +16,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -402,7 +403,7 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
         raise UserError("nothing to run: give the command after `--`, e.g. `lagom-tune apply plan.yaml -- torchrun ...`")
     check_command(cmd[0])
     # checked before the run, not after it: a record that cannot be written must not end a long job with an error
-    applied_json = check_writable(applied_json or plan_path.with_name("applied.json"), "--applied record", [plan_path])
+    applied_json = check_writable(applied_json or default_applied_path(plan, plan_path), "--applied record", [plan_path])
     for note in check_fit(plan, cmd, dict(os.environ)):
         if on_note:
             on_note(note)
@@ -426,6 +427,20 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
         except OSError as e:  # ... or the disk filled up
             unwritten = f"cannot write {applied_json}: {e.strerror or e}"
     return ApplyResult(code, applied_json, ranks, unwritten)
+
+
+def default_applied_path(plan: Plan, plan_path: Path) -> Path:
+    """Where `apply` records what each rank applied: ``applied.json`` beside the plan, or for a
+    plan of several nodes ``applied.HOST.json`` (each node runs its own `apply`, which sees only its
+    own ranks: on a shared file system one file was each node's in turn, the last one's left).
+
+    Args:
+        plan: the plan.
+        plan_path: its file.
+    Returns:
+        The record's path.
+    """
+    return plan_path.with_name(f"applied.{socket.gethostname()}.json" if plan.nodes > 1 else "applied.json")
 
 
 def check_command(program: str) -> None:
