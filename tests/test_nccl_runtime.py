@@ -220,3 +220,13 @@ def test_a_process_that_joins_a_group_itself_is_recorded_as_a_rank(tmp_path, mon
     c10d.init_process_group("nccl", world_size=16, rank=3)
     (rec,) = rank_reports(tmp_path)["3"]["records"]
     assert rec["setting"] == "ctas[dp]" and rec["applied"]
+    # ... or gives both in init_method's URL: the world was recorded as a group of 0 ranks (no role),
+    # and the process as "pid..." (a second report per rank at exit)
+    url = tmp_path / "url"
+    url.mkdir()
+    shim = Shim(PLAN, str(tmp_path / "p.yaml"), str(url))
+    c10d = fake_c10d()
+    shim.on_c10d(c10d)
+    c10d.init_process_group("nccl", init_method="tcp://127.0.0.1:29500?rank=5&world_size=16")
+    (rec,) = rank_reports(url)["5"]["records"]
+    assert rec["setting"] == "ctas[dp]" and rec["applied"]

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -463,10 +464,17 @@ class Shim:
 
     def _wrap_init_process_group(self, fn):
         def describe(a: dict) -> GroupMaking:
-            # a process started without torchrun (mpirun, a plain script) is a rank too
-            self.joined_rank = int(a["rank"]) if a.get("rank") is not None else -1
-            world = a.get("world_size", -1)
-            world = int(world) if world not in (None, -1) else int(os.environ.get("WORLD_SIZE", 0) or 0)
+            # a process started without torchrun (mpirun, a plain script) is a rank too; its rank and
+            # world size may be in the arguments, in init_method's URL (tcp://h:p?rank=0&world_size=2), or in the environment
+            query = urllib.parse.parse_qs(urllib.parse.urlparse(str(a.get("init_method") or "")).query)
+
+            def given(name: str):
+                value = a.get(name)
+                return value if value not in (None, -1) else (query.get(name) or [None])[0]
+
+            rank, world = given("rank"), given("world_size")
+            self.joined_rank = int(rank) if rank is not None else -1
+            world = int(world) if world is not None else int(os.environ.get("WORLD_SIZE", 0) or 0)
             backend = str(a.get("backend") or "")
             return GroupMaking(GroupIdentity(tuple(range(world))), backend, _is_nccl(backend) or (not backend and _cuda_available()),
                                lambda pg: self._default_group_name())
