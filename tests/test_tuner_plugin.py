@@ -497,9 +497,11 @@ def test_the_users_own_nccl_variables_the_plan_replaces_or_that_narrow_its_rules
     """The plan's NCCL_NTHREADS replaced the user's, and a user's NCCL_ALGO (with which NCCL offers
     the plugin nothing else, so its rules are skipped) passed, both without a word."""
     plan = IN_TEST_PLAN.save(tmp_path / "p.yaml")
-    env = {"XDG_CACHE_HOME": str(tmp_path), "NCCL_NTHREADS": "128", "NCCL_ALGO": "Tree", "NCCL_PROTO": ""}
+    env = {"XDG_CACHE_HOME": str(tmp_path), "NCCL_NTHREADS": "128", "NCCL_ALGO": "Tree", "NCCL_PROTO": "", "NCCL_NET_PLUGIN": "ofi"}
     r = cli("apply", plan, "--print-env", env=env, check=True)
     assert "NCCL_NTHREADS=128 from your environment is replaced by the plan's 256" in r.stderr, r.stderr
+    # NCCL takes a net plugin's own tuner only when NCCL_TUNER_PLUGIN fails: the plan silently replaced it
+    assert "NCCL_NET_PLUGIN=ofi: a tuner that net plugin ships (aws-ofi-nccl's) is replaced by lagom-tune's" in r.stderr
     assert "NCCL_ALGO=Tree from your environment narrows NCCL's choices" in r.stderr and "NCCL_PROTO" not in r.stderr
     assert r.stdout.startswith("export ") and "NCCL_TUNER_PLUGIN" in r.stdout
     # variables that override the CTA bounds were named only by each rank at run time, not by --print-env or --dry-run

@@ -316,6 +316,9 @@ def _holds(path: Path, text: str) -> bool:
         return False
 
 
+NET_PLUGIN_ENV = "NCCL_NET_PLUGIN"
+
+
 def plan_environment(plan: Plan, plan_path: Path, applied_dir: str | None, base: dict[str, str],
                      tuner: TunerDeployment | None = None) -> dict[str, str]:
     """The variables `apply` sets: process-level settings, the plan's location, the shim's path,
@@ -371,6 +374,9 @@ def deployment_warnings(plan: Plan, env: dict[str, str], base: dict[str, str], t
     if tuner is not None and tuner.deployed:
         out += [f"{k}={base[k]} from your environment narrows NCCL's choices: the plan's rules asking for anything "
                 "else are skipped" for k in RESTRICTING_ENV if base.get(k)]
+        if base.get(NET_PLUGIN_ENV):  # NCCL looks for a tuner in the net plugin only when NCCL_TUNER_PLUGIN fails to load
+            out.append(f"{NET_PLUGIN_ENV}={base[NET_PLUGIN_ENV]}: a tuner that net plugin ships (aws-ofi-nccl's) is replaced "
+                       "by lagom-tune's; collectives no rule matches get NCCL's own choice, not that tuner's")
     if communicator_configs(plan):
         out += [f"{k}={base[k]} from your environment overrides every communicator's CTA bounds the plan sets"
                 for k in overriding_env(base)]
