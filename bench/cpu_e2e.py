@@ -24,6 +24,7 @@ from pathlib import Path
 
 from compare import CI_LEVEL, ratio_interval
 
+from lagom_tune.backends.registry import usable_cores
 from lagom_tune.interleave import interleaved
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +106,7 @@ def main() -> None:
     lines = [
         "# CPU end to end: example training, default vs plan (measured)",
         "",
-        f"{datetime.date.today()} · {platform.node()} · {os.cpu_count()} cores · {args.ranks} gloo ranks · "
+        f"{datetime.date.today()} · {platform.node()} · {usable_cores()} cores · {args.ranks} gloo ranks · "
         f"{args.rounds} interleaved rounds × {args.steps} steps, each round's first run alternating · plan `{args.plan}`",
         "",
         "| settings | median step ms | min | max | bucket cap MiB | threads |",

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import platform
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 
+from lagom_tune.backends.registry import usable_cores
 from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.model.fit import fit_run, new_shape_mape
 from lagom_tune.profile.campaign import run_profile
@@ -48,7 +48,7 @@ def main() -> None:
         run = run_profile(w, get_backend("gloo", BackendOptions(ranks=2)), Path(tmp) / "gloo", repeats=args.gloo_repeats)
         fit = fit_run(run)
         mape = {**fit.mape, "gemm_new_shape": new_shape_mape(run.measurements())}
-        rows.append({"backend": f"gloo, 2 ranks on {os.cpu_count()} cores (MEASURED)", "workload": "cpu-demo",
+        rows.append({"backend": f"gloo, 2 ranks on {usable_cores()} cores (MEASURED)", "workload": "cpu-demo",
                      "rows": len(run.measurements()), **{q: mape.get(q) for q in QUANTITIES}})
         print(rows[-1], flush=True)
     df = pd.DataFrame(rows)
