@@ -19,6 +19,8 @@ TUNER_COLL = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scat
 OVERRIDING_ENV = ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
 # Set, these narrow what NCCL offers its tuner: a rule asking for anything else is skipped.
 RESTRICTING_ENV = ("NCCL_ALGO", "NCCL_PROTO")
+# A net plugin (aws-ofi-nccl) may ship a tuner, which NCCL takes only when NCCL_TUNER_PLUGIN names none.
+NET_PLUGIN_ENV = "NCCL_NET_PLUGIN"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 from unittest import mock
 
 from lagom_tune.artifact_io import atomic_write_text, check_writable
-from lagom_tune.backends.nccl_controls import RESTRICTING_ENV, CommunicatorConfig, overriding_env
+from lagom_tune.backends.nccl_controls import NET_PLUGIN_ENV, RESTRICTING_ENV, CommunicatorConfig, overriding_env
 from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads_per_rank, usable_cores
 from lagom_tune.errors import Interrupted, UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
@@ -314,9 +314,6 @@ def _holds(path: Path, text: str) -> bool:
         return path.read_text() == text
     except (OSError, UnicodeDecodeError):
         return False
-
-
-NET_PLUGIN_ENV = "NCCL_NET_PLUGIN"
 
 
 def plan_environment(plan: Plan, plan_path: Path, applied_dir: str | None, base: dict[str, str],

@@ -226,10 +226,12 @@ class Shim:
             self.applied_dir = None
 
     def at_exit(self) -> None:
-        if self.is_rank:
-            for setting, why in list(self.pending.items()) if not (self.helper and not self.took_part) else ():
+        if not self.is_rank:
+            return
+        if self.took_part or not self.helper:  # a helper that did nothing itself leaves the rank's settings to the rank
+            for setting, why in list(self.pending.items()):
                 self.record(setting, self.plan.settings.communicators.get(self.ddp_role, {}).get(setting), False, why)
-            self.flush()  # records made before any flush (settings no applier reaches)
+        self.flush()  # records made before any flush (settings no applier reaches)
 
     def appliers(self) -> list[tuple[str, Callable[[Any], None]]]:
         """What to run when each module is imported, from what the runtime deploys for the plan's
