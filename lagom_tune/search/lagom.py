@@ -5,7 +5,7 @@ smallest priority ``H = (Y' - Y) / (x(s) - x(s'))`` (computation time added per 
 communication time saved) steps towards more communication resources, by the relative
 improvement of its last step ``lr = (x(s) - x(s')) / x(s')`` (the printed formula has the sign
 flipped). A variable stops when its communication no longer gets faster or when communication
-is hidden (``X' < Y'``). Each variable is stepped at most once per position of its domain, so the
+is hidden (``X' < Y'`` in each overlap group holding it). Each variable is stepped at most once per position of its domain, so the
 search is linear in the number of variables.
 """
 
@@ -88,14 +88,40 @@ def _priority_search(evaluate: ModelEvaluator, vars_: list[Var], fixed: dict[str
         priority[var.key] = (ev2.compute_s - ev.compute_s) / (x_old - x_new)
         lr[var.key] = (x_old - x_new) / x_new if x_new > 0 else 1.0
         state, ev = cand, ev2
-        if ev.comm_s < ev.compute_s:  # communication hidden: more resources cannot help it
+        if hidden(var, ev):  # its communication hidden behind computation: more resources cannot help it
             active.remove(var)
     return best_state, best_ev
 
 
-def _polish(evaluate: ModelEvaluator, vars_: list[Var], state: dict, ev: Evaluation, rounds: int = 4) -> tuple[dict, Evaluation]:
+def hidden(var: Var, ev: Evaluation) -> bool:
+    """Whether the communication ``var`` controls is hidden (``X' < Y'``), judged in the overlap
+    groups that hold it: in each, the collectives take less time than the computation beside them.
+    (Judged on the iteration's totals, a group of computation alone, a model's head or an
+    optimizer step, hid every collective from the start.)
+
+    Args:
+        var: the variable.
+        ev: an evaluation.
+    Returns:
+        True when every group holding its collectives has them hidden.
+    """
+    def controls(c) -> bool:
+        return (var.scope == "process" or (var.scope == "communicator" and c.group == var.target)
+                or (var.scope == "collective" and c.rule_key == var.target))
+
+    groups = [tl for g, tl in ev.timelines if any(controls(c) for c in g.comm)]
+    return bool(groups) and all(tl.comm_time < tl.compute_time for tl in groups)
+
+
+POLISH_ROUNDS = 64  # a bound, not a budget: the polish ends when a round improves nothing
+
+
+def _polish(evaluate: ModelEvaluator, vars_: list[Var], state: dict, ev: Evaluation,
+            rounds: int = POLISH_ROUNDS) -> tuple[dict, Evaluation]:
     """Local refinement of the priority search's answer: each collective tries the other
-    subspaces, and each resource variable its neighbouring values, while the iteration gets faster."""
+    subspaces, and each resource variable its neighbouring values, while the iteration gets faster
+    (four rounds at most until 2026-12-01: a variable the priority phase left far from its best
+    could move only four positions)."""
     cats = [v for v in vars_ if v.categorical]
     for _ in range(rounds):
         improved = False
@@ -148,11 +174,14 @@ def lagom_search(evaluate: ModelEvaluator, vars_: list[Var], *, top_subspaces: i
     # search only in the most promising ones; the polish still lets each collective switch.
     resources = [v for v in vars_ if not v.categorical]
     defaults = {v.key: v.knob.default for v in resources}
-    ranked = sorted(subspaces or [{}], key=lambda f: evaluate(Settings.from_assignment({**defaults, **f}, vars_)).iteration_s)
-    best_state, best_ev = None, None
-    for fixed in ranked[:top_subspaces]:
+    screened = [({**defaults, **f}, evaluate(Settings.from_assignment({**defaults, **f}, vars_))) for f in subspaces or [{}]]
+    screened.sort(key=lambda se: se[1].iteration_s)
+    # the best screened point (the defaults among them) is a candidate too: the search never ends
+    # worse than a setting it evaluated
+    best_state, best_ev = screened[0]
+    for fixed in [{v.key: state[v.key] for v in cats} for state, _ in screened[:top_subspaces]]:
         state, ev = _priority_search(evaluate, vars_, fixed, trace)
-        if best_ev is None or ev.iteration_s < best_ev.iteration_s:
+        if ev.iteration_s < best_ev.iteration_s:
             best_state, best_ev = state, ev
     best_state, best_ev = _polish(evaluate, vars_, best_state, best_ev)
     return SearchResult("lagom", Settings.from_assignment(best_state, vars_), best_ev,
