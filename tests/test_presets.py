@@ -35,11 +35,21 @@ def test_phi2_tp8_domino_shapes_and_all_reduce_bytes():
     assert shapes["L.qkv"] == (4 * 2048, 3 * 2560 // 8, 2560, 1)
     assert shapes["L.scores"] == (2048, 2048, 80, 4 * 32 // 8)
     assert attn.comm[0].nbytes == 4 * 2048 * 2560 * 2 and attn.comm[0].group == "tp"
-    bwd = next(g for g in w.groups if g.name == "backward.attention")
-    dp = [c for c in bwd.comm if c.group == "dp_replicate"]
+    # every phase runs once per half-batch: twice a layer (the groups held one half, so the
+    # iteration was half its real time beside a full-size gradient all-reduce)
+    assert attn.repeat == 2 * 32 and all(g.repeat == 2 * 32 for g in w.groups if g.name in ("forward.mlp", "backward.mlp"))
+    bwd = [g for g in w.groups if g.name.startswith("backward.attention")]
+    assert sum(g.repeat for g in bwd) == 2 * 32
+    dp = [(c, g.repeat) for g in bwd for c in g.comm if c.group == "dp_replicate"]
     # Phi-2 layer: attention 4*2560^2 + 4*2560 biases; MLP 2*2560*10240 + 10240 + 2560; 2 LayerNorms.
     layer = 4 * 2560**2 + 4 * 2560 + 2 * 2560 * 10240 + 10240 + 2560 + 4 * 2560
-    assert dp and dp[0].nbytes == layer // 8 * 2 and dp[0].ranks == 2
+    # once a layer, in fp32 (Megatron all-reduces bf16 training's gradients in fp32), over 2 nodes
+    assert len(dp) == 1 and dp[0][1] == 32 and dp[0][0].nbytes == layer // 8 * 4 and dp[0][0].ranks == 2 and dp[0][0].nodes == 2
+    # a tp=4,dp=2 job fits one node: its data-parallel group too (it was simulated over InfiniBand)
+    small = build_preset("phi-2", parallel="tp=4,dp=2")
+    assert {c.nodes for c in small.collectives()} == {1}
+    with pytest.raises(UserError, match="--mbs must be even"):
+        build_preset("phi-2", parallel="tp=8,dp=2", mbs=3)  # a sample was lost to mbs // 2
 
 
 def test_moe_all_to_all_and_expert_gemms():

@@ -66,6 +66,46 @@ def test_a_gemms_element_type_is_kept(tmp_path, element, dtype):
     """fp16 GEMMs were imported as bf16 (the type was read back from its size)."""
     p = tmp_path / "t.json"
     p.write_text(json.dumps({"distributedInfo": {"world_size": 2}, "traceEvents": [
-        {"ph": "X", "name": "aten::mm", "ts": 0, "dur": 10, "args": {"Input Dims": [[64, 32], [32, 16]], "Input type": [element, element]}}]}))
+        {"ph": "X", "name": "aten::mm", "ts": 0, "dur": 10, "args": {"Input Dims": [[64, 32], [32, 16]], "Input type": [element, element]}},
+        {"ph": "X", "name": "gloo:all_reduce", "ts": 2, "dur": 5, "args": {"Input Dims": [[64]], "Input type": ["float"]}}]}))
     (g,) = import_trace(p).gemms().values()
     assert (g.m, g.n, g.k, g.dtype) == (64, 16, 32, dtype)
+
+
+def test_a_trace_with_no_collective_is_refused(tmp_path):
+    """A single process's trace was written as a workload `profile` then refused ("has no collective")."""
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"distributedInfo": {"world_size": 2}, "traceEvents": [
+        {"ph": "X", "name": "aten::mm", "ts": 0, "dur": 10, "args": {"Input Dims": [[64, 32], [32, 16]], "Input type": ["float"] * 2}}]}))
+    with pytest.raises(UserError, match="1 GEMMs and no collective with a size"):
+        import_trace(p)
+
+
+def _span(name, ts, dur, **args):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+def test_a_gemm_beside_two_windows_is_one_gemm_and_collectives_are_sized_as_nccl_tests(tmp_path):
+    """A GEMM running across two back-to-back all-reduces was put in both groups (the workload held
+    4 GEMMs where the trace ran 3); a gloo all-gather was sized by this rank's shard, and an NCCL
+    kernel, which has no input type, at 4 bytes an element, its all-gather by its input."""
+    mm = lambda i: _span("aten::mm", 100 * i, 100, **{"Input Dims": [[256, 256], [256, 256]], "Input type": ["float", "float"]})
+    events = [mm(0), mm(1), mm(2),
+              _span("gloo:all_reduce", 10, 130, **{"Input Dims": [[1000]], "Input type": ["float"]}),
+              _span("gloo:all_reduce", 145, 130, **{"Input Dims": [[1000]], "Input type": ["float"]}),
+              _span("gloo:all_gather", 400, 50, **{"Input Dims": [[250]], "Input type": ["float"]})]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"distributedInfo": {"world_size": 4}, "traceEvents": events}))
+    w = import_trace(p)
+    assert sum(len(g.compute) for g in w.groups) == 3
+    assert {c.op: c.nbytes for c in w.collectives()} == {"all_reduce": 4000, "all_gather": 4000}  # the output: 4 shards
+    kernels = [_span("ncclDevKernel_AllGather_RING_LL", 0, 50, **{"dtype": "BFloat16", "In msg nelems": 1 << 20,
+                                                                   "Out msg nelems": 1 << 23, "Group size": 8}),
+               _span("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", 60, 50, **{"dtype": "BFloat16", "In msg nelems": 1 << 23,
+                                                                                 "Out msg nelems": 1 << 20, "Group size": 8})]
+    kernels += [_span("aten::mm", 0, 5, **{"Input Dims": [[256, 256], [256, 256]], "Input type": ["c10::BFloat16"] * 2, "External id": 1}),
+                _span("sm90_xmma_gemm_bf16", 10, 80, **{"External id": 1})]
+    for k in kernels:
+        k["cat"] = "kernel" if k["name"] != "aten::mm" else "cpu_op"
+    p.write_text(json.dumps({"distributedInfo": {"world_size": 8}, "traceEvents": kernels}))
+    assert {c.op: c.nbytes for c in import_trace(p).collectives()} == {"all_gather": 16 << 20, "reduce_scatter": 16 << 20}

@@ -21,10 +21,12 @@ Iteration structure per parallelism (DESIGN.md §4; each an overlap group):
 * ``fsdp=N``: layer ``l+1``'s all-gather (its parameters, compute dtype) overlaps layer ``l``'s
   forward; in backward, layer ``l-1``'s all-gather and layer ``l``'s gradient reduce-scatter overlap
   layer ``l-1``'s backward. Embedding and head run without overlap.
-* ``tp=N,dp=M``: Megatron tensor parallelism with Domino-style overlap: the micro-batch is split in
-  two halves and one half's all-reduce (``T/2 x d`` activations, after attention and after the
-  MLP, forward and backward) overlaps the other half's GEMMs; with ``dp > 1`` each layer's
-  gradient all-reduce on the data-parallel communicator overlaps its backward.
+* ``tp=N,dp=M``: Megatron tensor parallelism with Domino-style overlap: the micro-batch (even) is
+  split in two halves and one half's all-reduce (``T/2 x d`` activations, after attention and
+  after the MLP, forward and backward) overlaps the other half's GEMMs, and the other way round:
+  every phase twice a layer; with ``dp > 1`` each layer's gradient all-reduce (fp32, as Megatron
+  reduces bf16 training's gradients) on the data-parallel communicator, over as many nodes as the
+  job has (``tp x dp`` GPUs), overlaps one half's backward attention.
 * ``ep=N``: expert parallelism; a micro-batch's dispatch and combine all-to-alls (``T*top_k x d``
   per rank) overlap the other micro-batch's expert GEMMs, forward and backward; attention and
   router are data-parallel and run without overlap.
@@ -329,8 +331,8 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
         The Workload.
     """
     _check_seq(arch, seq)
-    if mbs < 2:
-        raise UserError("tensor parallelism with Domino overlap splits the micro-batch in two: --mbs must be >= 2")
+    if mbs < 2 or mbs % 2:  # an odd micro-batch lost a sample to mbs // 2
+        raise UserError(f"tensor parallelism with Domino overlap splits the micro-batch in two halves: --mbs must be even (got {mbs})")
     if arch.experts:
         raise UserError(f"{arch.name} is an MoE model: use --parallel ep=N")
     b, half = DTYPES[dtype], mbs // 2
@@ -338,16 +340,27 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
     ar = lambda name: Collective(name, "all_reduce", act, group=TP, ranks=tp, nodes=_nodes(tp))
     attn = attention_gemms(arch, "L", seq, half, dtype, tp)
     mlp = mlp_gemms(arch, "L.mlp", seq * half, arch.ffn, dtype, tp)
+    # Each layer runs every phase twice, once per half-batch (one half's GEMMs beside the other's
+    # all-reduce, then the other way round): 2 x layers (the groups held one half, so an iteration
+    # was half its real time beside a full-size gradient all-reduce).
+    twice = 2 * arch.layers
     groups = [
-        OverlapGroup("forward.attention", tuple(attn), (ar("all_reduce.attn_out.other_half"),), repeat=arch.layers),
-        OverlapGroup("forward.mlp", tuple(mlp), (ar("all_reduce.mlp_out.other_half"),), repeat=arch.layers),
-        OverlapGroup("backward.mlp", tuple(backward_of(mlp)), (ar("all_reduce.mlp_in_grad.other_half"),), repeat=arch.layers),
+        OverlapGroup("forward.attention", tuple(attn), (ar("all_reduce.attn_out.other_half"),), repeat=twice),
+        OverlapGroup("forward.mlp", tuple(mlp), (ar("all_reduce.mlp_out.other_half"),), repeat=twice),
+        OverlapGroup("backward.mlp", tuple(backward_of(mlp)), (ar("all_reduce.mlp_in_grad.other_half"),), repeat=twice),
     ]
-    bwd_attn_comm = [ar("all_reduce.attn_in_grad.other_half")]
-    if dp > 1:
+    bwd_attn = tuple(backward_of(attn))
+    if dp > 1:  # the layer's gradients, once per layer, beside its second half-batch's backward attention
         shard = arch.layer_params() // tp
-        bwd_attn_comm.append(Collective("all_reduce.dp_grads", "all_reduce", shard * b, group=DP_REPLICATE, ranks=dp, nodes=dp))
-    groups.append(OverlapGroup("backward.attention", tuple(backward_of(attn)), tuple(bwd_attn_comm), repeat=arch.layers))
+        # Megatron all-reduces bf16/fp16 training's gradients in fp32 (accumulate_allreduce_grads_in_fp32)
+        grad_bytes = DTYPES["fp32"] if b < DTYPES["fp32"] else b
+        dp_nodes = min(dp, _nodes(tp * dp))  # a tp=4,dp=2 job fits one node: its dp group with it
+        dp_grads = Collective("all_reduce.dp_grads", "all_reduce", shard * grad_bytes, group=DP_REPLICATE, ranks=dp, nodes=dp_nodes)
+        groups.append(OverlapGroup("backward.attention", bwd_attn, (ar("all_reduce.attn_in_grad.other_half"),), repeat=arch.layers))
+        groups.append(OverlapGroup("backward.attention.dp_grads", bwd_attn, (ar("all_reduce.attn_in_grad.other_half.dp"), dp_grads),
+                                   repeat=arch.layers))
+    else:
+        groups.append(OverlapGroup("backward.attention", bwd_attn, (ar("all_reduce.attn_in_grad.other_half"),), repeat=twice))
     head = Gemm("head", seq * mbs, arch.vocab // tp, arch.hidden, dtype)
     groups.append(OverlapGroup("head", (head, *_bwd(head))))
     return _workload(arch, f"tp{tp}-dp{dp}", groups, seq, mbs, dtype, f"tp={tp},dp={dp}")

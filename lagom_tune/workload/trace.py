@@ -133,14 +133,30 @@ def _checked_span(e: dict, path: Path) -> dict:
     return {**e, "args": e["args"] if isinstance(e.get("args"), dict) else {}}
 
 
-def _collective_bytes(ev: _Event) -> int:
-    """The bytes a collective event moved, from its input shape and type (or NCCL's element count)."""
+KERNEL_DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Double": 8, "Int": 4, "Long": 8, "Byte": 1, "Char": 1}
+
+
+def _collective_bytes(ev: _Event, op: str, world: int) -> int:
+    """The bytes a collective event moved, as nccl-tests (and the presets) size it: an all-gather
+    by its output, every other op by its input; from the input's shape and type (a gloo op), or
+    NCCL's element counts and the kernel's ``dtype`` (a GPU kernel, which has no input type: its
+    elements were counted as 4 bytes, and an all-gather as one rank's shard)."""
     dims = ev.args.get("Input Dims")
     first = dims[0] if isinstance(dims, list) and dims and isinstance(dims[0], list) else []
     nelems = math.prod(first) if first and all(_count(x) for x in first) else 0
-    size = _type_bytes(ev.args.get("Input type"))
+    if "Input type" in ev.args or ev.args.get("dtype") not in KERNEL_DTYPE_BYTES:
+        size = _type_bytes(ev.args.get("Input type"))
+    else:
+        size = KERNEL_DTYPE_BYTES[ev.args["dtype"]]
+    group = ev.args.get("Group size")
+    ranks = group if _count(group) and group > 0 else world
+    if op == "all_gather":
+        out = ev.args.get("Out msg nelems", 0)
+        if _count(out) and out:
+            return out * size
+        nelems *= ranks  # a gloo all-gather's input is this rank's shard
     msg = ev.args.get("In msg nelems", 0)
-    return nelems * size or (msg * size if _count(msg) else 0)
+    return nelems * size or (msg * size * (ranks if op == "all_gather" else 1) if _count(msg) else 0)
 
 
 def _timed_ops(spans: list[dict], world: int) -> tuple[list[TimedGemm], list[TimedCollective], bool]:
@@ -162,7 +178,7 @@ def _timed_ops(spans: list[dict], world: int) -> tuple[list[TimedGemm], list[Tim
         ev = _Event(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["args"])
         op = _collective_op(ev.name)
         if op:
-            nbytes = _collective_bytes(ev)
+            nbytes = _collective_bytes(ev, op, world)
             if nbytes > 0:
                 colls.append((ev, Collective(f"{op}.{len(colls)}", op, nbytes, group="dp", ranks=world)))
             continue
@@ -210,7 +226,9 @@ def _overlap_groups(gemms: list[TimedGemm], colls: list[TimedCollective]) -> tup
     for ci, cluster in enumerate(clusters):
         lo, hi = min(e.start for e, _ in cluster), max(e.end for e, _ in cluster)
         candidates = range(bisect.bisect_left(starts, lo - longest), bisect.bisect_left(starts, hi))
-        idx = [i for i in candidates if gemms[i][0].end > lo]
+        # each GEMM once, beside the first window it overlaps (one beside two back-to-back
+        # all-reduces was counted in both groups: a workload of 4 GEMMs where the trace ran 3)
+        idx = [i for i in candidates if gemms[i][0].end > lo and i not in used]
         used |= set(idx)
         compute = [replace_name(gemms[i][1], f"g{i}") for i in idx]
         comm = []
@@ -291,6 +309,9 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
     gemms, colls, gpu_kernels = _timed_ops(spans, world)
     if not gemms:
         raise UserError(f"{path}: no GEMMs with shapes found (record the trace with record_shapes=True)")
+    if not colls:  # it was written, and `profile` then refused it: "workload ... has no collective"
+        raise UserError(f"{path}: {len(gemms)} GEMMs and no collective with a size (gloo ops with Input Dims, or NCCL "
+                        "kernels): nothing to overlap; trace a distributed training step with record_shapes=True")
     # The step: from the first to the last GEMM or collective (one profiled step per trace).
     step_start = min(e.start for e, _ in gemms + colls)
     step_end = max(e.end for e, _ in gemms + colls)
