@@ -225,6 +225,8 @@ def search(
                             "and writes no plan); run search without --compare to write one")
     if study_name is not None and storage is None:
         raise UserError("--study-name names a study in --storage; without one the study lives in memory and the name does nothing")
+    if storage is not None and study_name is None:  # Optuna names an unnamed study anew each run: it never resumed
+        raise UserError("--storage keeps a study to resume: name it with --study-name (the same name resumes it)")
     if not compare:  # a flag the chosen optimizer does not take would be silently ignored
         ignored = [p for p in flag_options if given(p) and p not in option_names(optimizer)]
         if ignored:

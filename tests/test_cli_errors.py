@@ -212,7 +212,7 @@ def test_an_output_that_holds_something_else_is_never_replaced(tiny_run, tmp_pat
     assert_one_line_error(cli("search", tiny_run, "--out", readme), "exists and is not a plan lagom-tune wrote")
     # the Optuna study's own database as the plan: the study was replaced by the plan
     db = tmp_path / "same.db"
-    assert_one_line_error(cli("search", tiny_run, "--optimizer", "optuna", "--storage", f"sqlite:///{db}", "--out", db),
+    assert_one_line_error(cli("search", tiny_run, "--optimizer", "optuna", "--storage", f"sqlite:///{db}", "--study-name", "s", "--out", db),
                           "is the Optuna study's database")
     assert readme.read_text().startswith("# notes") and not db.exists()
     (tmp_path / "p.yaml").write_text("")  # as `mktemp` leaves it

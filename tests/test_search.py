@@ -74,6 +74,12 @@ def test_optuna_finds_the_optimum_of_a_small_space_and_resumes(demo, tmp_path):
     again = optuna_search(ModelEvaluator(demo, TRUE), vars_, n_trials=10, storage=storage, study_name="s")
     assert again.extra["trials"] == first.extra["trials"] + 10
     assert again.evaluation.iteration_s == pytest.approx(best.evaluation.iteration_s)
+    # the resumed session drew its own random trials: seeded as the first, it repeated them
+    import optuna
+
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    params = [tuple(sorted(t.params.items())) for t in trials]
+    assert params[12:15] != params[2:5], params  # past the two enqueued seeds, the first random draws
 
 
 def test_a_study_of_another_space_is_refused_not_resumed(demo, tmp_path):

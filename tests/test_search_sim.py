@@ -88,6 +88,9 @@ def test_compare_refuses_what_it_would_ignore(phi2, tmp_path):
     # a study name without storage named nothing (the study lived in memory)
     r = cli("search", phi2[0], "--optimizer", "optuna", "--study-name", "foo", "--out", tmp_path / "p.yaml")
     assert r.returncode == 2 and "--study-name names a study in --storage" in r.stderr and not (tmp_path / "p.yaml").exists()
+    # ... and storage without a name never resumed (Optuna named a study anew each run)
+    r = cli("search", phi2[0], "--optimizer", "optuna", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", tmp_path / "p.yaml")
+    assert r.returncode == 2 and "name it with --study-name" in r.stderr and not (tmp_path / "s.db").exists()
 
 
 def test_an_output_that_is_an_input_is_refused(phi2, tmp_path):

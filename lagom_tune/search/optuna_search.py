@@ -88,6 +88,9 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
         # an unknown URL scheme, a database that cannot be opened: one line, the first of the driver's message
         raise UserError(f"cannot open the Optuna storage {storage!r}: {str(e).splitlines()[0]}") from None
     _check_resumed(study, vars_, 2 if multi_objective else 1, study_name, evaluate.identity)
+    if study.trials:  # resumed: a sampler seeded as the first session's drew its random trials again
+        sampler = optuna.samplers.NSGAIISampler if multi_objective else optuna.samplers.TPESampler
+        study.sampler = sampler(seed=seed + len(study.trials))
     if not study.trials:  # a resumed study already holds its seeds
         study.set_user_attr(OBJECTIVE_ATTR, evaluate.identity)
         study.enqueue_trial(default_assignment(vars_))
