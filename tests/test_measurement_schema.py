@@ -66,8 +66,11 @@ def test_a_gloo_profile_writes_the_schema(tiny_run):
     df = check_against_schema(tiny_run / "measurements.csv")
     assert list(df.columns) == [*m.IDENTITY_COLUMNS, *m.GEMM_COLUMNS, "threads", "time_us", "inner", "repeat",
                                 *m.COLLECTIVE_COLUMNS, "chunk_bytes", *m.BANDWIDTH_COLUMNS, "comm_us", "window_us",
-                                "n_compute", *m.ALONE_COLUMNS]
+                                "n_compute", *m.ALONE_COLUMNS, "baseline"]
     assert not df["simulated"].any() and (df["backend"] == "gloo").all()
+    # its alone times are measured right before each pair too: without the mark the GPU fit's
+    # rebaselining took gloo's pairs for legacy rows, and slowdown.png plotted other slowdowns
+    assert (df[df["kind"] == "overlap"]["baseline"] == m.PAIRED).all()
 
 
 @pytest.mark.parametrize("csv", H200, ids=lambda p: p.parent.name)

@@ -18,7 +18,7 @@ from lagom_tune.backends.base import Point
 from lagom_tune.backends.chunking import chunked_all_reduce
 from lagom_tune.backends.tensors import buffer, operands, slowest_rank
 from lagom_tune.knobs import settings_from_items
-from lagom_tune.measurements import overlap_columns, timed_columns
+from lagom_tune.measurements import PAIRED, overlap_columns, timed_columns
 from lagom_tune.workload.bucketing import bucket_group
 
 
@@ -111,7 +111,9 @@ def overlap_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
         while not stamp:  # the callback runs on gloo's thread right after completion
             time.sleep(1e-5)
         t_comm = stamp[0]
-        rows.append(overlap_columns((t_compute - t0) * 1e6, (t_comm - t0) * 1e6, n, y * n * 1e6, x * 1e6))
+        # its alone times were measured right before, the same way: paired (without the mark the GPU
+        # fit's rebaselining took gloo rows for legacy ones, and slowdown.png plotted the wrong slowdowns)
+        rows.append({**overlap_columns((t_compute - t0) * 1e6, (t_comm - t0) * 1e6, n, y * n * 1e6, x * 1e6), "baseline": PAIRED})
     return rows
 
 
