@@ -31,7 +31,7 @@ TINY_ARGS = ["--hidden", "64", "--ffn", "256", "--heads", "2", "--layers", "2", 
 
 @pytest.fixture(autouse=True)
 def no_rank_pid_leak(monkeypatch):
-    """A Shim made in this process with RANK set marks this process as a rank for its children
+    """A shim installed in this process with RANK set marks this process as a rank for its children
     (LAGOM_TUNE_RANK_PID): each test starts and ends without it, so no later subprocess takes
     itself for a rank's helper."""
     monkeypatch.setenv("LAGOM_TUNE_RANK_PID", "")  # records what to restore (delenv of an unset one records nothing)

@@ -75,15 +75,17 @@ def fit_linear(features: np.ndarray, names: tuple[str, ...], target: np.ndarray)
     """
     INTERCEPT = -1
     active = [INTERCEPT, *range(len(names))]
-    while True:
+    fitted: dict[int, float] = {}
+    while active:
         a = np.column_stack([np.ones(len(target)) if c == INTERCEPT else features[:, c] for c in active]) / target[:, None]
         coef, *_ = np.linalg.lstsq(a, np.ones(len(target)), rcond=None)
         fitted = dict(zip(active, coef))
         negative = [c for c, x in fitted.items() if x < 0]
-        if not negative or len(active) == 1:
+        if not negative:
             break
         active.remove(min(negative, key=lambda c: fitted[c]))
-    return Linear(float(max(fitted.get(INTERCEPT, 0.0), 0.0)), tuple((names[c], float(max(fitted.get(c, 0.0), 0.0))) for c in range(len(names))))
+        fitted = {}
+    return Linear(float(fitted.get(INTERCEPT, 0.0)), tuple((names[c], float(fitted.get(c, 0.0))) for c in range(len(names))))
 
 
 GEMM_FEATURES = ("per_gflop", "per_mb", "per_m_outputs")

@@ -162,8 +162,6 @@ class Shim:
         self.joined_rank: int | None = None  # the rank this process gave init_process_group itself
         # a DataLoader worker, a tool a rank runs: it inherits the rank's RANK, and its settings are the rank's to report
         self.helper = "RANK" in os.environ and os.environ.get(RANK_PID_ENV, str(os.getpid())) != str(os.getpid())
-        if "RANK" in os.environ and not self.helper:
-            os.environ[RANK_PID_ENV] = str(os.getpid())
         self.started = time.time()
         self.ddp_role = ddp_role_of(plan)
         self.pending = {}
@@ -827,6 +825,8 @@ def install(plan_path: str, applied_dir: str | None = None) -> Shim:
     plan = load_plan(plan_path)
     plan.refuse_if_simulated()
     shim = Shim(plan, plan_path, applied_dir)
+    if "RANK" in os.environ and not shim.helper:  # the processes this rank starts are its helpers
+        os.environ[RANK_PID_ENV] = str(os.getpid())
     hooks = _chain(shim.appliers())
     shim.late = C10D_MODULE in sys.modules
     for name, hook in list(hooks.items()):

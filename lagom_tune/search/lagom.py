@@ -105,11 +105,7 @@ def hidden(var: Var, ev: Evaluation) -> bool:
     Returns:
         True when every group holding its collectives has them hidden.
     """
-    def controls(c) -> bool:
-        return (var.scope == "process" or (var.scope == "communicator" and c.group == var.target)
-                or (var.scope == "collective" and c.rule_key == var.target))
-
-    groups = [tl for g, tl in ev.timelines if any(controls(c) for c in g.comm)]
+    groups = [tl for g, tl in ev.timelines if any(var.covers(c) for c in g.comm)]
     return bool(groups) and all(tl.comm_time < tl.compute_time for tl in groups)
 
 

@@ -29,7 +29,12 @@ COLLECTIVE_OPS = {
     "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter", "alltoall": "all_to_all",
     "all_to_all": "all_to_all", "broadcast": "broadcast",
 }
-TYPE_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4}
+# Bytes per element under every spelling a trace uses: a CPU op's "Input type" (aten's C++ names)
+# and an NCCL kernel's "dtype" (c10's ScalarType names).
+ELEMENT_BYTES = {
+    "float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4,
+    "BFloat16": 2, "Half": 2, "Float": 4, "Double": 8, "Int": 4, "Long": 8, "Byte": 1, "Char": 1,
+}
 GEMM_DTYPES = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16"}  # others are measured as fp32
 
 
@@ -65,7 +70,7 @@ def _first_type(types: Any) -> str:
 
 def _type_bytes(types: Any) -> int:
     """Bytes per element of a trace op's first input (4 when the trace does not say)."""
-    return TYPE_BYTES.get(_first_type(types), 4)
+    return ELEMENT_BYTES.get(_first_type(types), 4)
 
 
 def _gemm_from_dims(name: str, dims: Any, types: Any) -> Gemm | None:
@@ -133,9 +138,6 @@ def _checked_span(e: dict, path: Path) -> dict:
     return {**e, "args": e["args"] if isinstance(e.get("args"), dict) else {}}
 
 
-KERNEL_DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Double": 8, "Int": 4, "Long": 8, "Byte": 1, "Char": 1}
-
-
 def _collective_bytes(ev: _Event, op: str, world: int) -> int:
     """The bytes a collective event moved, as nccl-tests (and the presets) size it: an all-gather
     by its output, every other op by its input; from the input's shape and type (a gloo op), or
@@ -144,10 +146,11 @@ def _collective_bytes(ev: _Event, op: str, world: int) -> int:
     dims = ev.args.get("Input Dims")
     first = dims[0] if isinstance(dims, list) and dims and isinstance(dims[0], list) else []
     nelems = math.prod(first) if first and all(_count(x) for x in first) else 0
-    if "Input type" in ev.args or ev.args.get("dtype") not in KERNEL_DTYPE_BYTES:
+    kernel_dtype = ev.args.get("dtype")
+    if "Input type" in ev.args or not isinstance(kernel_dtype, str) or kernel_dtype not in ELEMENT_BYTES:
         size = _type_bytes(ev.args.get("Input type"))
     else:
-        size = KERNEL_DTYPE_BYTES[ev.args["dtype"]]
+        size = ELEMENT_BYTES[kernel_dtype]
     group = ev.args.get("Group size")
     ranks = group if _count(group) and group > 0 else world
     if op == "all_gather":
