@@ -101,7 +101,7 @@ def _mib(b: float) -> str:
 
 def _ranking(model: dict) -> pd.DataFrame:
     shapes = (model["accuracy"].get("ranking") or {}).get("shapes", [])
-    return pd.DataFrame(shapes, columns=["shape", "spearman", "best_gap", "points"])
+    return pd.DataFrame(shapes, columns=["shape", "collective", "spearman", "best_gap", "points"])
 
 
 def write_report(run: Path, out_dir: Path, workload: str, elapsed: float | None = None) -> str:
@@ -141,7 +141,7 @@ def write_report(run: Path, out_dir: Path, workload: str, elapsed: float | None 
         "50 µs), the baseline measured right before each overlapped repeat.",
         f"## Held-out accuracy ({acc['method']}) · model form `{model.get('form', 'lagom-eq4-6')}`",
         mape.to_markdown(index=False),
-        f"## Ranking of settings per GEMM shape ({ranking.get('method', 'not computed')})",
+        f"## Ranking of settings per GEMM shape and collective ({ranking.get('method', 'not computed')})",
         "Spearman: rank correlation of predicted and measured windows across channel counts (median over buffer sizes); "
         "best-setting gap: how much longer the measured window of the model's best setting is than the measured best.",
         f"Median-shape Spearman **{ranking.get('median_spearman', float('nan')):.2f}**.",

@@ -356,17 +356,21 @@ def model_tables(model: dict[str, Any]) -> list[Any]:
     m = Table(title=f"model {escape(str(model.get('family')))}{escape(form)} · held-out accuracy ({escape(str(acc.get('method', '')))}){tag}", title_justify="left")
     m.add_column("quantity")
     m.add_column("MAPE", justify="right")
+    scored = acc.get("scored", {})
+    if scored:
+        m.add_column("points held out", justify="right")
     for name, val in acc.get("mape", {}).items():
-        m.add_row(escape(str(name)), percent(val))
+        m.add_row(escape(str(name)), percent(val), *([str(int(scored.get(name, 0)))] if scored else []))
     out.append(m)
     ranking = acc.get("ranking")
     if ranking and ranking.get("shapes"):
-        r = Table(title=f"ranking of settings per GEMM shape ({ranking.get('method', '')}) · median-shape Spearman "
+        r = Table(title=f"ranking of settings per GEMM shape and collective ({ranking.get('method', '')}) · median Spearman "
                         f"{ranking.get('median_spearman', float('nan')):.2f}{tag}", title_justify="left")
-        for col in ("GEMM shape", "Spearman (channels)", "best-setting gap", "points"):
-            r.add_column(col, justify="left" if col == "GEMM shape" else "right")
+        for col in ("GEMM shape", "beside", "Spearman (channels)", "best-setting gap", "points"):
+            r.add_column(col, justify="left" if col in ("GEMM shape", "beside") else "right")
         for row in ranking["shapes"]:
-            r.add_row(escape(str(row["shape"])), f"{row['spearman']:.2f}", f"{row['best_gap']:.1%}", str(row["points"]))
+            r.add_row(escape(str(row["shape"])), escape(str(row.get("collective", ""))), f"{row['spearman']:.2f}",
+                      f"{row['best_gap']:.1%}", str(row["points"]))
         out.append(r)
     for warning in acc.get("warnings", []):
         out.append(f"[yellow]warning[/] {escape(str(warning))}")

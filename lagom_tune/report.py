@@ -71,10 +71,10 @@ def _ranking_html(accuracy: dict[str, Any]) -> list[str]:
     out = []
     ranking = accuracy.get("ranking") or {}
     if ranking.get("shapes"):
-        rows = "".join(f"<tr><td>{html.escape(str(r['shape']))}</td><td>{r['spearman']:.2f}</td><td>{r['best_gap']:.1%}</td>"
-                       f"<td>{r['points']}</td></tr>" for r in ranking["shapes"])
-        out.append(f"<h2>Ranking of settings per GEMM shape (median-shape Spearman {ranking.get('median_spearman', float('nan')):.2f})</h2>"
-                   "<table><tr><th>GEMM shape</th><th>Spearman over channels</th><th>best-setting gap</th><th>points</th></tr>"
+        rows = "".join(f"<tr><td>{html.escape(str(r['shape']))}</td><td>{html.escape(str(r.get('collective', '')))}</td>"
+                       f"<td>{r['spearman']:.2f}</td><td>{r['best_gap']:.1%}</td><td>{r['points']}</td></tr>" for r in ranking["shapes"])
+        out.append(f"<h2>Ranking of settings per GEMM shape and collective (median Spearman {ranking.get('median_spearman', float('nan')):.2f})</h2>"
+                   "<table><tr><th>GEMM shape</th><th>beside</th><th>Spearman over channels</th><th>best-setting gap</th><th>points</th></tr>"
                    f"{rows}</table><p>{html.escape(str(ranking.get('method', '')))}</p>")
     for w in accuracy.get("warnings", []):
         out.append(f'<p class="warn">warning: {html.escape(str(w))}</p>')

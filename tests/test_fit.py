@@ -6,7 +6,8 @@ import yaml
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import CpuPairwiseModel, Linear, model_from_dict
 from lagom_tune.model.contention import fit_linear
-from lagom_tune.model.fit import fit_model
+from lagom_tune.model.fit import fit_model, fold_assignment
+from lagom_tune.model.rows import point_medians
 from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Collective, Gemm
 
@@ -90,6 +91,31 @@ def test_held_out_error_tracks_the_noise():
     assert result.mape["gemm"] < 0.06
     noisier = fit_model(synthetic(noise=0.15, seed=3))
     assert noisier.mape["gemm"] > result.mape["gemm"]
+
+
+def test_every_point_is_scored_or_the_fit_says_which_were_not():
+    full = fit_model(synthetic(noise=0.03, seed=3))
+    points = synthetic(noise=0.03, seed=3).groupby("kind")["point"].nunique()
+    assert full.scored["gemm"] == points["gemm"] and full.scored["overlap_window"] == points["overlap"], full.scored
+    assert not any("held-out" in w for w in full.warnings)
+    # one GEMM point: the fold holding it out has none to fit on (an auditor's gloo profile)
+    df = synthetic(noise=0.03, seed=3)
+    one = df[(df["kind"] != "gemm") | (df["point"] == df.loc[df["kind"] == "gemm", "point"].iloc[0])]
+    result = fit_model(one)
+    assert "gemm" not in result.mape and sum(result.scored.values()) < sum(full.scored.values())
+    assert any("could not be fitted" in w and "in no held-out figure" in w for w in result.warnings), result.warnings
+
+
+def test_a_points_fold_depends_on_its_own_kind_alone():
+    """Adding collective points leaves every GEMM point in its fold (a split drawn from one
+    generator across kinds moved them all, and a held-out figure with them)."""
+    df = synthetic(noise=0.0)
+    pts = point_medians(df)
+    fewer = pts[~pts["point"].isin(pts.loc[pts["kind"] == "collective", "point"].iloc[:3])]
+    folds = fold_assignment(pts, 5)
+    others = fewer.index[fewer["kind"] != "collective"]
+    assert (fold_assignment(fewer, 5)[others] == folds[others]).all()
+    assert sorted(folds[pts["kind"] == "gemm"].value_counts()) == [3, 3, 3, 3, 4]  # 16 GEMM points dealt round-robin
 
 
 def test_model_yaml_round_trip():

@@ -154,6 +154,14 @@ def test_channel_blocks_take_one_sm_each_or_whole_tpcs_over_gpcs():
     assert np.array_equal(free_sms(132, np.array([0.0, 8.0, 24.0]), 8), [132, 116, 100])
 
 
+def test_every_fitted_parameter_says_its_units(fit):
+    d = fit.model.to_dict()
+    p = d["params"]
+    names = {k for k in p if k not in ("gemms", "comm")} | {k for g in p["gemms"].values() for k in g} | {
+        k for c in p["comm"].values() for k in c}
+    assert names - set(d["units"]) == set(), sorted(names - set(d["units"]))
+
+
 def test_an_old_model_file_places_one_block_per_sm(fit):
     d = fit.model.to_dict()
     assert d["params"]["gpcs"] == fit.model.contention.gpcs
@@ -175,6 +183,24 @@ def test_ranking_figures_from_known_predictions():
     assert r.best_gap == pytest.approx(0.25) and r.spearman == pytest.approx(np.median([spearman(missed[:4], over["window_us"][:4]), 1.0]))
     wrong = rank_settings(over, -over["window_us"], "in-sample").shapes[0]
     assert wrong.spearman == pytest.approx(-1.0) and wrong.best_gap == pytest.approx(800 / 200 - 1)
+
+
+def test_ranking_is_per_collective_beside_a_shape():
+    """A shape swept beside two collectives is two jobs: predictions that order the large one
+    backwards must not score as perfect because the small one's windows are the shortest (an
+    auditor's case: ranked as one, Spearman 1.00 and gap 0)."""
+    rows = []
+    for nbytes, base in ((1 << 20, 100.0), (96 << 20, 600.0)):
+        for c, w in zip((1, 2, 4, 8), (4.0, 3.0, 2.0, 1.0)):
+            rows.append({"gemm": "s", "op": "all_reduce", "nbytes": nbytes, "ranks": 8, "nodes": 1, "channels": c,
+                         "buffsize": 1, "window_us": base + w})
+    over = pd.DataFrame(rows)
+    small = over["nbytes"] == 1 << 20
+    predicted = over["window_us"].where(small, 2 * 600.0 - over["window_us"])  # the large job backwards
+    r = rank_settings(over, predicted, "in-sample")
+    assert [s.collective for s in r.shapes] == ["all_reduce, 8 ranks, 1 nodes, 1048576 B", "all_reduce, 8 ranks, 1 nodes, 100663296 B"]
+    assert r.shapes[0].spearman == pytest.approx(1.0) and r.shapes[1].spearman == pytest.approx(-1.0)
+    assert r.worst_best_gap == pytest.approx(604 / 601 - 1)
 
 
 def test_an_old_model_yaml_reads_as_the_papers_form():

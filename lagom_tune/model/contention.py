@@ -267,6 +267,7 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
     v.field(acc, "rows", path, int, None, minimum=0)
     v.field(acc, "rows_digest", path, str, None)
     mape = v.number_map(v.field(acc, "mape", path, dict, {}), f"{path}.mape", minimum=0.0)
+    v.number_map(v.field(acc, "scored", path, dict, {}), f"{path}.scored", minimum=0.0)  # absent before 2026-12-02
     warnings = v.field(acc, "warnings", path, list, [])
     for i, line in enumerate(warnings):
         if not isinstance(line, str):
@@ -280,6 +281,7 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
         where = f"{path}.ranking.shapes[{i}]"
         shape = v.mapping(shape, where)
         v.field(shape, "shape", where, str)
+        v.field(shape, "collective", where, str, "")  # absent before 2026-12-02: one job per shape
         v.field(shape, "spearman", where, float, finite=False)
         v.field(shape, "best_gap", where, float, finite=False)
         v.field(shape, "points", where, int, minimum=0)

@@ -7,6 +7,7 @@ point that was also in the training set.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -106,7 +107,10 @@ class FitResult:
         points: measured points per kind.
         ranking: how well held-out predictions rank channel/buffer settings per GEMM shape
             (GPU profiles with overlapped points; else None).
-        warnings: lines for ``show`` about measurements the fit refused.
+        warnings: lines for ``show`` about measurements the fit refused, and points no held-out
+            figure holds (a fold that could not be fitted, a point its fold could not predict).
+        scored: held-out points behind each quantity's MAPE (fewer than ``points`` when some were
+            not predicted: see ``warnings``).
     """
 
     model: CostModel
@@ -115,12 +119,14 @@ class FitResult:
     points: dict[str, int]
     ranking: RankingSummary | None = None
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    scored: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self, rows: pd.DataFrame, simulated: bool) -> dict[str, Any]:
         accuracy: dict[str, Any] = {
             "mape": {k: round(val, 4) for k, val in self.mape.items()},
             "method": f"{self.folds}-fold cross-validation over measured points (medians of repeats)",
             "points": self.points,
+            "scored": dict(self.scored),
             "rows": len(rows),
             "rows_digest": rows_digest(rows),
             "warnings": list(self.warnings),
@@ -154,11 +160,7 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
 
     tick = progress or (lambda done, total: None)
     tick(0, folds + 1)
-    rng = np.random.default_rng(seed)
-    fold_of = pd.Series(0, index=pts.index)
-    for _, idx in pts.groupby("kind").groups.items():  # stratified: every fold sees every kind
-        order = rng.permutation(np.asarray(idx))
-        fold_of[order] = np.arange(len(order)) % folds
+    fold_of = fold_assignment(pts, folds, seed)
     variants = _variants(pts, device)
     held = {v: _HeldOut() for v in variants}
     for f in range(folds):
@@ -167,14 +169,17 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
             continue
         for v in variants:
             try:
-                held[v].add(_fit(train, device, simulated, v), test)
-            except UserError:
+                model = _fit(train, device, simulated, v)
+            except UserError as e:
+                held[v].failed.append(f"fold {f + 1} of {folds} could not be fitted ({e}): its {len(test)} points are in no held-out figure")
                 continue
+            held[v].add(model, test)
         tick(f + 1, folds + 1)
     chosen = _choose_variant(held)
     model = _fit(pts, device, simulated, chosen)
     tick(folds + 1, folds + 1)
     mape = {k: float(np.mean(val)) for k, val in held[chosen].errors.items()}
+    scored = {k: len(val) for k, val in held[chosen].errors.items()}
     counts = {str(k): int(n) for k, n in pts["kind"].value_counts().items()}
     over = pts[pts["kind"] == "overlap"]
     ranking = None
@@ -182,8 +187,31 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
         ranking = rank_settings(over, pd.Series(held[chosen].window, dtype=float),
                                 f"out-of-fold: each point predicted by the model of the {folds}-fold split that held it out")
     # the GPU fit leaves such points out of its contention terms; the CPU family has none to leave them out of
-    warnings = tuple(slowdown_warnings(pts)) if device is not None else ()
-    return FitResult(model, mape, folds, counts, ranking, warnings)
+    warnings = (tuple(slowdown_warnings(pts)) if device is not None else ()) + held[chosen].warnings()
+    return FitResult(model, mape, folds, counts, ranking, warnings, scored)
+
+
+def fold_assignment(pts: pd.DataFrame, folds: int, seed: int = 0) -> pd.Series:
+    """Each point's fold: within each kind (stratified: a kind's points spread over the folds), points in
+    the order of a seeded hash of their ``point`` id, dealt round-robin. A point's place depends on
+    its own kind's points alone (a split drawn from one generator across kinds moved every GEMM
+    point's fold when a profile's collective points changed in number, and a held-out figure with it).
+
+    Args:
+        pts: point medians (:func:`~lagom_tune.model.rows.point_medians`).
+        folds: k of the k-fold split.
+        seed: the hash's seed.
+    Returns:
+        The fold (0 to ``folds - 1``) of each row of ``pts``, on its index.
+    """
+    def rank(point: str) -> bytes:
+        return hashlib.blake2b(f"{seed}:{point}".encode(), digest_size=8).digest()
+
+    fold_of = pd.Series(0, index=pts.index)
+    for _, idx in pts.groupby("kind").groups.items():
+        order = sorted(idx, key=lambda i: rank(str(pts.at[i, "point"])))
+        fold_of[order] = np.arange(len(order)) % folds
+    return fold_of
 
 
 @dataclass
@@ -192,12 +220,15 @@ class _HeldOut:
 
     errors: dict[str, list[float]] = field(default_factory=dict)
     window: dict[Any, float] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)  # a line per fold that could not be fitted
+    unpredicted: list[str] = field(default_factory=list)  # why, per held-out point its fold's model could not predict
 
     def add(self, model: CostModel, test: pd.DataFrame) -> None:
         for _, row in test.iterrows():
             try:
                 pred = predict_point(model, row)
-            except UserError:  # e.g. a thread count absent from this fold's training points
+            except UserError as e:  # e.g. a thread count absent from this fold's training points
+                self.unpredicted.append(str(e))
                 continue
             for col in ACCURACY_TARGETS[row["kind"]]:
                 measured = float(row[col])
@@ -205,6 +236,14 @@ class _HeldOut:
                     self.errors.setdefault(ACCURACY_NAMES[(row["kind"], col)], []).append(abs(pred[col] - measured) / measured)
             if row["kind"] == "overlap":
                 self.window[row.name] = pred["window_us"]
+
+    def warnings(self) -> tuple[str, ...]:
+        """What the held-out figures leave out, one line each (none when every point was scored)."""
+        lines = list(self.failed)
+        if self.unpredicted:
+            lines.append(f"{len(self.unpredicted)} held-out points could not be predicted by the model of the fold that held "
+                         f"them out (first: {self.unpredicted[0]}): they are in no held-out figure")
+        return tuple(lines)
 
 
 # Whether collectives timed back to back ran faster from L2 than they do in a workload is not told
