@@ -137,6 +137,40 @@ class _DuplicateKey(yaml.YAMLError):
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
+class _TooLarge(yaml.YAMLError):
+    def __init__(self, nodes: int):
+        super().__init__(f"{nodes} nodes")
+        self.nodes = nodes
+
+
+MAX_YAML_NODES = 5 * 10 ** 6  # nodes a document may hold with its aliases expanded (a workload of 60,000 ops has ~1.2 x 10^6)
+
+
+def _expanded_nodes(root: Any) -> int:
+    """Nodes of a composed YAML document with every alias expanded, as ``json.dumps`` or a deep
+    copy of what it loads to would meet them (shared, a few aliases nested ten deep are 10^10);
+    counted once per distinct node. A node that holds itself counts as too many."""
+    size: dict[int, int] = {}
+    open_: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        if id(node) in size:
+            continue
+        kids = [] if isinstance(node, yaml.ScalarNode) else (
+            [x for pair in node.value for x in pair] if isinstance(node, yaml.MappingNode) else list(node.value))
+        if closing:
+            open_.discard(id(node))
+            size[id(node)] = min(1 + sum(size[id(k)] for k in kids), MAX_YAML_NODES + 1)
+            continue
+        if id(node) in open_:  # reached again before it closed: it holds itself
+            return MAX_YAML_NODES + 1
+        open_.add(id(node))
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in size)
+    return size[id(root)]
+
+
 class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """``yaml.safe_load``, refusing a key given twice in one mapping: YAML requires unique keys and
     PyYAML silently keeps the last (``{threads: 1, threads: 4}`` read as 4). Keys a merge (``<<``)
@@ -152,6 +186,21 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: 
                 raise _DuplicateKey(key, key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+class _AliasBoundedLoader(_UniqueKeyLoader):
+    """:class:`_UniqueKeyLoader` for a document with anchors: one whose aliases expand past
+    :data:`MAX_YAML_NODES` is refused (a "billion laughs" in a workload's free-form ``meta`` ran
+    ``show --json`` out of memory). Counting costs half a load again, so only documents that
+    can hold an alias pay it."""
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            nodes = _expanded_nodes(node)
+            if nodes > MAX_YAML_NODES:
+                raise _TooLarge(nodes)
+        return node
 
 
 def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
@@ -177,7 +226,10 @@ def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read {what} {path}: {e}") from None
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        return yaml.load(text, Loader=_AliasBoundedLoader if "&" in text else _UniqueKeyLoader)  # no anchor, no alias
+    except _TooLarge:
+        raise UserError(f"{what} {path}: its aliases expand to more than {MAX_YAML_NODES:,} nodes (or hold themselves); "
+                        "write the data out rather than by reference") from None
     except _DuplicateKey as e:
         raise UserError(f"{what} {path}: key {e.key!r} is given twice in one mapping (line {e.problem_mark.line + 1})") from None
     except yaml.YAMLError as e:

@@ -459,6 +459,28 @@ def test_a_command_that_fails_before_any_rank_keeps_the_last_applied_record(tmp_
     assert record.read_text() == '{"ranks": {"0": {"rank": "0", "records": []}}}'
 
 
+def test_the_applied_record_replaces_nothing_but_an_applied_record(tmp_path):
+    """`--applied train.py` overwrote the training script with JSON, `--applied RUN/meta.yaml` a
+    profile's record (an auditor's runs)."""
+    plan = BASE.save(tmp_path / "p.yaml")
+    script = tmp_path / "train.py"
+    script.write_text("print('training')\n")
+    r = cli("apply", plan, "--applied", script, "--", sys.executable, script)
+    assert r.returncode == 2 and "which this command reads" in r.stderr and script.read_text() == "print('training')\n"
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    r = cli("apply", plan, "--applied", notes, "--", "true")
+    assert r.returncode == 2 and "is not a --applied record lagom-tune wrote" in r.stderr and notes.read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("world", ["0", "²", "-2", "abc"])
+def test_a_world_size_that_is_no_count_of_ranks_leaves_the_layout_unknown(world):
+    """WORLD_SIZE=0 divided by zero and WORLD_SIZE=² (a digit to str.isdigit, not to int) raised:
+    apply ended with "internal error" and exit 1."""
+    assert launcher_layout(["python", "train.py"], {"WORLD_SIZE": world}) is None
+    assert launcher_layout(["python", "train.py"], {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": world}).nodes_known is False
+
+
 def test_a_full_disk_at_the_record_keeps_the_commands_exit_code(tmp_path, monkeypatch):
     """ENOSPC writing applied.json after a run that succeeded ended apply with "internal error:
     OSError" and exit 1."""

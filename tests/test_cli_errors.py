@@ -118,6 +118,31 @@ def test_a_collective_the_backend_does_not_measure_is_refused_before_measuring(t
     assert "--backend nccl or sim" in r.stderr and not (tmp_path / "run").exists()
 
 
+def test_a_file_whose_aliases_expand_without_bound_is_refused(tmp_path):
+    """A "billion laughs" in a workload's free-form meta ran `show --json` out of memory (an auditor's file)."""
+    levels = ["  l0: &l0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+    w = tmp_path / "w.yaml"
+    w.write_text("schema_version: 1\nname: bomb\nmeta:\n" + "\n".join(levels) + "\ngroups:\n- name: g\n"
+                 "  compute: [{name: a, m: 64, n: 64, k: 64}]\n  comm: [{name: c, op: all_reduce, nbytes: 65536, ranks: 2}]\n")
+    assert_one_line_error(cli("show", w, "--json"), "its aliases expand to more than 5,000,000 nodes")
+    merged = tmp_path / "m.yaml"  # an anchor and a merge, as YAML allows: read as written
+    merged.write_text("schema_version: 1\nname: merged\ngroups:\n- name: g\n  compute: [&a {name: a, m: 64, n: 64, k: 64}]\n"
+                      "  comm: [{name: c, op: all_reduce, nbytes: 65536, ranks: 2}]\n- name: h\n  compute: [{<<: *a, name: b}]\n")
+    assert cli("show", merged).returncode == 0
+
+
+def test_a_workload_of_other_ranks_than_gloo_spawns_is_refused_before_measuring(tmp_path):
+    """gloo measured a 4-rank workload's all-reduce between 2 processes and `search` wrote a plan
+    that `show` and `apply` refused ("4 ranks, more than the world size 2"; an auditor's trace)."""
+    w = tmp_path / "w.yaml"
+    w.write_text("schema_version: 1\nname: four\ngroups:\n- name: g\n  compute: [{name: a, m: 64, n: 64, k: 64}]\n"
+                 "  comm: [{name: c, op: all_reduce, nbytes: 65536, ranks: 4}]\n")
+    r = cli("profile", "--backend", "gloo", "--workload", w, "--out", tmp_path / "run")
+    assert_one_line_error(r, "its collectives span 4 ranks, but the gloo backend would measure them between 2; profile with --ranks 4")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path):
     import shutil
 

@@ -116,6 +116,17 @@ def test_a_folder_holding_only_dot_files_is_profiled_into(tmp_path):
         RunFolder(out).lock()
 
 
+def test_a_lock_that_is_no_regular_file_is_refused_as_such(tmp_path):
+    """A folder named .lock ended a profile with exit 1 and "rerun the same command to resume",
+    which could never help (an auditor's run)."""
+    from lagom_tune.errors import UserError
+
+    out = tmp_path / "run"
+    (out / ".lock").mkdir(parents=True)
+    with pytest.raises(UserError, match="lock must be one"):
+        RunFolder(out).lock()
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda m: m["fingerprint"].update(sms=0), "fingerprint.sms: must be >= 1"),  # fit divided by it
     (lambda m: m["fingerprint"].update(backend="foo"), "unknown backend 'foo'"),  # fit: ValueError

@@ -71,9 +71,15 @@ def test_optuna_finds_the_optimum_of_a_small_space_and_resumes(demo, tmp_path):
     best = exhaustive_search(ModelEvaluator(demo, TRUE), vars_)
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     first = optuna_search(ModelEvaluator(demo, TRUE), vars_, n_trials=10, storage=storage, study_name="s")
-    again = optuna_search(ModelEvaluator(demo, TRUE), vars_, n_trials=10, storage=storage, study_name="s")
-    assert again.extra["trials"] == first.extra["trials"] + 10
+    # --n-trials is the study's budget: rerun with a larger one, it runs what is left of it
+    progress = []
+    again = optuna_search(ModelEvaluator(demo, TRUE), vars_, n_trials=20, storage=storage, study_name="s",
+                          on_trial=lambda done, total: progress.append(done))
+    assert first.extra["trials"] == 10 and again.extra["trials"] == 20
+    assert progress[0] == 10 and progress[-1] == 20 and progress == sorted(progress)
     assert again.evaluation.iteration_s == pytest.approx(best.evaluation.iteration_s)
+    done = optuna_search(ModelEvaluator(demo, TRUE), vars_, n_trials=20, storage=storage, study_name="s")
+    assert done.extra["trials"] == 20  # rerun once the budget is spent: nothing more to run
     # the resumed session drew its own random trials: seeded as the first, it repeated them
     import optuna
 

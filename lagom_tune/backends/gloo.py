@@ -88,6 +88,17 @@ class GlooBackend(LocalBackend):
 
     def plan_points(self, workload: Workload) -> list[Point]:
         ranks = self.options.ranks
+        # every collective is measured between all the spawned ranks: one of another size would be
+        # recorded at this one, and a plan searched from it refused (4 ranks beside a world of 2)
+        sizes = {c.group: c.ranks for c in workload.collectives()}
+        if len(set(sizes.values())) > 1:
+            raise UserError(f"workload {workload.name}: its communicators span different numbers of ranks "
+                            f"({', '.join(f'{g} {n}' for g, n in sorted(sizes.items()))}); the gloo backend measures every "
+                            "collective between all its ranks, so it profiles one size at a time")
+        size = next(iter(sizes.values()))
+        if size != ranks:
+            raise UserError(f"workload {workload.name}: its collectives span {size} ranks, but the gloo backend would measure "
+                            f"them between {ranks}; profile with --ranks {size}")
         threads = self.knob_space["threads"].domain
         points: list[Point] = []
         gemms = sorted(workload.gemms().values(), key=lambda g: g.flops)

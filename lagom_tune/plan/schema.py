@@ -124,7 +124,17 @@ class Plan:
         }
 
     def save(self, path: str | Path) -> Path:
-        return write_yaml(path, self.to_dict())
+        """Write the plan atomically, once it reads back as the plan it is (a plan that `show` and
+        `apply` would refuse is never written: the error names the field, as a loaded file's would).
+
+        Args:
+            path: the plan file.
+        Returns:
+            The path written.
+        """
+        d = self.to_dict()
+        Plan.from_dict(d, str(path))
+        return write_yaml(path, d)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "plan") -> "Plan":

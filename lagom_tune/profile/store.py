@@ -113,7 +113,10 @@ class RunFolder:
             # not a run folder (no meta.yaml) but not empty: `--out ""` or `--out .` profiled into the working folder
             raise UserError(f"--out {self.path} holds other files and no profile; give a new or empty folder (runs/NAME)")
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+        lock = self.path / ".lock"
+        if lock.exists() and not lock.is_file() or lock.is_symlink():
+            raise UserError(f"{lock} is not a regular file; the run folder's lock must be one (move it away)")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

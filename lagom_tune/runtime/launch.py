@@ -13,6 +13,7 @@ import importlib
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -71,20 +72,29 @@ def launcher_layout(cmd: list[str], env: dict[str, str]) -> LaunchLayout | None:
                 start, launcher = i + 2, cmd[i + 1]
                 break
     if start is None:
-        world, local = env.get("WORLD_SIZE", ""), env.get("LOCAL_WORLD_SIZE", "")
-        if not world.isdigit():
+        world, local = _count_of(env, "WORLD_SIZE"), _count_of(env, "LOCAL_WORLD_SIZE")
+        if world is None:
             return None
-        known = local.isdigit() and int(local) > 0 and int(world) % int(local) == 0
-        per_node = int(local) if known else int(world)
-        return LaunchLayout(per_node, int(world) // per_node, known)
+        known = local is not None and world % local == 0
+        per_node = local if known else world
+        return LaunchLayout(per_node, world // per_node, known)
     args = _torchrun_arguments(launcher, cmd[start:], env)
     if args is None:
         return None
     nproc, bounds = str(args.nproc_per_node), str(args.nnodes).split(":")  # nnodes "1:2": one or two nodes
-    if not (nproc.isdigit() and all(b.isdigit() for b in bounds)):  # "gpu", "auto": known only where it runs
+    if not (COUNT.fullmatch(nproc) and all(COUNT.fullmatch(b) for b in bounds)):  # "gpu", "auto": known only where it runs
         return None
     elastic = len(set(bounds)) > 1
     return LaunchLayout(int(nproc), int(bounds[-1]), nodes_known=not elastic, elastic=elastic)
+
+
+COUNT = re.compile(r"[1-9][0-9]*")  # a count of ranks or nodes as a launcher writes it (str.isdigit took "²" and "0")
+
+
+def _count_of(env: dict[str, str], name: str) -> int | None:
+    """``env[name]`` as a count of ranks (at least 1); None when unset or not one."""
+    value = env.get(name, "").strip()
+    return int(value) if COUNT.fullmatch(value) else None
 
 
 def _torchrun_arguments(launcher: str, argv: list[str], env: dict[str, str]) -> argparse.Namespace | None:
@@ -388,6 +398,21 @@ class ApplyResult:
     unwritten: str = ""  # why applied_json could not be written after the run ("" when it was, or nothing was due)
 
 
+APPLIED_MARK = r'\A\{\s*"ranks": '  # how an applied record begins (the only file `--applied` may replace)
+
+
+def _files_among(cmd: list[str]) -> list[str]:
+    """The command's arguments that name existing files (the script it runs, its config): never an applied record."""
+    out = []
+    for arg in cmd:
+        try:
+            if Path(arg).is_file():
+                out.append(arg)
+        except (OSError, ValueError):  # a name too long, a NUL: no file
+            continue
+    return out
+
+
 def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None = None,
           on_warning: Callable[[str], None] | None = None, on_note: Callable[[str], None] | None = None) -> ApplyResult:
     """Run ``cmd`` with the plan in effect; return its exit code and what each rank applied.
@@ -406,7 +431,8 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
         raise UserError("nothing to run: give the command after `--`, e.g. `lagom-tune apply plan.yaml -- torchrun ...`")
     check_command(cmd[0])
     # checked before the run, not after it: a record that cannot be written must not end a long job with an error
-    applied_json = check_writable(applied_json or default_applied_path(plan, plan_path), "--applied record", [plan_path])
+    applied_json = check_writable(applied_json or default_applied_path(plan, plan_path), "--applied record",
+                                  [plan_path, *_files_among(cmd)], replaces=APPLIED_MARK)
     for note in check_fit(plan, cmd, dict(os.environ)):
         if on_note:
             on_note(note)

@@ -74,7 +74,9 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
         UserError: for ``multi_objective`` without a channels knob, or a bad storage.
     """
     t0, start = time.perf_counter(), evaluate.evaluations
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # ERROR: a trial ended by Ctrl-C or SIGTERM is logged as failed with its traceback at WARNING,
+    # before the interrupt reaches the CLI's one line
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     if multi_objective and not any(v.knob.name == "channels" for v in vars_):
         raise UserError("--multi-objective trades iteration time against SMs for communication: it needs a GPU backend (sim or nccl)")
     try:
@@ -103,8 +105,12 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
         seconds = evaluate(settings).iteration_s
         return (seconds, comm_sms(settings)) if multi_objective else seconds
 
-    callbacks = [lambda st, tr: on_trial(len(st.trials), n_trials)] if on_trial else []
-    study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks)
+    # n_trials is the study's budget: a resumed study (rerun the same command) finishes it rather than starting another
+    done = _finished(study)
+    callbacks = [lambda st, tr: on_trial(min(_finished(st), n_trials), n_trials)] if on_trial else []
+    if on_trial:
+        on_trial(min(done, n_trials), n_trials)
+    study.optimize(objective, n_trials=max(0, n_trials - done), timeout=timeout, callbacks=callbacks)
     extra: dict = {"trials": len(study.trials), "study": study.study_name}
     if multi_objective:
         front = sorted(study.best_trials, key=lambda t: t.values[0])
@@ -134,6 +140,11 @@ def _check_resumed(study: optuna.Study, vars_: list[Var], objectives: int, name:
             if tuple(getattr(dist, "choices", ())) != domains.get(key):
                 raise UserError(f"the Optuna study {name!r} searched another space ({key}: {getattr(dist, 'choices', dist)}), "
                                 "another run's or workload's: give another --study-name")
+
+
+def _finished(study: "optuna.Study") -> int:
+    """Trials of ``study`` that ran to the end (an interrupted one failed: it is run again)."""
+    return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
 
 
 def _assignment_of(settings: Settings, vars_: list[Var]) -> dict:

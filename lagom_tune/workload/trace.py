@@ -311,7 +311,11 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
         raise UserError(f"{path}: a trace of one rank runs no collective; give --ranks with the job's world size (2 or more)")
     gemms, colls, gpu_kernels = _timed_ops(spans, world)
     if not gemms:
-        raise UserError(f"{path}: no GEMMs with shapes found (record the trace with record_shapes=True)")
+        events = data.get("traceEvents", [])
+        broken = sum(1 for e in events if isinstance(e, dict) and e.get("ph") == "X" and not _is_span(e))
+        why = (f"; {broken} complete event(s) left out for a missing name or a bad ts/dur (a start and a non-negative "
+               "duration in µs)") if broken else " (record the trace with record_shapes=True)"
+        raise UserError(f"{path}: no GEMMs with shapes found{why}")
     if not colls:  # it was written, and `profile` then refused it: "workload ... has no collective"
         raise UserError(f"{path}: {len(gemms)} GEMMs and no collective with a size (gloo ops with Input Dims, or NCCL "
                         "kernels): nothing to overlap; trace a distributed training step with record_shapes=True")
