@@ -1,4 +1,4 @@
-"""`make bench`: regenerate every results table under bench/results/ (about 20 minutes on 2 cores).
+"""`make bench`: regenerate every results table under bench/results/ (about 40 minutes on 2 quiet cores).
 
 Profiles the CPU demo and searches it first, so the CPU benchmarks have a fresh plan of this machine.
 """

@@ -169,6 +169,15 @@ def plan_summary(plan: Plan) -> list[Any]:
         Tables and lines, in the order to print them.
     """
     out: list[Any] = [plan_table(plan), prediction_table(plan)]
+    front = plan.search.get("pareto")
+    if front:
+        t = Table(title=f"Pareto front of --multi-objective ({len(front)} points; the plan holds the fastest){simulated_tag(plan.simulated)}",
+                  title_justify="left")
+        t.add_column("iteration ms", justify="right")
+        t.add_column("SMs for communication", justify="right")
+        for point in front:
+            t.add_row(f"{point['iteration_ms']:.3f}", str(point["comm_sms"]))
+        out.append(t)
     if plan.search.get("kept_default"):
         out.append(f"[yellow]the plan keeps the defaults:[/] {escape(plan.search['kept_default'])}")
     return out

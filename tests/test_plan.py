@@ -125,3 +125,14 @@ def test_garbled_yaml_is_a_user_error(tmp_path):
     p.write_text("[" * 5000 + "]" * 5000)
     with pytest.raises(UserError, match="nested too deeply|exceeded maximum nesting depth"):  # was RecursionError, exit 1
         load_plan(p)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "plans").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_committed_plan_is_for_the_workload_its_preset_builds_today(path):
+    """plans/ (and README's plan format, copied from one) held tensor-parallel plans written before
+    the presets ran each Domino phase twice a layer: a rule for a gradient all-reduce no collective
+    matched, and an iteration predicted at half its time (an auditor's check)."""
+    from lagom_tune.workload.presets import resolve_workload
+
+    plan = load_plan(path)
+    assert plan.workload["digest"] == resolve_workload(plan.workload["name"]).digest, f"regenerate {path.name}"

@@ -169,6 +169,8 @@ def test_multi_objective_writes_a_pareto_front(phi2, tmp_path):
     assert len(front) >= 2
     sms = [p["comm_sms"] for p in front]
     assert sms == sorted(sms, reverse=True)  # faster plans take more SMs for communication
+    shown = cli("show", plan, check=True).stdout  # stored and shown: it was stored only
+    assert f"Pareto front of --multi-objective ({len(front)} points" in shown and f"{front[-1]['iteration_ms']:.3f}" in shown
 
 
 def test_compare_shows_the_per_collective_settings_that_differ(phi2):
