@@ -57,6 +57,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
+from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.sim import SimCluster
 from lagom_tune.backends.sim_clusters import CLUSTERS, MemoryCalibration
 from lagom_tune.model.rows import SlowdownTable, consistent_baselines, contention_points, point_medians, slowdown_table, times_alone
@@ -167,7 +168,7 @@ def main() -> None:
     print(text)
     if args.trials == 0:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "sim_calibration.md").write_text(text)
+        atomic_write_text(args.out / "sim_calibration.md", text)
 
 
 if __name__ == "__main__":

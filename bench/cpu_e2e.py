@@ -24,6 +24,7 @@ from pathlib import Path
 
 from compare import CI_LEVEL, ratio_interval
 
+from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.registry import usable_cores
 from lagom_tune.interleave import interleaved
 
@@ -134,7 +135,7 @@ def main() -> None:
                       f"{p_[0] / best_ms:.3f}× that (1.000 = the plan found the measured optimum; single runs are noisy).", ""]
     text = "\n".join(lines)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    atomic_write_text(args.out, text)
     print()
     print(f"default {d[0]:.2f} ms | plan {p_[0]:.2f} ms | speedup {gmean:.3f}x (geometric mean of per-round ratios), "
           f"{CI_LEVEL:.0%} interval {low:.3f}-{high:.3f}x over {args.rounds} rounds; ratio of medians {ratio:.3f}x -> {args.out}")

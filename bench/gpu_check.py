@@ -27,6 +27,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lagom_tune.artifact_io import atomic_write_text  # noqa: E402
 from lagom_tune.backends.base import trimmed_mean  # noqa: E402
 from lagom_tune.backends.nccl_sweep import PROBE_THREADS  # noqa: E402
 from lagom_tune.model.contention import load_model  # noqa: E402
@@ -124,7 +125,7 @@ def write_report(run: Path, out_dir: Path, workload: str, elapsed: float | None 
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"gpu_check-{workload}"
     for name, t in out.items():
-        t.to_csv(out_dir / f"{stem}_{name}.csv", index=False)
+        atomic_write_text(out_dir / f"{stem}_{name}.csv", t.to_csv(index=False))
     placed = placement_csv(out_dir, workload)
     placement = pd.read_csv(placed).drop(columns="smids") if placed.exists() else None
     device = (f"{fp['gpu']} ({fp['sms']} SMs, {fp['hbm_GBps']} GB/s {fp['hbm_method']}), driver {fp['driver']}, "
@@ -168,7 +169,7 @@ def write_report(run: Path, out_dir: Path, workload: str, elapsed: float | None 
         f"Every point: `{stem}_windows.csv`.",
         "Reproduce: `bash bench/gpu_check.sh [OUT_DIR] [WORKLOAD]` on one GPU.",
     ]) + "\n"
-    (out_dir / f"{stem}.md").write_text(text)
+    atomic_write_text(out_dir / f"{stem}.md", text)
     return text
 
 
@@ -195,7 +196,7 @@ def main() -> None:
         placed = placement_csv(args.out, args.workload)
         placed.unlink(missing_ok=True)  # never an older run's
         try:  # a diagnostic beside the check: its failure must not cost the report of the profile just measured
-            measure_placement(run).to_csv(placed, index=False)
+            atomic_write_text(placed, measure_placement(run).to_csv(index=False))
         except Exception as e:  # noqa: BLE001 (reported, and the report says "not measured")
             print(f"gpu_check: probe placement not measured: {type(e).__name__}: {e}", file=sys.stderr)
         print(write_report(run, args.out, args.workload, elapsed))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.registry import usable_cores
 from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.model.fit import fit_run, new_shape_mape
@@ -56,8 +57,8 @@ def main() -> None:
     for q in QUANTITIES:
         fmt[q] = fmt[q].map(lambda x: f"{x:.1%}" if x == x and x is not None else "")
     args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "model_accuracy.csv", index=False)
-    (args.out / "model_accuracy.md").write_text("\n".join([
+    atomic_write_text(args.out / "model_accuracy.csv", df.to_csv(index=False))
+    atomic_write_text(args.out / "model_accuracy.md", "\n".join([
         "# Model accuracy: held-out MAPE (5-fold cross-validation over measured points)",
         "",
         f"{datetime.date.today()} · {platform.node()} · sim rows are SIMULATED; the gloo row is measured on this machine.",

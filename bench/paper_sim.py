@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.backends.nccl_knobs import nccl_knob_space
 from lagom_tune.backends.sim import CLUSTERS, SimCluster
@@ -118,7 +119,7 @@ def run_one(cluster: str, name: str, trials: int, work: Path) -> dict:
     replay = validate(w, {**fp, "noise": 0.0}, {"default": res["default"].settings, "autoccl": res["autoccl"].settings,
                                                 "lagom": res["lagom"].settings, "plan": deployed.settings}, 1)
     row = {
-        "cluster": cluster, "workload": name, "fit_s": round(fit_s, 1),
+        "cluster": cluster, "workload": name, "simulated": True, "fit_s": round(fit_s, 1),
         "mape_window": round(fit.mape.get("overlap_window", float("nan")), 4),
         **{f"mape_{q}": round(v, 4) for q, v in fit.mape.items() if q != "overlap_window"},
         "default_ms": round(d * 1e3, 2),
@@ -162,8 +163,8 @@ def main() -> None:
                           f"({row['optuna_evals']} ev) | replay lagom {row['replay_lagom_x']:.3f}x", flush=True)
         df = pd.DataFrame(rows)
         args.out.mkdir(parents=True, exist_ok=True)
-        df.to_csv(args.out / "paper_sim.csv", index=False)
-    (args.out / "paper_sim.md").write_text(report(df, args.optuna_trials, remade=args.report_only))
+        atomic_write_text(args.out / "paper_sim.csv", df.to_csv(index=False))
+    atomic_write_text(args.out / "paper_sim.md", report(df, args.optuna_trials, remade=args.report_only))
     print(f"-> {args.out / 'paper_sim.md'}")
 
 
