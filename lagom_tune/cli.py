@@ -245,11 +245,13 @@ def search(
     if compare:
         inputs = load_search_inputs(run_dir)
         with bar:
-            rows = render.compare_rows(compare_all(inputs.workload, inputs.model, inputs.space, **opts))
+            results, skipped = compare_all(inputs.workload, inputs.model, inputs.space, **opts)
+            rows = render.compare_rows(results)
         if as_json:
-            print(json.dumps([{**r, "simulated": inputs.simulated} for r in rows], indent=1))
+            print(json.dumps([{**r, "simulated": inputs.simulated} for r in rows]
+                             + [{"optimizer": name, "skipped": why, "simulated": inputs.simulated} for name, why in skipped.items()], indent=1))
         else:
-            render.console.print(render.compare_table(rows, inputs.simulated))
+            render.console.print(render.compare_table(rows, inputs.simulated, skipped))
         return
     if out is None:
         raise UserError("--out PLAN.yaml is required (or use --compare)")

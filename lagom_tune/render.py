@@ -274,12 +274,13 @@ def compare_rows(results: list[SearchResult]) -> list[dict[str, Any]]:
 COMPARE_SHOWN = 6  # changes listed per optimizer in the table (--json has them all)
 
 
-def compare_table(rows: list[dict[str, Any]], simulated: bool) -> Table:
+def compare_table(rows: list[dict[str, Any]], simulated: bool, skipped: dict[str, str] | None = None) -> Table:
     """``search --compare``'s table.
 
     Args:
         rows: ``compare_rows``'s rows.
         simulated: whether the run folder is simulated.
+        skipped: optimizers left out, and why (a caption line each).
     Returns:
         The table.
     """
@@ -291,6 +292,9 @@ def compare_table(rows: list[dict[str, Any]], simulated: bool) -> Table:
         more = f" (+{len(changes) - COMPARE_SHOWN} more; --json lists all)" if len(changes) > COMPARE_SHOWN else ""
         desc = ", ".join(changes[:COMPARE_SHOWN]) + more if changes else ("the defaults" if r["optimizer"] == "default" else "none")
         t.add_row(r["optimizer"], f"{r['iteration_ms']:.2f}", f"{r['speedup_vs_default']:.3f}×", str(r["evaluations"]), f"{r['seconds']:.3f}", escape(desc))
+    if skipped:
+        t.caption = "\n".join(f"{name} not run: {escape(why)}" for name, why in skipped.items())
+        t.caption_justify = "left"
     return t
 
 

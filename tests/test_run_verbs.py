@@ -104,3 +104,43 @@ def test_names_and_paths_in_brackets_are_shown_as_written(tmp_path):
         assert "[/]w" in r.stdout, r.stdout
     r = cli("report", plan, "--out", page, check=True)
     assert f"wrote {page}" in " ".join(r.stdout.split()) and page.is_file(), r.stdout
+
+
+def test_a_gloo_replay_runs_the_plans_chunks_and_threads():
+    """`search --validate` on gloo replayed every all-reduce whole and every rank at one thread,
+    whatever the plan said, and recorded the speedup of settings it never ran (an auditor's fake
+    dist counted the calls)."""
+    from lagom_tune.backends.base import Point
+    from lagom_tune.backends.gloo_timing import iteration_rows, point_threads
+    from lagom_tune.knobs import Settings, settings_items
+    from lagom_tune.workload.presets import build_preset
+
+    class Work:
+        def wait(self):
+            return None
+
+    class FakeDist:
+        def __init__(self):
+            self.sizes = []
+
+        def barrier(self):
+            return None
+
+        def all_reduce(self, buf, async_op=False, **kw):
+            self.sizes.append(buf.numel() * buf.element_size())
+            return Work()
+
+        def broadcast(self, buf, src):
+            return None
+
+    w = build_preset("cpu-demo")
+    calls = {}
+    for chunk in (0, 1 << 18):
+        settings = Settings({"threads": 2}, {"dp_replicate": {"bucket_cap_mb": 25, "chunk_bytes": chunk}})
+        point = Point("iteration", settings_items(settings), ranks=2, workload=w)
+        assert point_threads(point) == 2
+        fake = FakeDist()
+        iteration_rows(point, 1, fake)
+        calls[chunk] = fake.sizes
+    assert sum(calls[0]) == sum(calls[1 << 18]) and len(calls[1 << 18]) > len(calls[0])
+    assert max(calls[1 << 18]) <= 1 << 18

@@ -6,7 +6,7 @@ from lagom_tune.search.baselines import autoccl_search, default_search, exhausti
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search.lagom import lagom_search, next_value
 from lagom_tune.search.optuna_search import optuna_search
-from lagom_tune.search.run import search
+from lagom_tune.search.run import compare as search_compare, search
 from lagom_tune.search.space import variables
 from lagom_tune.workload.presets import build_preset
 
@@ -63,6 +63,24 @@ def test_lagom_keeps_stepping_a_variable_whose_collective_is_still_exposed(demo)
     got = lagom_search(ModelEvaluator(demo, model), vars_)
     assert got.evaluation.iteration_s == pytest.approx(best.evaluation.iteration_s, rel=1e-9)
     assert best.evaluation.iteration_s < default_search(ModelEvaluator(demo, model), vars_).evaluation.iteration_s * 0.997
+
+
+def test_optuna_returns_the_lagom_seed_a_small_budget_never_reached(demo):
+    """With --n-trials 1 only the defaults' trial ran, and Optuna returned them though the Lagom
+    result it was seeded with (already evaluated, its evaluations counted) was faster."""
+    from lagom_tune.model.contention import load_model
+
+    model, _ = load_model(ROOT / "tests" / "data" / "cpu-demo-model-2026-12-01.yaml")
+    vars_ = variables(demo, gloo_knob_space(cores=2, ranks=2))
+    lagom = lagom_search(ModelEvaluator(demo, model), vars_)
+    got = optuna_search(ModelEvaluator(demo, model), vars_, n_trials=1, enqueue_lagom=True)
+    assert got.evaluation.iteration_s == pytest.approx(lagom.evaluation.iteration_s)
+
+
+def test_compare_says_which_optimizer_it_left_out(demo):
+    results, skipped = search_compare(demo, TRUE, SPACE, ["default", "exhaustive"], max_points=2)
+    assert [r.optimizer for r in results] == ["default"]
+    assert skipped == {"exhaustive": "the space has 56 combinations; exhaustive search is limited to 2"}
 
 
 @pytest.mark.parametrize("optimizer", [lagom_search, autoccl_search, default_search])

@@ -25,7 +25,7 @@ import torch
 
 from lagom_tune.backends.base import GIB, BackendOptions, LocalBackend, Point, RowSink, reduce_ranks
 from lagom_tune.backends.gloo_knobs import gloo_knob_space
-from lagom_tune.backends.gloo_timing import MEASURE
+from lagom_tune.backends.gloo_timing import MEASURE, point_threads
 from lagom_tune.backends.parent_watch import exit_with_parent
 from lagom_tune.backends.registry import usable_cores
 from lagom_tune.errors import RunError, UserError
@@ -280,7 +280,7 @@ def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: i
         )
         results.put(("ready", rank))
         for idx, point in enumerate(points):
-            torch.set_num_threads(point.settings.get("threads", 1))
+            torch.set_num_threads(point_threads(point))
             rows = MEASURE[point.kind](point, repeats, dist)
             results.put(("rows", rank, idx, rows))
             # Longer than the parent's own limit, so the parent names a hung peer first.

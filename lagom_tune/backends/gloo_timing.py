@@ -117,6 +117,21 @@ def overlap_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
     return rows
 
 
+def point_threads(point: Point) -> int:
+    """The intra-op threads a rank times ``point`` at: its ``threads`` setting, or for an
+    ``iteration`` point the process-wide one of the settings it replays (read as a plain setting
+    it was never there, and every replay ran at one thread whatever the plan said).
+
+    Args:
+        point: a measurement point.
+    Returns:
+        The thread count (1 when the point sets none).
+    """
+    if point.kind == "iteration":
+        return int(settings_from_items(point.config).process.get("threads", 1))
+    return int(point.settings.get("threads", 1))
+
+
 def iteration_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
     """Replay the whole workload under the point's settings: GEMMs on this thread, collectives in
     order on another, each waiting for the GEMM that readies it.
@@ -141,7 +156,11 @@ def iteration_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
             for c in grp.comm:
                 if c.after is not None:
                     ready[c.after].wait()
-                dist.all_reduce(buffers[c.nbytes]) if c.op == "all_reduce" else dist.broadcast(buffers[c.nbytes], 0)
+                if c.op == "all_reduce":  # in the plan's chunks, as the shim runs it (it was replayed whole)
+                    for work in chunked_all_reduce(dist.all_reduce, buffers[c.nbytes], settings.for_collective(c).get("chunk_bytes", 0)):
+                        work.wait()
+                else:
+                    dist.broadcast(buffers[c.nbytes], 0)
 
         dist.barrier()
         t0 = time.perf_counter()

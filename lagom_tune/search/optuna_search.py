@@ -93,11 +93,13 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
     if study.trials:  # resumed: a sampler seeded as the first session's drew its random trials again
         sampler = optuna.samplers.NSGAIISampler if multi_objective else optuna.samplers.TPESampler
         study.sampler = sampler(seed=seed + len(study.trials))
+    seeded = None
     if not study.trials:  # a resumed study already holds its seeds
         study.set_user_attr(OBJECTIVE_ATTR, evaluate.identity)
         study.enqueue_trial(default_assignment(vars_))
         if enqueue_lagom:
-            study.enqueue_trial(_assignment_of(lagom_search(evaluate, vars_).settings, vars_))
+            seeded = lagom_search(evaluate, vars_)
+            study.enqueue_trial(_assignment_of(seeded.settings, vars_))
 
     def objective(trial: optuna.Trial):
         assignment = {v.key: trial.suggest_categorical(v.key, list(v.domain)) for v in vars_}
@@ -120,6 +122,8 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
     else:
         params = study.best_params
     best = Settings.from_assignment({v.key: params[v.key] for v in vars_}, vars_)
+    if seeded is not None and not multi_objective and seeded.evaluation.iteration_s < evaluate(best).iteration_s:
+        best = seeded.settings  # a budget too small to reach its own seed (--n-trials 1) returned the defaults, slower
     return SearchResult("optuna", best, evaluate(best), evaluate.evaluations - start, time.perf_counter() - t0, extra)
 
 

@@ -135,7 +135,8 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
     return SearchOutcome(chosen, default, results["autoccl"], bound)
 
 
-def compare(workload: Workload, model: CostModel, space: KnobSpace, names: list[str] | None = None, **options: Any) -> list[SearchResult]:
+def compare(workload: Workload, model: CostModel, space: KnobSpace, names: list[str] | None = None,
+            **options: Any) -> tuple[list[SearchResult], dict[str, str]]:
     """Every optimizer side by side, each on a fresh evaluator.
 
     Args:
@@ -145,16 +146,18 @@ def compare(workload: Workload, model: CostModel, space: KnobSpace, names: list[
         names: the optimizers (default: all; exhaustive is left out when the space is too large).
         **options: the optimizers' options.
     Returns:
-        One result per optimizer, in order.
+        One result per optimizer that ran, in order; and why each left out was (exhaustive over a
+        space too large), which ``--compare`` says rather than dropping its row silently.
     """
     vars_ = variables(workload, space)
     names = names or list(OPTIMIZERS)
     check_options(names, options)
-    out = []
+    out, skipped = [], {}
     for name in names:
         try:
             out.append(run_optimizer(name, ModelEvaluator(workload, model), vars_, options))
-        except UserError:
+        except UserError as e:
             if name != "exhaustive":
                 raise
-    return out
+            skipped[name] = str(e)
+    return out, skipped
