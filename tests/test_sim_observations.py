@@ -17,6 +17,7 @@ from lagom_tune.backends.nccl_knobs import nccl_knob_space
 from lagom_tune.backends.sim import CLUSTERS, SimCluster
 from lagom_tune.backends.sim_comm import REFERENCE_BUSBW
 from lagom_tune.backends.sim_compute import Kernel, choose_kernel, gemm_run, kernel_run
+from lagom_tune.knobs import Settings
 from lagom_tune.model.fit import fit_model
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.workload.presets import build_preset
@@ -42,14 +43,25 @@ def h200():
     return errors(SimCluster(CLUSTERS["h200-nvlink"]), {w: measured(w) for w in WORKLOADS})
 
 
+def MPT_48(df: pd.DataFrame) -> pd.Series:
+    """The one cell of the H200 table the simulator misses: mpt-7b's GEMMs beside 48 blocks."""
+    return (df["workload"] == "mpt-7b-tp8-dp1") & (df["blocks"] == 48)
+
+
 def test_h200_gemm_slowdown_beside_copy_blocks(h200):
     """The measured slowdown table (1.07 at one block, ~1.9 from 4, ~3 at 64 for mpt-7b), median
-    over shapes: within 0.1 at every block count of both workloads but mpt-7b's 48 (2026-11-30,
-    sixth session: +0.30; the measured slowdown steps up 1.25x from 48 to 64 blocks, a step the
-    simulated SMs and HBM spread over 32-64 instead; before the alone times were the 1 ms paired
-    baselines, 16 of 18 cells, 48 blocks +0.22 and +0.18)."""
-    miss = h200[h200["gemm_error"].abs() > AIM]
-    assert len(miss) <= 1 and set(miss["blocks"]) <= {48} and miss["gemm_error"].abs().max() <= 0.31, miss.round(3).to_dict("records")
+    over shapes: within 0.1 at every block count of both workloads (mpt-7b's 48 blocks apart, the
+    known miss below)."""
+    rest = h200[~MPT_48(h200)]
+    assert (rest["gemm_error"].abs() <= AIM).all(), rest[rest["gemm_error"].abs() > AIM].round(3).to_dict("records")
+
+
+@pytest.mark.xfail(strict=True, reason="open (issue 16): +0.30 (2026-11-30, sixth session); the measured slowdown steps up "
+                   "1.25x from 48 to 64 blocks, a step the simulated SMs and HBM spread over 32-64; the device's "
+                   "block placement table would settle it")
+def test_h200_gemm_slowdown_at_48_blocks_for_mpt7b(h200):
+    cell = h200[MPT_48(h200)]
+    assert len(cell) == 1 and (cell["gemm_error"].abs() <= AIM).all(), cell.round(3).to_dict("records")
 
 
 def test_h200_copy_slowdown_beside_gemms(h200):
@@ -81,34 +93,78 @@ def test_h200_all_reduce_with_ctas_capped():
         assert busbw(sim, "all_reduce", 128 << 20, 8, channels=ch) == pytest.approx(published, rel=0.10)
 
 
-@pytest.mark.parametrize("cluster", sorted(REFERENCE_BUSBW))
+HOPPER_BUSBW_GAP = pytest.mark.xfail(strict=True, reason="open (issue 16): the simulated Hopper ring gives 328 GB/s at "
+                                    "NCCL's defaults, 29% below the published 460-480 (the source had been misquoted as NVLS "
+                                    "and its floor set at 360; an audit, 2026-12-02)")
+
+
+@pytest.mark.parametrize("cluster", [pytest.param(c, marks=HOPPER_BUSBW_GAP) if c.startswith(("h100", "h200")) else c
+                                     for c in sorted(REFERENCE_BUSBW)])
 def test_nccl_tests_bus_bandwidth_at_nccl_defaults(cluster):
     """Large all-reduce at NCCL's default settings within the published nccl-tests range (10% margin).
-    The simulator sits below each range's low end, inside the margin (2026-12-01: A100 218 GB/s
-    against 230-250, H100 and H200 328 against 360-480, whose high end is NVLS, which it does not
-    model); the ring cannot pass its link (255, 380 GB/s), so only a too-slow simulator fails here."""
+    2026-12-02: A100 218 GB/s against 230-250 (inside the margin); H100 and H200 328 against
+    460-480, outside it. The A40 clusters have no published figure here (none found)."""
     lo, hi, source = REFERENCE_BUSBW[cluster]
     c = CLUSTERS[cluster]
     bw = busbw(SimCluster(c), "all_reduce", 1 << 30, 8, channels=c.default_channels) * 1e9
     assert lo * 0.9 <= bw <= hi * 1.1, (bw / 1e9, source)
 
 
-def test_autoccl_isolated_collective_gain_over_nccl_defaults():
-    """AutoCCL (NSDI'25): tuned settings 1.24-1.29x the bandwidth of NCCL's defaults for collectives
-    alone, on A40s. Best over the deployable space vs the defaults, large collectives of the
-    paper's workloads on the A40 NVLink cluster: the median gain in the published range (+-0.05)."""
+def autoccl_gains() -> list[float]:
+    """Best over the deployable space vs NCCL's defaults, for the large collectives of the paper's
+    workloads on the simulated A40 NVLink cluster (8 ranks, one node)."""
     c = CLUSTERS["a40-nvlink"]
     sim = SimCluster(c)
     space = nccl_knob_space(c.max_channels, c.default_channels)
-    default = space.defaults()
+    names = ("algo", "proto", "channels", "threads", "buffsize")
     gains = []
     for op, nbytes in itertools.product(("all_reduce", "all_gather", "reduce_scatter"), (64 << 20, 256 << 20)):
-        base = sim.comm_time(op, nbytes, 8, 1, default)
-        best = min(sim.comm_time(op, nbytes, 8, 1, dict(zip(("algo", "proto", "channels", "threads", "buffsize"), v)))
-                   for v in itertools.product(*(space[n].domain for n in ("algo", "proto", "channels", "threads", "buffsize")))
+        best = min(sim.comm_time(op, nbytes, 8, 1, dict(zip(names, v))) for v in itertools.product(*(space[n].domain for n in names))
                    if not (v[0] == "tree" and op != "all_reduce"))
-        gains.append(base / best)
-    assert 1.19 <= pd.Series(gains).median() <= 1.34, gains
+        gains.append(sim.comm_time(op, nbytes, 8, 1, space.defaults()) / best)
+    return gains
+
+
+@pytest.mark.xfail(strict=True, reason="open (issue 16): the simulated median gain is 1.22x, below the published "
+                   "1.24-1.29x (the bound was widened to 1.19-1.34 until an audit, 2026-12-02)")
+def test_autoccl_isolated_collective_gain_over_nccl_defaults():
+    """AutoCCL (NSDI'25): tuned settings 1.24-1.29x the bandwidth of NCCL's defaults for collectives
+    alone, on A40s: the median gain in the published range."""
+    gains = autoccl_gains()
+    assert 1.24 <= pd.Series(gains).median() <= 1.29, gains
+
+
+def test_autoccl_tuning_gains_over_nccl_defaults_for_collectives_alone():
+    """What the simulator gives of AutoCCL's gain today (1.22x median, 2026-12-02): more than the
+    defaults by a margin for every large collective (the published range is the test above)."""
+    assert min(autoccl_gains()) >= 1.15
+
+
+def phi2_fsdp_iteration(all_gather: int, reduce_scatter: int, buffsize: int) -> float:
+    """Phi-2 FSDP over 16 A40s (2 NVLink nodes): the simulated iteration with the all-gathers and
+    reduce-scatters at the given channels and one buffer size."""
+    w = build_preset("phi-2-fsdp16")
+    sim = SimCluster(CLUSTERS["a40-nvlink"], nodes=2)
+    per = {c.rule_key: {"channels": all_gather if c.op == "all_gather" else reduce_scatter} for c in w.collectives()}
+    return sim.iteration(w, Settings(process={**SIMPLE, "buffsize": buffsize, "channels": 8}, collectives=per))
+
+
+@pytest.mark.xfail(strict=True, reason="open (issue 16): the simulated A40 channel (5 GB/s) carries 10 GB/s at NC=2; "
+                   "Lagom's setting runs 0.68x the defaults here, not faster (an auditor's check, 2026-12-02)")
+def test_lagom_phi2_fsdp_a40_fewer_channels_beat_the_defaults():
+    """Lagom §10 (DESIGN.md): Phi-2 FSDP on A40 NVLink, NCCL's defaults NC=8, C=2 MB; Lagom's
+    all-gather at NC=2, C=684 KB is 1.35x faster on its pattern, its reduce-scatter at NC=4,
+    C=1366 KB 1.43x. Read on the whole simulated iteration: Lagom's setting must not be slower
+    than the defaults (its gain on an iteration is below its gain on the pattern)."""
+    default = phi2_fsdp_iteration(8, 8, 2 << 20)
+    assert default / phi2_fsdp_iteration(2, 4, 684 << 10) >= 1.0
+
+
+def test_autoccl_on_phi2_fsdp_a40_is_slower_than_the_defaults():
+    """Lagom §10: AutoCCL's NC=61 on the same job runs 0.87x NCCL's defaults (simulated: the nearest
+    offered count, 64, 0.88-0.89x)."""
+    ratio = phi2_fsdp_iteration(8, 8, 2 << 20) / phi2_fsdp_iteration(64, 64, 2 << 20)
+    assert 0.8 <= ratio <= 0.95, ratio
 
 
 def test_lagom_a40_pcie_more_channels_same_comm_slower_ffn():
