@@ -10,7 +10,11 @@ saturating curve (model/gpu.py): the model has to earn its accuracy on it.
   gets an equal share of it once they would exceed it.
 * **Algorithms**: a ring all-reduce runs ``2 (n - 1)`` steps per chunk, all-gather and
   reduce-scatter ``n - 1``, a tree all-reduce ``2 log2 n`` with 10% more per-step work inside a node
-  (reduction and broadcast both on NVLink); the first chunk fills the pipeline.
+  (reduction and broadcast both on NVLink); a collective takes at least those steps, each
+  paying its handshake (no separate pipeline-fill term). Every protocol's step is buffsize/8:
+  NCCL sizes LL's and LL128's buffers apart from NCCL_BUFFSIZE (655,360 and 4,915,200 B by
+  default), so the simulated LL/LL128 times move with a buffsize that NCCL would not apply to
+  them (an audit, 2026-12-02; open in issue 16).
 * **HBM**: a collective reads and writes its data through HBM (an all-reduce about 3 bytes per
   byte on the bus, others 2). Beside a GEMM it gets its share of the bandwidth left and waits
   longer per step as HBM's queue fills.
