@@ -98,9 +98,8 @@ def shape_ranking(shape: str, rows: pd.DataFrame, collective: str = "") -> Shape
 
     Args:
         shape: the shape key.
-        rows: its overlapped points beside one collective, with ``channels``, ``buffsize``, ``window_us`` (measured) and
-            ``predicted_window_us``.
-
+        rows: its overlapped points beside one collective, with ``channels``, ``buffsize``,
+            ``window_us`` (measured) and ``predicted_window_us``.
         collective: the collective, as :func:`jobs` names it.
 
     Returns:
