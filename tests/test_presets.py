@@ -52,6 +52,16 @@ def test_phi2_tp8_domino_shapes_and_all_reduce_bytes():
         build_preset("phi-2", parallel="tp=8,dp=2", mbs=3)  # a sample was lost to mbs // 2
 
 
+def test_a_preset_without_the_papers_micro_batch_gets_one_its_parallelism_takes():
+    """`--parallel tp=8` on Llama-3-70B (no paper micro-batch) was refused for the default mbs of 1
+    the user never gave; an MoE model under tp= or ddp= was refused for that, or built dense with
+    no experts at all (OLMoE under ddp=8: 0.58B parameters of its 6.9B)."""
+    assert build_preset("llama3-70b", parallel="tp=8").meta["mbs"] == 2
+    for parallel in ("tp=8", "ddp=8"):
+        with pytest.raises(UserError, match="is an MoE model: use --parallel ep=N"):
+            build_preset("olmoe-1b-7b", parallel=parallel)
+
+
 def test_moe_all_to_all_and_expert_gemms():
     w = build_preset("olmoe-1b-7b-ep8")
     fwd = next(g for g in w.groups if g.name == "forward.experts")

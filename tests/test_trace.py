@@ -109,3 +109,14 @@ def test_a_gemm_beside_two_windows_is_one_gemm_and_collectives_are_sized_as_nccl
         k["cat"] = "kernel" if k["name"] != "aten::mm" else "cpu_op"
     p.write_text(json.dumps({"distributedInfo": {"world_size": 8}, "traceEvents": kernels}))
     assert {c.op: c.nbytes for c in import_trace(p).collectives()} == {"all_gather": 16 << 20, "reduce_scatter": 16 << 20}
+    # NCCL runs all-to-all as a SendRecv kernel: known by the op torch recorded on it (it was dropped),
+    # and a point-to-point send/recv is not a collective
+    sendrecv = [_span("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 120, 40,
+                      **{"Collective name": "all_to_allv", "dtype": "BFloat16", "In msg nelems": 50331648, "Group size": 8}),
+                _span("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 170, 10,
+                      **{"Collective name": "send", "dtype": "BFloat16", "In msg nelems": 1024, "Group size": 2})]
+    for k in sendrecv:
+        k["cat"] = "kernel"
+    p.write_text(json.dumps({"distributedInfo": {"world_size": 8}, "traceEvents": kernels + sendrecv}))
+    assert {c.op: c.nbytes for c in import_trace(p).collectives()} == {
+        "all_gather": 16 << 20, "reduce_scatter": 16 << 20, "all_to_all": 100_663_296}

@@ -70,6 +70,8 @@ def test_yaml_round_trip(tmp_path):
     (lambda d: d["groups"][0]["compute"][0].update(name=" "), "groups[0].compute[0].name: expected a name, got ' '"),
     (lambda d: d["groups"][1].update(name=d["groups"][0]["name"]), "groups[1].name: 'forward' is also groups[0]'s"),  # tables and timelines name groups: two could not be told apart
     (lambda d: d["groups"][1]["comm"][2].update(ranks=4), "groups[1].comm[2].ranks: communicator 'dp_replicate' has 2 ranks in workload.groups[1].comm[0], 4 here"),
+    # one communicator over one node here and two there: the simulator timed one over NVLink, the other over InfiniBand
+    (lambda d: d["groups"][1]["comm"][2].update(nodes=2), "groups[1].comm[2].nodes: communicator 'dp_replicate' spans 1 node(s) in workload.groups[1].comm[0], 2 here"),
     (lambda d: d["groups"][1]["comm"][0].update(ranks=10 ** 12), "groups[1].comm[0].ranks: 1000000000000 ranks, more than 1048576"),
     (lambda d: d["groups"][1]["comm"][0].update(nodes=3), "groups[1].comm[0].nodes: 3 nodes for 2 ranks"),
 ])

@@ -331,10 +331,10 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
         The Workload.
     """
     _check_seq(arch, seq)
-    if mbs < 2 or mbs % 2:  # an odd micro-batch lost a sample to mbs // 2
-        raise UserError(f"tensor parallelism with Domino overlap splits the micro-batch in two halves: --mbs must be even (got {mbs})")
     if arch.experts:
         raise UserError(f"{arch.name} is an MoE model: use --parallel ep=N")
+    if mbs < 2 or mbs % 2:  # an odd micro-batch lost a sample to mbs // 2
+        raise UserError(f"tensor parallelism with Domino overlap splits the micro-batch in two halves: --mbs must be even (got {mbs})")
     b, half = DTYPES[dtype], mbs // 2
     act = seq * half * arch.hidden * b  # one half-batch's activations
     ar = lambda name: Collective(name, "all_reduce", act, group=TP, ranks=tp, nodes=_nodes(tp))
@@ -486,15 +486,21 @@ def build_model(model: str, parallel: str | None = None, seq: int | None = None,
         model: an architecture's name (``ARCHS``).
         parallel: ``--parallel`` (default: ep=8 for MoE models, else fsdp=8).
         seq: sequence length (default: 2048, at most the model's).
-        mbs: micro-batch size (default: the paper's for the model and parallelism, else 1).
+        mbs: micro-batch size (default: the paper's for the model and parallelism, else 1; 2 for
+            tensor parallelism, whose two half-batches need an even one).
         dtype: the GEMMs' dtype.
     Returns:
         The Workload.
+    Raises:
+        UserError: for an MoE model under tensor parallelism or DDP (its experts: use ep=N).
     """
     arch = ARCHS[model]
     par = parse_parallel(("ep=8" if arch.experts else "fsdp=8") if parallel is None else parallel)  # '' is refused, not the default
     family = next(iter({"fsdp", "tp", "ep", "ddp"} & set(par)))
-    mbs = mbs or PAPER_MBS.get((model, family), 1)
+    if arch.experts and family in ("tp", "ddp"):  # neither preset builds a router or experts
+        raise UserError(f"{arch.name} is an MoE model: use --parallel ep=N")
+    # Domino's two half-batches need an even micro-batch: 1, the default of a model the paper gives none, was refused
+    mbs = mbs or PAPER_MBS.get((model, family), 2 if family == "tp" else 1)
     seq = seq or min(DEFAULT_SEQ, arch.max_seq)
     if family == "fsdp":
         return fsdp(arch, seq=seq, mbs=mbs, ranks=par["fsdp"], dtype=dtype)

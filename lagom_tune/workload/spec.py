@@ -164,7 +164,7 @@ class Workload:
         if kind != KIND:
             raise UserError(f"{path}.kind: expected {KIND!r}, got {kind!r} (is this a workload file?)")
         groups = []
-        sizes: dict[str, tuple[int, str]] = {}  # communicator -> its ranks, and where first given
+        sizes: dict[str, tuple[tuple[int, int], str]] = {}  # communicator -> its ranks and nodes, and where first given
         index_of: dict[str, int] = {}
         for i, gd in enumerate(v.seq(v.field(d, "groups", path, list), f"{path}.groups")):
             gp = f"{path}.groups[{i}]"
@@ -189,10 +189,13 @@ class Workload:
         )
 
 
-def _check_group(compute: tuple[Gemm, ...], comm: tuple[Collective, ...], sizes: dict[str, tuple[int, str]], path: str) -> None:
+def _check_group(compute: tuple[Gemm, ...], comm: tuple[Collective, ...], sizes: dict[str, tuple[tuple[int, int], str]],
+                 path: str) -> None:
     """Refuse two ops of one name in a group (a timeline keys each op's settings by name) and a
-    communicator of two sizes (a plan's rules and roles are per communicator); ``sizes`` holds the
-    communicators met so far, with where each was first given."""
+    communicator of two sizes or two layouts (a plan's rules and roles are per communicator; one
+    communicator's collectives all span the same nodes, and the simulator timed one over NVLink
+    and another over InfiniBand); ``sizes`` holds the communicators met so far, with where each
+    was first given."""
     for kind, ops in (("compute", compute), ("comm", comm)):
         seen: dict[str, int] = {}
         for j, op in enumerate(ops):
@@ -200,10 +203,13 @@ def _check_group(compute: tuple[Gemm, ...], comm: tuple[Collective, ...], sizes:
                 raise UserError(f"{path}.{kind}[{j}].name: {op.name!r} is also {kind}[{seen[op.name]}]'s; names in a group are unique")
             seen[op.name] = j
     for j, c in enumerate(comm):
-        first = sizes.setdefault(c.group, (c.ranks, f"{path}.comm[{j}]"))
-        if first[0] != c.ranks:
-            raise UserError(f"{path}.comm[{j}].ranks: communicator {c.group!r} has {first[0]} ranks in {first[1]}, "
+        (ranks, nodes), where = sizes.setdefault(c.group, ((c.ranks, c.nodes), f"{path}.comm[{j}]"))
+        if ranks != c.ranks:
+            raise UserError(f"{path}.comm[{j}].ranks: communicator {c.group!r} has {ranks} ranks in {where}, "
                             f"{c.ranks} here; give communicators of other sizes other names")
+        if nodes != c.nodes:
+            raise UserError(f"{path}.comm[{j}].nodes: communicator {c.group!r} spans {nodes} node(s) in {where}, "
+                            f"{c.nodes} here; one communicator's collectives span the same nodes")
 
 
 def _gemm(x: Any, path: str) -> Gemm:

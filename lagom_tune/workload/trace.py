@@ -27,7 +27,7 @@ GPU_GEMM = re.compile(r"gemm|cutlass|sm\d+_xmma|nvjet", re.I)
 COLLECTIVE_OPS = {
     "all_reduce": "all_reduce", "allreduce": "all_reduce", "allgather": "all_gather", "all_gather": "all_gather",
     "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter", "alltoall": "all_to_all",
-    "all_to_all": "all_to_all", "broadcast": "broadcast",
+    "all_to_all": "all_to_all", "all_to_allv": "all_to_all", "alltoall_base": "all_to_all", "broadcast": "broadcast",
 }
 # Bytes per element under every spelling a trace uses: a CPU op's "Input type" (aten's C++ names)
 # and an NCCL kernel's "dtype" (c10's ScalarType names).
@@ -50,10 +50,19 @@ class _Event:
         return self.end - self.start
 
 
-def _collective_op(name: str) -> str | None:
-    m = re.match(r"gloo:(\w+)$", name) or re.match(r"nccl(?:Dev)?Kernel_(\w+?)(?:_|$)", name)
+def _collective_op(name: str, args: dict) -> str | None:
+    """The collective a trace event ran: a gloo op by its name; an NCCL kernel by the op torch
+    recorded on it (``Collective name``), else by the kernel's name. NCCL runs all-to-all as a
+    ``SendRecv`` kernel, which only the recorded name tells apart from a point-to-point send."""
+    m = re.match(r"gloo:(\w+)$", name)
+    if m:
+        return COLLECTIVE_OPS.get(m.group(1).lower())
+    m = re.match(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", name)
     if not m:
         return None
+    recorded = args.get("Collective name")
+    if isinstance(recorded, str) and recorded:
+        return COLLECTIVE_OPS.get(recorded.lower())
     return COLLECTIVE_OPS.get(m.group(1).lower())
 
 
@@ -179,7 +188,7 @@ def _timed_ops(spans: list[dict], world: int) -> tuple[list[TimedGemm], list[Tim
     gpu_kernels = any(e.get("cat") == "kernel" for e in spans)
     for e in spans:
         ev = _Event(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["args"])
-        op = _collective_op(ev.name)
+        op = _collective_op(ev.name, ev.args)
         if op:
             nbytes = _collective_bytes(ev, op, world)
             if nbytes > 0:
