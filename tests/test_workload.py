@@ -1,10 +1,11 @@
 import importlib.util
+import os
 import re
 
 import pytest
 
 from lagom_tune.errors import UserError
-from lagom_tune.workload.bucketing import FIRST_BUCKET_BYTES, bucket_collectives
+from lagom_tune.workload.bucketing import DDP_DEFAULT_CAP_MB, FIRST_BUCKET_BYTES, bucket_collectives
 from lagom_tune.workload.presets import CPU_DEMO_ARCH, build_preset, resolve_workload
 from lagom_tune.workload.spec import Collective, Workload, load_workload
 
@@ -90,11 +91,45 @@ def test_unknown_workload_name():
 def test_bucketing_follows_ddp_rules():
     mib = 1 << 20
     comm = tuple(Collective(f"g{i}", "all_reduce", mib // 2, after=i) for i in range(8))
+    # DDP's defaults: the first bucket closes at 1 MiB, later ones at 25 MiB; each waits for its last tensor
+    buckets = bucket_collectives(comm, DDP_DEFAULT_CAP_MB, "dp")
+    assert [b.nbytes for b in buckets] == [FIRST_BUCKET_BYTES, 3 * mib] and [b.after for b in buckets] == [1, 7]
+    # a cap given: the first bucket is sized as the rest
     buckets = bucket_collectives(comm, 2, "dp")
-    # First bucket closes at 1 MiB, later ones at the cap; each waits for its last tensor.
-    assert [b.nbytes for b in buckets] == [FIRST_BUCKET_BYTES, 2 * mib, mib]
-    assert [b.after for b in buckets] == [1, 5, 7]
+    assert [b.nbytes for b in buckets] == [2 * mib, 2 * mib] and [b.after for b in buckets] == [3, 7]
     assert sum(b.nbytes for b in buckets) == sum(c.nbytes for c in comm)
+
+
+DDP_BUCKETS = """
+import json, os, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo", init_method=sys.argv[2], rank=0, world_size=1)
+cap = None if sys.argv[1] == "none" else float(sys.argv[1])
+m = DDP(torch.nn.Sequential(*[torch.nn.Linear(256, 256, bias=False) for _ in range(6)]), **({} if cap is None else {"bucket_cap_mb": cap}))
+for _ in range(3):
+    m(torch.randn(4, 256)).sum().backward()
+print(json.dumps([int(x) for x in str(m._get_ddp_logging_data()["rebuilt_bucket_sizes"]).split(", ")]))
+"""
+
+
+@pytest.mark.parametrize("cap", [None, 2])
+def test_bucketing_matches_the_buckets_real_ddp_builds(tmp_path, cap):
+    """Six 256 KiB gradients under the installed torch's DDP (one gloo rank): its rebuilt buckets
+    are the model's (DDP given a cap sizes its first bucket as the rest; an auditor found the model
+    closing it at 1 MiB whatever the cap, two buckets where DDP built one)."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_BUCKETS)
+    out = subprocess.run([sys.executable, script, "none" if cap is None else str(cap), f"file://{tmp_path / 'store'}"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    real = json.loads(out.stdout.strip().splitlines()[-1])
+    grads = tuple(Collective(f"w{i}", "all_reduce", 256 * 256 * 4, after=i) for i in range(6))
+    modelled = [b.nbytes for b in bucket_collectives(grads, DDP_DEFAULT_CAP_MB if cap is None else cap, "dp")]
+    assert modelled == real, (modelled, real)
 
 
 def test_an_exponent_yaml_reads_as_text_says_how_to_write_it():

@@ -11,6 +11,7 @@ from typing import Any
 
 from lagom_tune.backends.registry import max_threads_per_rank, usable_cores
 from lagom_tune.knobs import Knob, KnobSpace
+from lagom_tune.workload.bucketing import DDP_DEFAULT_CAP_MB
 
 BUCKET_CAPS_MB = (1, 2, 4, 8, 16, 25, 50)
 CHUNKS = (0, 1 << 18, 1 << 20, 1 << 22)  # 0: the whole tensor in one call
@@ -37,7 +38,7 @@ def gloo_knob_space(cores: int | None = None, ranks: int = 1) -> KnobSpace:
                 description="intra-op threads per rank (torchrun's default is 1 per rank)",
             ),
             Knob(
-                "bucket_cap_mb", "communicator", BUCKET_CAPS_MB, 25, comm_direction=1, ops=("all_reduce",),
+                "bucket_cap_mb", "communicator", BUCKET_CAPS_MB, DDP_DEFAULT_CAP_MB, comm_direction=1, ops=("all_reduce",),
                 mechanism="DistributedDataParallel(bucket_cap_mb=...)",
                 description="DDP gradient bucket size: smaller buckets start communicating earlier",
             ),

@@ -32,6 +32,7 @@ from lagom_tune.backends.registry import (
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
 from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, match_role, mesh_dim_of, plan_roles
+from lagom_tune.workload.bucketing import DDP_DEFAULT_CAP_MB
 
 PLAN_ENV = "LAGOM_TUNE_PLAN"  # the plan every process `apply` starts loads (site/sitecustomize.py reads it too)
 APPLIED_ENV = "LAGOM_TUNE_APPLIED_DIR"  # where each rank writes what it applied
@@ -284,13 +285,17 @@ class Shim:
                         shim.record(knob, value, False, elsewhere)
                 return
             previous = bound.arguments.get("bucket_cap_mb")
-            if cap is not None:
+            # DDP's own cap left to DDP: given explicitly, DDP sizes its first bucket as the rest
+            # instead of 1 MiB, which is not the defaults the plan was searched against
+            left = cap == DDP_DEFAULT_CAP_MB and previous is None
+            if cap is not None and not left:
                 bound.arguments["bucket_cap_mb"] = cap
             original(*bound.args, **bound.kwargs)
             shim.built_ddp = True
             if cap is not None:
                 in_effect = getattr(self, "bucket_bytes_cap", None)
-                how = "DistributedDataParallel(bucket_cap_mb=...)" + (f", replacing the script's {previous}" if previous is not None else "")
+                how = ("DDP's default, left to it (its first bucket 1 MiB)" if left else "DistributedDataParallel(bucket_cap_mb=...)"
+                       + (f", replacing the script's {previous}" if previous is not None else ""))
                 shim.record("bucket_cap_mb", cap, in_effect == int(cap * 1024 * 1024), how)
             if chunk:
                 sparse = _sparse_gradients(self.module)

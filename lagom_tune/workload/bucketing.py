@@ -1,9 +1,12 @@
 """DDP-style gradient bucketing: how ``bucket_cap_mb`` turns per-tensor all-reduces into buckets.
 
 Mirrors DDP's assignment (``compute_bucket_assignment_by_size``): tensors are taken in the order
-their gradients become ready; a bucket closes once it holds at least its limit; the first bucket's
-limit is 1 MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``), later ones ``bucket_cap_mb``.
-A bucket can start only when its last tensor is ready.
+their gradients become ready; a bucket closes once it holds at least its limit; later buckets'
+limit is ``bucket_cap_mb``, and the first bucket's 1 MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)
+only when DDP runs with its default cap: given one, DDP sizes its first bucket as the rest
+(``_BucketCapacityConfig``; with a cap of 25 or 50 MiB the demo model's gradients were one bucket,
+modelled as two until 2026-12-02). The runtime shim leaves a plan's 25 MiB, DDP's default, to
+DDP, so 25 MiB here means DDP's defaults. A bucket can start only when its last tensor is ready.
 """
 
 from __future__ import annotations
@@ -14,6 +17,18 @@ from lagom_tune.workload.spec import Collective, OverlapGroup
 
 FIRST_BUCKET_BYTES = 1 << 20
 MIB = 1 << 20
+DDP_DEFAULT_CAP_MB = 25  # DDP's bucket_cap_mb when it is given none
+
+
+def first_bucket_limit(cap_mb: float) -> int:
+    """Bytes DDP's first bucket holds at least before it closes, under ``bucket_cap_mb`` (see the module docstring).
+
+    Args:
+        cap_mb: the cap (:data:`DDP_DEFAULT_CAP_MB`: DDP's defaults).
+    Returns:
+        The limit in bytes.
+    """
+    return FIRST_BUCKET_BYTES if cap_mb == DDP_DEFAULT_CAP_MB else int(cap_mb * MIB)
 
 
 def bucket_collectives(comm: tuple[Collective, ...], cap_mb: float, group: str) -> tuple[Collective, ...]:
@@ -28,7 +43,7 @@ def bucket_collectives(comm: tuple[Collective, ...], cap_mb: float, group: str) 
     """
     out: list[Collective] = []
     pending: list[Collective] = []
-    limit = FIRST_BUCKET_BYTES
+    limit = first_bucket_limit(cap_mb)
 
     def close() -> None:
         nonlocal limit, pending
