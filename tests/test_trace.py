@@ -120,3 +120,15 @@ def test_a_gemm_beside_two_windows_is_one_gemm_and_collectives_are_sized_as_nccl
     p.write_text(json.dumps({"distributedInfo": {"world_size": 8}, "traceEvents": kernels + sendrecv}))
     assert {c.op: c.nbytes for c in import_trace(p).collectives()} == {
         "all_gather": 16 << 20, "reduce_scatter": 16 << 20, "all_to_all": 100_663_296}
+
+
+def test_collectives_inside_one_gemm_are_one_group(tmp_path):
+    """Four all-reduces inside one 1 ms GEMM, with gaps between them, were four groups, three with
+    no computation, replayed one after another: 1.45 ms of groups for 1.0 traced (an auditor's trace)."""
+    events = [_span("aten::mm", 0, 1000, **{"Input Dims": [[512, 512], [512, 512]], "Input type": ["float", "float"]})]
+    events += [_span("gloo:all_reduce", 50 + 220 * i, 150, **{"Input Dims": [[1000]], "Input type": ["float"]}) for i in range(4)]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"distributedInfo": {"world_size": 2}, "traceEvents": events}))
+    w = import_trace(p)
+    assert [(len(g.compute), len(g.comm)) for g in w.groups] == [(1, 4)]
+    assert w.meta["traced_group_ms"] == {"overlap.0": 1.0}
