@@ -95,7 +95,7 @@ class GlooBackend(LocalBackend):
             raise UserError(f"workload {workload.name}: its communicators span different numbers of ranks "
                             f"({', '.join(f'{g} {n}' for g, n in sorted(sizes.items()))}); the gloo backend measures every "
                             "collective between all its ranks, so it profiles one size at a time")
-        size = next(iter(sizes.values()))
+        size = next(iter(sizes.values()), ranks)
         if size != ranks:
             raise UserError(f"workload {workload.name}: its collectives span {size} ranks, but the gloo backend would measure "
                             f"them between {ranks}; profile with --ranks {size}")

@@ -109,7 +109,13 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
 
     # n_trials is the study's budget: a resumed study (rerun the same command) finishes it rather than starting another
     done = _finished(study)
-    callbacks = [lambda st, tr: on_trial(min(_finished(st), n_trials), n_trials)] if on_trial else []
+    finished = [done]  # counted as trials end (reading the study's trials after each was quadratic, a query each on sqlite)
+
+    def progress(_study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        finished[0] += trial.state == optuna.trial.TrialState.COMPLETE
+        on_trial(min(finished[0], n_trials), n_trials)
+
+    callbacks = [progress] if on_trial else []
     if on_trial:
         on_trial(min(done, n_trials), n_trials)
     study.optimize(objective, n_trials=max(0, n_trials - done), timeout=timeout, callbacks=callbacks)
