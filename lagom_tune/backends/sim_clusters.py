@@ -36,7 +36,7 @@ class Cluster:
     sms: int
     hbm: float  # bytes/s
     tflops: float  # dense bf16, achievable
-    link: float  # intra-node bytes/s per direction (bus bandwidth ceiling)
+    link: float  # intra-node bytes/s per direction a ring's channels share (NVLink: its line rate)
     per_channel: float  # bytes/s one channel moves before the link saturates
     l2: int  # bytes
     default_channels: int
@@ -55,19 +55,23 @@ class Cluster:
         return self.hbm * HBM_EFFICIENCY
 
 
-# link: what NCCL's ring reaches on the intra-node link (PCIe 4.0 x16 ~22 GB/s achieved; NVLink
-# bridge pairs plus PCIe ~48; NVLink 3 300 GB/s and NVLink 4 450 GB/s per direction at ~0.85).
+# link: NVLink's line rate per direction (NVLink 3 300 GB/s, NVLink 4 450 GB/s, DESIGN.md §10): a
+# Simple step's handshake (sim_comm.PROTOCOLS) and the fabric take NCCL's ~20% protocol overhead
+# off it (370 GB/s ring busbw on 8xH100, sim_comm.REFERENCE_BUSBW); until 2026-12-03 the link was
+# already derated to 0.85 of the line rate and the handshakes took a second share. The A40s' links
+# are achieved figures with no published nccl-tests run behind them (PCIe 4.0 x16 ~22 GB/s; NVLink
+# bridge pairs plus PCIe ~48).
 # per_channel and fabric: calibrated to published observations (sim_comm.py, DESIGN.md §10):
 # 8xH200 all-reduce with CTAs capped (2/4/8 -> 74/134/234 GB/s busbw), 8xA100 nccl-tests
 # 230-250 GB/s at NCCL's defaults, and AutoCCL's 1.24-1.29x over NCCL's defaults on A40s.
 CLUSTERS = {
     "a40-pcie": Cluster("a40-pcie", "A40", 84, 696 * GB, 150e12 * 0.7, 22 * GB, 5.0 * GB, 6 << 20, 8, 32, memory_GiB=44.7),
     "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 48 * GB, 5.0 * GB, 6 << 20, 8, 64, memory_GiB=44.7),
-    "a100-nvlink": Cluster("a100-nvlink", "A100-SXM4-80GB", 108, 2.0e12, 312e12 * 0.75, 255 * GB, 24 * GB, 40 << 20, 16,
+    "a100-nvlink": Cluster("a100-nvlink", "A100-SXM4-80GB", 108, 2.0e12, 312e12 * 0.75, 300 * GB, 24 * GB, 40 << 20, 16,
                            fabric=640 * GB, memory_GiB=74.5),
-    "h100-nvlink": Cluster("h100-nvlink", "H100-SXM", 132, 3.35e12, 989e12 * 0.95, 380 * GB, 55 * GB, 50 << 20, 16,
+    "h100-nvlink": Cluster("h100-nvlink", "H100-SXM", 132, 3.35e12, 989e12 * 0.95, 450 * GB, 55 * GB, 50 << 20, 16,
                            fabric=800 * GB, gpcs=8, cta_cluster=2, memory_GiB=74.5),
-    "h200-nvlink": Cluster("h200-nvlink", "H200", 132, 4.8e12, 989e12 * 0.95, 380 * GB, 55 * GB, 50 << 20, 16,
+    "h200-nvlink": Cluster("h200-nvlink", "H200", 132, 4.8e12, 989e12 * 0.95, 450 * GB, 55 * GB, 50 << 20, 16,
                            fabric=800 * GB, gpcs=8, cta_cluster=2, memory_GiB=139.8),
 }
 DEFAULT_CLUSTER = "h100-nvlink"  # --hardware left out: said in the fingerprint and the profile's output

@@ -11,10 +11,10 @@ saturating curve (model/gpu.py): the model has to earn its accuracy on it.
 * **Algorithms**: a ring all-reduce runs ``2 (n - 1)`` steps per chunk, all-gather and
   reduce-scatter ``n - 1``, a tree all-reduce ``2 log2 n`` with 10% more per-step work inside a node
   (reduction and broadcast both on NVLink); a collective takes at least those steps, each
-  paying its handshake (no separate pipeline-fill term). Every protocol's step is buffsize/8:
-  NCCL sizes LL's and LL128's buffers apart from NCCL_BUFFSIZE (655,360 and 4,915,200 B by
-  default), so the simulated LL/LL128 times move with a buffsize that NCCL would not apply to
-  them (an audit, 2026-12-02; open in issue 16).
+  paying its handshake (no separate pipeline-fill term). A step is an eighth of the protocol's
+  buffer: NCCL_BUFFSIZE sizes Simple's only; LL's and LL128's are NCCL's own (655,360 and
+  4,915,200 B, flags included, DESIGN.md §10), so their times do not move with buffsize (until
+  2026-12-03 every protocol's step was buffsize/8, an audit's finding).
 * **HBM**: a collective reads and writes its data through HBM (an all-reduce about 3 bytes per
   byte on the bus, others 2). Beside a GEMM it gets its share of the bandwidth left and waits
   longer per step as HBM's queue fills.
@@ -38,6 +38,7 @@ PROTOCOLS = {  # payload efficiency, per-step handshake (s)
     "ll128": (0.94, 1.2e-6),
     "simple": (1.0, 3.5e-6),
 }
+FIXED_BUFFERS = {"ll": 655_360, "ll128": 4_915_200}  # bytes per channel, not NCCL_BUFFSIZE's (Simple's)
 STEPS_PER_BUFFER = 8  # NCCL splits a channel's buffer into 8 steps
 THREADS_FULL_RATE = 256  # a channel CTA reaches its full copy rate from this many threads
 TREE_WORK = 1.1  # a tree step reduces and broadcasts: more work per byte than a ring step
@@ -99,8 +100,15 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
         rate /= copy_slowdown(c, need, gemm_hbm)
         handshake *= latency_beside(c, need, gemm_hbm)
     per_channel_bytes = bus_bytes / channels
-    n_steps = max(math.ceil(per_channel_bytes / (int(s["buffsize"]) / STEPS_PER_BUFFER)), steps(op, s["algo"], ranks))
+    n_steps = max(math.ceil(per_channel_bytes / step_payload(s["proto"], int(s["buffsize"]))), steps(op, s["algo"], ranks))
     return LAUNCH_S + n_steps * (per_channel_bytes / n_steps / rate + handshake)
+
+
+def step_payload(proto: str, buffsize: int) -> float:
+    """Payload bytes one step of a channel moves: an eighth of the protocol's buffer, less its flags."""
+    if proto not in FIXED_BUFFERS:
+        return buffsize / STEPS_PER_BUFFER
+    return FIXED_BUFFERS[proto] / STEPS_PER_BUFFER * PROTOCOLS[proto][0]
 
 
 def copy_slowdown(c: Cluster, need: float, gemm_hbm: float) -> float:
@@ -122,16 +130,21 @@ def hbm_draw(op: str, bus_bytes: float, seconds: float) -> float:
     return bus_bytes / max(seconds, 1e-12) * HBM_PER_BUS_BYTE.get(op, 2.0)
 
 
-# Published bus bandwidths of large collectives with NCCL's defaults, the observations the
-# simulated links are calibrated from (tested in tests/test_sim_observations.py).
+# Published bus bandwidths of large ring collectives with NCCL's other defaults, the observations
+# the simulated links are calibrated from (tested in tests/test_sim_observations.py). On Hopper with
+# NVSwitch, NCCL's default all-reduce is NVLink SHARP (NVLS), which the simulator does not model:
+# :data:`NVLS_ALL_REDUCE_BUSBW` is that figure, a known miss.
 REFERENCE_BUSBW = {
     "a100-nvlink": (230 * GB, 250 * GB, "8xA100 SXM4 NVLink 3, nccl-tests all_reduce_perf at large sizes: 230-250 GB/s "
                     "(docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests)"),
-    # As the source writes it: "8xH100 SXM5 NVLink-only | 460-480 | full-mesh NVLink-4, theoretical
-    # 450 GB/s unidirectional" (until 2026-12-02 quoted here as "with NVLink SHARP" and held to an
-    # invented 360 GB/s floor). The simulator gives 328 GB/s at NCCL's defaults: 29% below, an open
-    # gap of issue 16 that tests/test_sim_observations.py marks as a known failure.
-    "h100-nvlink": (460 * GB, 480 * GB, "8xH100 SXM5 NVLink-only, nccl-tests all_reduce_perf at large sizes: 460-480 GB/s "
-                    "(docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests)"),
-    "h200-nvlink": (460 * GB, 480 * GB, "8xH200 NVLink 4, as H100 (the same NVLink 4 and NVSwitch; the source gives H100)"),
+    # NCCL's maintainer: "450GB/s is the line rate. With the protocol overhead (~20%) NCCL can get an
+    # effective NVLink bandwidth of 370GB/s, which you can observe as BusBw when running
+    # non-allreduce operations, or when running with NCCL_ALGO=RING" (github.com/NVIDIA/nccl-tests
+    # issue 212, 2024-05-06); a user's 8xH100 with NVLS disabled: 368.76 GB/s (issue 309, 2025-05-23).
+    # (Until 2026-12-03 this held the NVLS figure, 460-480, against the simulated ring.)
+    "h100-nvlink": (370 * GB, 370 * GB, "8xH100 SXM5 NVLink 4, nccl-tests ring (NCCL_ALGO=RING or non-all-reduce ops): "
+                    "~370 GB/s busbw (NVIDIA/nccl-tests issues 212 and 309)"),
+    "h200-nvlink": (370 * GB, 370 * GB, "8xH200 NVLink 4, as H100 (the same NVLink 4 and NVSwitch; the sources give H100)"),
 }
+NVLS_ALL_REDUCE_BUSBW = (480 * GB, "8xH100, NCCL's default all-reduce (NVLS) at large sizes: peak busbw ~480 GB/s "
+                         "(algbw ~275; NVIDIA/nccl-tests issue 212); NVLS for 2 MB-16 GB on 8 GPUs (issue 309)")
