@@ -10,8 +10,10 @@ with it), so recovering it from the simulator's "measurements" is a real test of
 * communication (``sim_comm.py``): channels as pipelines of buffsize/8 steps with per-protocol
   handshakes, sharing a link through a contended fabric; calibrated to published nccl-tests,
   AutoCCL and Lagom figures;
-* the two beside each other: the collective holds SMs, draws HBM and evicts L2; the GEMM's HBM
-  traffic slows the collective's steps. Both run at their contended rates until one ends.
+* the two beside each other (``sim_overlap.py``): the collective holds SMs, draws HBM and evicts
+  L2; the GEMM's HBM traffic slows the collective's steps. Played CTA group by CTA group: a group
+  keeps the pace of the moment it started, groups waiting for a place start when the channel
+  blocks leave (not the model's two rates switched at once on its timeline).
 
 Every figure is checked against its source in ``tests/test_sim_observations.py``. Optional
 multiplicative noise, deterministic for a seed and point.
@@ -32,10 +34,11 @@ from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
 from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Cluster
 from lagom_tune.backends.sim_comm import IB, comm_seconds, copy_slowdown, hbm_draw, link_of
 from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_run
+from lagom_tune.backends.sim_overlap import CommRun, play
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings, settings_from_items
 from lagom_tune.measurements import ALONE_COLUMNS, OVERLAPPED_COLUMNS, PAIRED, overlap_columns, timed_columns
-from lagom_tune.timeline import Timeline, simulate
+from lagom_tune.timeline import Timeline
 from lagom_tune.workload.presets import GPUS_PER_NODE
 from lagom_tune.workload.spec import Gemm, OverlapGroup, Workload
 
@@ -86,19 +89,20 @@ class SimCluster:
         contended, drawn = gemm_run(self.c, g, self.contention(op, nbytes, ranks, nodes, s, alone))
         return contended / self.gemm_time(g), self.comm_time(op, nbytes, ranks, nodes, s, drawn) / alone
 
+    def comm_run(self, name: str, after: int | None, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> CommRun:
+        """A collective as the co-simulation plays it: its time alone, its load on a GEMM beside it,
+        and its slowdown beside one."""
+        alone = self.comm_time(op, nbytes, ranks, nodes, s)
+        return CommRun(name, after, alone, self.contention(op, nbytes, ranks, nodes, s, alone),
+                       lambda drawn: self.comm_time(op, nbytes, ranks, nodes, s, drawn) / alone)
+
     def play(self, workload: Workload, settings: Settings) -> list[tuple[OverlapGroup, Timeline]]:
-        """The simulator's own answer for each overlap group of ``workload``: played on two streams
-        with the ground-truth times and slowdowns (the schedule is the timeline's; the physics is ours)."""
+        """The simulator's own answer for each overlap group of ``workload``: its GEMMs' CTA groups
+        and its collectives played together (``sim_overlap.py``), not the model's timeline."""
         played = []
         for grp in workload.groups:
-            cfg = {c.name: settings.for_collective(c) for c in grp.comm}
-            y = [self.gemm_time(g) for g in grp.compute]
-            x = [self.comm_time(c.op, c.nbytes, c.ranks, c.nodes, cfg[c.name]) for c in grp.comm]
-
-            def slowdowns(g, c, cfg=cfg):
-                return self.slowdowns(g, c.op, c.nbytes, c.ranks, c.nodes, cfg[c.name])
-
-            played.append((grp, simulate(grp.compute, y, grp.comm, x, slowdowns)))
+            comm = [self.comm_run(c.name, c.after, c.op, c.nbytes, c.ranks, c.nodes, settings.for_collective(c)) for c in grp.comm]
+            played.append((grp, play(self.c, grp.compute, comm)))
         return played
 
     def iteration(self, workload: Workload, settings: Settings) -> float:
@@ -120,17 +124,9 @@ class SimCluster:
 
     def overlap(self, g: Gemm, n: int, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> dict[str, float]:
         """n GEMMs and one collective started together: when each stream ends."""
-        y0 = self.gemm_time(g) * n
-        x0 = self.comm_time(op, nbytes, ranks, nodes, s)
-        sy, sx = self.slowdowns(g, op, nbytes, ranks, nodes, s)
-        y1, x1 = y0 * sy, x0 * sx
-        # Both run at contended rates until the first ends; the other finishes alone.
-        if x1 <= y1:
-            t_comm = x1
-            t_comp = x1 + (1 - x1 / y1) * y0
-        else:
-            t_comp = y1
-            t_comm = y1 + (1 - y1 / x1) * x0
+        played = play(self.c, [g] * n, [self.comm_run(op, None, op, nbytes, ranks, nodes, s)])
+        ends = {stream: max(sp.end for sp in played.spans if sp.stream == stream) for stream in ("compute", "comm")}
+        t_comp, t_comm, y0, x0 = ends["compute"], ends["comm"], played.y_alone, played.x_alone
         row = overlap_columns(t_comp * 1e6, t_comm * 1e6, n, y0 * 1e6, x0 * 1e6)
         row["n_compute"] = row.pop("n_compute")  # after the alone times, where the simulator's CSV has always had it
         return row

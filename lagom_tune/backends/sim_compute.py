@@ -179,22 +179,43 @@ def _makespan(shares: list[int], places: int, tile_s: float) -> float:
     return max(free)
 
 
-def _placement(c: Cluster, kernel: Kernel, load: Contention) -> tuple[int, int, int]:
-    """Where the kernel's CTAs run beside ``load``: free places, CTA groups, CTAs running at once."""
+@dataclass(frozen=True)
+class Condition:
+    """How a kernel's CTAs run under one load: what the co-simulation of a kernel beside a
+    collective that starts or ends part way through (``sim_overlap.py``) steps through."""
+
+    places: int  # groups of CTAs that can run at once
+    tile_s: float  # one tile's seconds on one SM
+    drawn: float  # HBM bytes/s the running CTAs draw
+    launch_s: float  # from launch to the first CTA running
+
+
+@lru_cache(maxsize=65536)
+def condition(c: Cluster, g: Gemm, kernel: Kernel, load: Contention = IDLE) -> Condition:
+    """How ``kernel`` runs beside ``load`` (idle: alone)."""
     places = slots(c, load.blocks, c.cta_cluster)
     groups = math.ceil(kernel.grid / c.cta_cluster)
-    return places, groups, min(min(groups, places) * c.cta_cluster, kernel.tiles)
+    running = min(min(groups, places) * c.cta_cluster, kernel.tiles)
+    tile_s, drawn = tile_seconds(c, g, kernel, running, load)
+    return Condition(places, tile_s, drawn, LAUNCH_S + (CORUN_LAUNCH_S if load.blocks else 0.0))
+
+
+def group_shares(c: Cluster, kernel: Kernel) -> list[int]:
+    """Tiles each group of co-scheduled CTAs owns, in the order groups are dispatched: a
+    persistent grid's static shares, or one tile per CTA of a grid of one CTA per tile."""
+    if kernel.persistent:
+        return kernel.shares(c.cta_cluster)
+    return [1] * math.ceil(kernel.grid / c.cta_cluster)
 
 
 def kernel_run(c: Cluster, g: Gemm, kernel: Kernel, load: Contention = IDLE) -> tuple[float, float]:
-    """A kernel alone (``load`` idle) or beside a collective: its seconds, and the HBM bytes/s it
-    draws while it runs (what the collective beside it competes with)."""
-    places, groups, running = _placement(c, kernel, load)
-    tile_s, drawn = tile_seconds(c, g, kernel, running, load)
-    launch = LAUNCH_S + (CORUN_LAUNCH_S if load.blocks else 0.0)
+    """A kernel alone (``load`` idle) or beside a collective for all of its run: its seconds, and
+    the HBM bytes/s it draws while it runs (what the collective beside it competes with)."""
+    run = condition(c, g, kernel, load)
     if kernel.persistent:
-        return launch + _makespan(kernel.shares(c.cta_cluster), places, tile_s), drawn
-    return launch + math.ceil(groups / places) * tile_s, drawn  # one CTA per tile: full waves of free places
+        return run.launch_s + _makespan(kernel.shares(c.cta_cluster), run.places, run.tile_s), run.drawn
+    groups = math.ceil(kernel.grid / c.cta_cluster)
+    return run.launch_s + math.ceil(groups / run.places) * run.tile_s, run.drawn  # full waves of free places
 
 
 @lru_cache(maxsize=4096)
