@@ -87,3 +87,32 @@ def test_each_bad_number_is_refused(alone, slowdown):
     bad = CommRun("c", None, alone, IDLE, lambda drawn: slowdown)
     with pytest.raises(ValueError, match="positive numbers"):
         play(H100, [ONE_WAVE], [bad])
+
+
+def test_channel_blocks_wait_for_sms_the_gemm_holds():
+    """A collective that becomes ready while a GEMM's CTAs fill the device cannot run until enough of
+    them finish: its blocks never share the SMs with more CTAs than the device has room for."""
+    sim = SimCluster(H100)
+    small = sim.comm_run("a", None, "all_gather", 8 << 20, 8, 1, {**SIMPLE, "channels": 4})
+    big = sim.comm_run("b", None, "all_gather", 64 << 20, 8, 1, {**SIMPLE, "channels": 32})
+    huge = Gemm("huge", 16384, 16384, 8192, "bf16")
+    played = play(H100, [huge], [small, big])
+    a, b = (next(s for s in played.spans if s.name == n) for n in ("a", "b"))
+    assert b.start == a.end
+    # beside the GEMM for all its run, b would take its contended time; waiting for SMs, longer
+    assert b.duration > 1.05 * big.alone_s * big.slowdown(gemm_run(H100, huge, big.load)[1])
+
+
+def test_a_collective_waiting_for_a_computation_the_group_lacks_is_refused():
+    sim = SimCluster(H100)
+    with pytest.raises(ValueError, match="does not have"):
+        play(H100, [ONE_WAVE], [all_gather(sim, 8 << 20, after=3)])
+
+
+def test_a_huge_kernel_plays_in_a_few_events():
+    """One run of groups however many tiles: a million-tile GEMM beside a collective ending part way
+    plays in well under a second (it was a list of a million groups)."""
+    sim = SimCluster(H100)
+    g = Gemm("wide", 8192, 8192, 128, "bf16", 512)
+    played = play(H100, [g], [all_gather(sim, 16 << 20)])
+    assert ends(played)["compute"] > gemm_run(H100, g)[0]

@@ -12,8 +12,8 @@ saturating curve (model/gpu.py): the model has to earn its accuracy on it.
   reduce-scatter ``n - 1``, a tree all-reduce ``2 log2 n`` with 10% more per-step work inside a node
   (reduction and broadcast both on NVLink); a collective takes at least those steps, each
   paying its handshake (no separate pipeline-fill term). A step is an eighth of the protocol's
-  buffer: NCCL_BUFFSIZE sizes Simple's only; LL's and LL128's are NCCL's own (655,360 and
-  4,915,200 B, flags included, DESIGN.md §10), so their times do not move with buffsize (until
+  buffer: NCCL_BUFFSIZE sizes Simple's only; LL's and LL128's are NCCL's own (524,288 and
+  4,915,200 B, flags included, :data:`FIXED_BUFFERS`), so their times do not move with buffsize (until
   2026-12-03 every protocol's step was buffsize/8, an audit's finding).
 * **HBM**: a collective reads and writes its data through HBM (an all-reduce about 3 bytes per
   byte on the bus, others 2). Beside a GEMM it gets its share of the bandwidth left and waits
@@ -38,7 +38,11 @@ PROTOCOLS = {  # payload efficiency, per-step handshake (s)
     "ll128": (0.94, 1.2e-6),
     "simple": (1.0, 3.5e-6),
 }
-FIXED_BUFFERS = {"ll": 655_360, "ll128": 4_915_200}  # bytes per channel, not NCCL_BUFFSIZE's (Simple's)
+# Bytes per channel of LL's and LL128's buffers, NCCL's own (NCCL_BUFFSIZE sizes Simple's): init.cc's
+# DEFAULT_LL_BUFFSIZE, 8 lines per thread x 512 threads (NCCL_LL_MAX_NTHREADS) x 8 steps x 16 B,
+# and DEFAULT_LL128_BUFFSIZE, 120 elements per thread x 640 threads x 8 steps x 8 B. (DESIGN.md §10
+# gives LL 655,360 B, the product with 640 threads, NCCL_MAX_NTHREADS, not LL's maximum.)
+FIXED_BUFFERS = {"ll": 8 * 512 * 8 * 16, "ll128": 120 * 640 * 8 * 8}
 STEPS_PER_BUFFER = 8  # NCCL splits a channel's buffer into 8 steps
 THREADS_FULL_RATE = 256  # a channel CTA reaches its full copy rate from this many threads
 TREE_WORK = 1.1  # a tree step reduces and broadcasts: more work per byte than a ring step

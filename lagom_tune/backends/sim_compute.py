@@ -30,6 +30,7 @@ devices scaled by their SMs, HBM bandwidth and peak TFLOP/s):
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -200,12 +201,13 @@ def condition(c: Cluster, g: Gemm, kernel: Kernel, load: Contention = IDLE) -> C
     return Condition(places, tile_s, drawn, LAUNCH_S + (CORUN_LAUNCH_S if load.blocks else 0.0))
 
 
-def group_shares(c: Cluster, kernel: Kernel) -> list[int]:
-    """Tiles each group of co-scheduled CTAs owns, in the order groups are dispatched: a
-    persistent grid's static shares, or one tile per CTA of a grid of one CTA per tile."""
+def group_shares(c: Cluster, kernel: Kernel) -> list[tuple[int, int]]:
+    """Tiles each group of co-scheduled CTAs owns, in the order groups are dispatched, as runs of
+    ``(tiles, groups)``: a persistent grid's static shares, or one tile per CTA of a grid of one
+    CTA per tile (one run however many tiles)."""
     if kernel.persistent:
-        return kernel.shares(c.cta_cluster)
-    return [1] * math.ceil(kernel.grid / c.cta_cluster)
+        return [(tiles, len(list(same))) for tiles, same in itertools.groupby(kernel.shares(c.cta_cluster))]
+    return [(1, math.ceil(kernel.grid / c.cta_cluster))]
 
 
 def kernel_run(c: Cluster, g: Gemm, kernel: Kernel, load: Contention = IDLE) -> tuple[float, float]:
@@ -240,8 +242,8 @@ def choose_kernel(c: Cluster, g: Gemm) -> Kernel:
 
 @lru_cache(maxsize=65536)
 def gemm_run(c: Cluster, g: Gemm, load: Contention = IDLE) -> tuple[float, float]:
-    """A GEMM on the simulated device, alone or beside a collective (a pure function of frozen
-    inputs: a timeline asks for the same GEMM alone and beside the same load many times).
+    """A GEMM on the simulated device, alone or beside a collective for all of its run (a pure
+    function of frozen inputs, asked for the same GEMM and load many times).
 
     Args:
         c: the simulated device.
