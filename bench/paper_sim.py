@@ -235,7 +235,7 @@ def report(df: pd.DataFrame, trials: int, remade: bool = False) -> str:
         "(missed: the simulator has no NVLS, so its Hopper defaults are the ring); AutoCCL's 1.24-1.29x isolated-collective",
         "gain on A40s (simulated 1.22x median, missed); Lagom's §2 A40 PCIe observation; Lagom's Phi-2 FSDP on A40",
         "NVLink, where AutoCCL's NC=61 runs 0.87x the defaults (simulated 0.89x) but Lagom's NC=2, C=684 KB, 1.35x",
-        "faster on its pattern, runs the simulated iteration 0.68x (missed: two simulated A40 channels carry 10 of",
+        "faster on its pattern, runs the simulated iteration 0.67x (missed: two simulated A40 channels carry 10 of",
         "the link's 48 GB/s). Checked there too, though nothing was calibrated on it: Lagom's A40 computation slowed",
         "by up to 35% (the worst paper workload at NCCL's defaults in the second table below). Everything else below",
         "is an output, not tuned toward the paper.",

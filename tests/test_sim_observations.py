@@ -168,7 +168,7 @@ def phi2_fsdp_iteration(all_gather: int, reduce_scatter: int, buffsize: int) -> 
 
 
 @pytest.mark.xfail(strict=True, reason=f"{A40_CHANNEL_TENSION}; the simulated A40 channel (5 GB/s) carries 10 GB/s at "
-                   "NC=2; Lagom's setting runs 0.68x the defaults here, not faster (an auditor's check, 2026-12-02)")
+                   "NC=2; Lagom's setting runs 0.67x the defaults here, not faster (0.68x at an auditor's check, 2026-12-02)")
 def test_lagom_phi2_fsdp_a40_fewer_channels_beat_the_defaults():
     """Lagom §10 (DESIGN.md): Phi-2 FSDP on A40 NVLink, NCCL's defaults NC=8, C=2 MB; Lagom's
     all-gather at NC=2, C=684 KB is 1.35x faster on its pattern, its reduce-scatter at NC=4,
