@@ -7,9 +7,9 @@ with it), so recovering it from the simulator's "measurements" is a real test of
   waves (a persistent grid or one CTA per tile), channel blocks holding SMs, HBM arbitrated
   between requesters, L2 evictions and HBM queueing while a collective streams; calibrated on one
   H200 (``tests/data/h200-2026-11-30``);
-* communication (``sim_comm.py``): channels as pipelines of steps (an eighth of the protocol's buffer) with per-protocol
-  handshakes, sharing a link through a contended fabric; calibrated to published nccl-tests,
-  AutoCCL and Lagom figures;
+* communication (``sim_comm.py``): channels as pipelines of steps (an eighth of the protocol's
+  buffer) with per-protocol handshakes, sharing a link through a contended fabric; calibrated to
+  published nccl-tests, AutoCCL and Lagom figures;
 * the two beside each other (``sim_overlap.py``): the collective holds SMs, draws HBM and evicts
   L2; the GEMM's HBM traffic slows the collective's steps. Played CTA group by CTA group: a group
   keeps the pace of the moment it started, groups waiting for a place start when the channel
