@@ -84,10 +84,10 @@ class SimCluster:
         return contended / self.gemm_time(g), copy_slowdown(self.c, copy_hbm, drawn)
 
     def slowdowns(self, g: Gemm, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> tuple[float, float]:
-        """The GEMM's and the collective's slowdowns while both run."""
-        alone = self.comm_time(op, nbytes, ranks, nodes, s)
-        contended, drawn = gemm_run(self.c, g, self.contention(op, nbytes, ranks, nodes, s, alone))
-        return contended / self.gemm_time(g), self.comm_time(op, nbytes, ranks, nodes, s, drawn) / alone
+        """The GEMM's and the collective's slowdowns while both run for all of the GEMM's run."""
+        x = self.comm_run(op, None, op, nbytes, ranks, nodes, s)
+        contended, drawn = gemm_run(self.c, g, x.load)
+        return contended / self.gemm_time(g), x.slowdown(drawn)
 
     def comm_run(self, name: str, after: int | None, op: str, nbytes: int, ranks: int, nodes: int, s: dict[str, Any]) -> CommRun:
         """A collective as the co-simulation plays it: its time alone, its load on a GEMM beside it,

@@ -67,6 +67,10 @@ class Kernel:
     grid: int  # CTAs launched: a persistent grid, or one per tile
     persistent: bool
 
+    def groups(self, cluster: int) -> int:
+        """Co-scheduled groups of ``cluster`` CTAs its grid launches."""
+        return math.ceil(self.grid / cluster)
+
     def shares(self, cluster: int) -> list[int]:
         """Tiles per co-scheduled group of ``cluster`` CTAs under the static schedule (CTA j owns
         tiles j, j + grid, ...); a group lasts as long as its busiest CTA. Smallest first: CTAs are
@@ -195,8 +199,7 @@ class Condition:
 def condition(c: Cluster, g: Gemm, kernel: Kernel, load: Contention = IDLE) -> Condition:
     """How ``kernel`` runs beside ``load`` (idle: alone)."""
     places = slots(c, load.blocks, c.cta_cluster)
-    groups = math.ceil(kernel.grid / c.cta_cluster)
-    running = min(min(groups, places) * c.cta_cluster, kernel.tiles)
+    running = min(min(kernel.groups(c.cta_cluster), places) * c.cta_cluster, kernel.tiles)
     tile_s, drawn = tile_seconds(c, g, kernel, running, load)
     return Condition(places, tile_s, drawn, LAUNCH_S + (CORUN_LAUNCH_S if load.blocks else 0.0))
 
@@ -207,7 +210,7 @@ def group_shares(c: Cluster, kernel: Kernel) -> list[tuple[int, int]]:
     CTA per tile (one run however many tiles)."""
     if kernel.persistent:
         return [(tiles, len(list(same))) for tiles, same in itertools.groupby(kernel.shares(c.cta_cluster))]
-    return [(1, math.ceil(kernel.grid / c.cta_cluster))]
+    return [(1, kernel.groups(c.cta_cluster))]
 
 
 def kernel_run(c: Cluster, g: Gemm, kernel: Kernel, load: Contention = IDLE) -> tuple[float, float]:
@@ -216,8 +219,7 @@ def kernel_run(c: Cluster, g: Gemm, kernel: Kernel, load: Contention = IDLE) -> 
     run = condition(c, g, kernel, load)
     if kernel.persistent:
         return run.launch_s + _makespan(kernel.shares(c.cta_cluster), run.places, run.tile_s), run.drawn
-    groups = math.ceil(kernel.grid / c.cta_cluster)
-    return run.launch_s + math.ceil(groups / run.places) * run.tile_s, run.drawn  # full waves of free places
+    return run.launch_s + math.ceil(kernel.groups(c.cta_cluster) / run.places) * run.tile_s, run.drawn  # full waves of free places
 
 
 @lru_cache(maxsize=4096)
