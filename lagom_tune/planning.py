@@ -70,18 +70,22 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
 
 
 def collective_rules(workload: Workload, outcome: SearchOutcome) -> tuple[CollectiveRule, ...]:
-    """One exact-size rule per collective that carries collective-scope settings.
+    """One exact-size rule per collective whose collective-scope settings the search changed.
+
+    A collective left at the defaults gets no rule, as a plan that keeps every default sets
+    nothing: NCCL then makes its own choice for it (NVLS, tree, LL for small sizes), which pinning
+    the model's defaults would override.
 
     Args:
         workload: the searched workload.
-        outcome: the search's outcome (its chosen settings).
+        outcome: the search's outcome (its chosen settings and the defaults).
     Returns:
         The plan's rules, in the workload's collective order.
     """
     rules = {}
     for c in workload.collectives():
         s = outcome.chosen.settings.collectives.get(c.rule_key)
-        if s:
+        if s and s != outcome.default.settings.collectives.get(c.rule_key):
             rules[c.rule_key] = CollectiveRule(c.op, c.group, c.nbytes, c.nbytes, dict(s))
     return tuple(rules.values())
 

@@ -136,3 +136,28 @@ def test_every_committed_plan_is_for_the_workload_its_preset_builds_today(path):
 
     plan = load_plan(path)
     assert plan.workload["digest"] == resolve_workload(plan.workload["name"]).digest, f"regenerate {path.name}"
+
+
+def test_a_collective_the_search_left_at_the_defaults_gets_no_rule():
+    """A plan pinned ring/simple/16 channels on every collective it had settings for, the ones the
+    search never changed too, overriding what NCCL picks for them (NVLS, tree, LL)."""
+    from lagom_tune.backends.nccl_knobs import nccl_knob_space
+    from lagom_tune.planning import collective_rules
+    from lagom_tune.search.result import SearchResult
+    from lagom_tune.search.run import SearchOutcome
+    from lagom_tune.search.space import default_assignment, variables
+    from lagom_tune.workload.presets import build_preset
+
+    w = build_preset("phi-2-tp8-dp2")
+    vars_ = variables(w, nccl_knob_space())
+    defaults = default_assignment(vars_)
+    tp_rule = next(c.rule_key for c in w.collectives() if c.group == "tp")
+    changed = {**defaults, f"collective:{tp_rule}:channels": 4}
+
+    def outcome(assignment):
+        result = lambda a: SearchResult("lagom", Settings.from_assignment(a, vars_), None, 1, 0.0)  # noqa: E731
+        return SearchOutcome(result(assignment), result(defaults), result(defaults), 0.0)
+
+    rules = collective_rules(w, outcome(changed))
+    assert [(r.group, r.set) for r in rules] == [("tp", {"algo": "ring", "proto": "simple", "channels": 4})]
+    assert collective_rules(w, outcome(defaults)) == ()
