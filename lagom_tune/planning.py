@@ -70,11 +70,14 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
 
 
 def collective_rules(workload: Workload, outcome: SearchOutcome) -> tuple[CollectiveRule, ...]:
-    """One exact-size rule per collective whose collective-scope settings the search changed.
+    """One exact-size rule per collective of each communicator role where the search changed a
+    collective-scope setting.
 
-    A collective left at the defaults gets no rule, as a plan that keeps every default sets
-    nothing: NCCL then makes its own choice for it (NVLS, tree, LL for small sizes), which pinning
-    the model's defaults would override.
+    A role whose collectives all stay at the defaults gets no rule, as a plan that keeps every
+    default sets nothing: NCCL then makes its own choice for them (NVLS, tree, LL for small sizes),
+    which pinning the model's defaults would override. A role with one changed collective keeps a
+    rule for each (the role's CTA bounds, ``runtime.nccl.communicator_configs``, come from its
+    rules' channels and would hold a collective left to NCCL to the others' channels).
 
     Args:
         workload: the searched workload.
@@ -82,10 +85,12 @@ def collective_rules(workload: Workload, outcome: SearchOutcome) -> tuple[Collec
     Returns:
         The plan's rules, in the workload's collective order.
     """
+    chosen, default = outcome.chosen.settings.collectives, outcome.default.settings.collectives
+    changed = {c.group for c in workload.collectives() if chosen.get(c.rule_key) != default.get(c.rule_key)}
     rules = {}
     for c in workload.collectives():
-        s = outcome.chosen.settings.collectives.get(c.rule_key)
-        if s and s != outcome.default.settings.collectives.get(c.rule_key):
+        s = chosen.get(c.rule_key)
+        if s and c.group in changed:
             rules[c.rule_key] = CollectiveRule(c.op, c.group, c.nbytes, c.nbytes, dict(s))
     return tuple(rules.values())
 

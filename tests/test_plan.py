@@ -138,9 +138,11 @@ def test_every_committed_plan_is_for_the_workload_its_preset_builds_today(path):
     assert plan.workload["digest"] == resolve_workload(plan.workload["name"]).digest, f"regenerate {path.name}"
 
 
-def test_a_collective_the_search_left_at_the_defaults_gets_no_rule():
-    """A plan pinned ring/simple/16 channels on every collective it had settings for, the ones the
-    search never changed too, overriding what NCCL picks for them (NVLS, tree, LL)."""
+def test_a_communicator_the_search_left_at_the_defaults_gets_no_rule():
+    """A plan pinned ring/simple/16 channels on every collective it had settings for, those of
+    communicators the search never changed too, overriding what NCCL picks for them (NVLS, tree,
+    LL). Within a changed communicator every collective keeps its rule: the role's CTA bounds
+    come from its rules' channels."""
     from lagom_tune.backends.nccl_knobs import nccl_knob_space
     from lagom_tune.planning import collective_rules
     from lagom_tune.search.result import SearchResult
@@ -148,16 +150,17 @@ def test_a_collective_the_search_left_at_the_defaults_gets_no_rule():
     from lagom_tune.search.space import default_assignment, variables
     from lagom_tune.workload.presets import build_preset
 
-    w = build_preset("phi-2-tp8-dp2")
-    vars_ = variables(w, nccl_knob_space())
-    defaults = default_assignment(vars_)
-    tp_rule = next(c.rule_key for c in w.collectives() if c.group == "tp")
-    changed = {**defaults, f"collective:{tp_rule}:channels": 4}
-
-    def outcome(assignment):
+    def rules(preset: str, op: str):
+        w = build_preset(preset)
+        vars_ = variables(w, nccl_knob_space())
+        defaults = default_assignment(vars_)
+        key = next(c.rule_key for c in w.collectives() if c.op == op)
         result = lambda a: SearchResult("lagom", Settings.from_assignment(a, vars_), None, 1, 0.0)  # noqa: E731
-        return SearchOutcome(result(assignment), result(defaults), result(defaults), 0.0)
+        changed = SearchOutcome(result({**defaults, f"collective:{key}:channels": 4}), result(defaults), result(defaults), 0.0)
+        assert collective_rules(w, SearchOutcome(result(defaults), result(defaults), result(defaults), 0.0)) == ()
+        return [(r.op, r.group, r.set["algo"], r.set["channels"]) for r in collective_rules(w, changed)]
 
-    rules = collective_rules(w, outcome(changed))
-    assert [(r.group, r.set) for r in rules] == [("tp", {"algo": "ring", "proto": "simple", "channels": 4})]
-    assert collective_rules(w, outcome(defaults)) == ()
+    # the tensor-parallel all-reduce changed: the data-parallel one is left to NCCL
+    assert rules("phi-2-tp8-dp2", "all_reduce") == [("all_reduce", "tp", "ring", 4)]
+    # the all-gather changed: the reduce-scatter on the same communicator keeps its rule
+    assert rules("phi-2-fsdp16", "all_gather") == [("all_gather", "dp_shard", "ring", 4), ("reduce_scatter", "dp_shard", "ring", 16)]
