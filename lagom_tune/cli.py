@@ -31,7 +31,7 @@ from lagom_tune.report import write_report
 from lagom_tune.runtime import launch
 from lagom_tune.runtime.shim import check_no_plan_in_effect
 from lagom_tune.search import DEFAULT_MIN_GAIN
-from lagom_tune.workload.presets import MAX_MBS, MAX_SEQ, PRESETS, resolve_workload
+from lagom_tune.workload.presets import GPUS_PER_NODE, MAX_MBS, MAX_SEQ, PRESETS, resolve_workload
 from lagom_tune.workload.spec import FILE_MARK as WORKLOAD_FILE_MARK, Workload
 from lagom_tune.workload.trace import import_trace, summary
 
@@ -451,10 +451,12 @@ def workload_import(
     out: Path = typer.Option(..., "--out", "-o", help="Workload YAML to write."),
     name: Optional[str] = typer.Option(None, help="Workload name (default: the trace's file name)."),
     ranks: Optional[int] = typer.Option(None, min=2, help="World size of the collectives (default: from the trace)."),
+    gpus_per_node: int = typer.Option(GPUS_PER_NODE, min=1, help="Ranks per node of the traced job: the nodes each "
+                                      "communicator spans, from the ranks the trace lists for it."),
 ) -> None:
     """Build a workload from a trace: where GEMMs overlap collectives, and what runs alone."""
     check_writable(out, "workload", [trace], replaces=WORKLOAD_FILE_MARK)  # `--out TRACE` replaced the trace
-    w = import_trace(trace, name=name, ranks=ranks)
+    w = import_trace(trace, name=name, ranks=ranks, gpus_per_node=gpus_per_node)
     w.save(out)
     s = summary(w)
     render.wrote(out, f"{s['groups']} groups from {s['gemms']} GEMMs and {s['collectives']} collectives; "

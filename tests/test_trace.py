@@ -122,6 +122,36 @@ def test_a_gemm_beside_two_windows_is_one_gemm_and_collectives_are_sized_as_nccl
         "all_gather": 16 << 20, "reduce_scatter": 16 << 20, "all_to_all": 100_663_296}
 
 
+def test_collectives_keep_the_communicator_torch_recorded(tmp_path):
+    """Every collective was imported as role ``dp`` over the whole world: a 2-D mesh's
+    tensor-parallel all-reduce (8 of 16 ranks) became a 16-rank ``dp`` one, so the model timed it
+    on the wrong communicator and the plan's rule named a role no group at run time plays."""
+    def kernel(name, ts, nelems, group, desc, members=None, out=None):
+        args = {"dtype": "BFloat16", "In msg nelems": nelems, "Group size": group, "Process Group Description": desc,
+                **({"Out msg nelems": out} if out else {}), **({"Process Group Ranks": members} if members else {})}
+        return {**_span(name, ts, 40, **args), "cat": "kernel"}
+
+    events = [kernel("ncclDevKernel_AllGather_RING_LL", 0, 1 << 20, 2, "mesh_dp_shard", "[0, 8]", out=1 << 21),  # across nodes
+              kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 50, 1 << 22, 8, "mesh_tp", list(range(8))),
+              kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 100, 1 << 20, 16, "default_pg"),  # no ranks: consecutive
+              kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 150, 1 << 18, 4, "my_subgroup", "[0, 1, 2, ...]"),  # cut short
+              kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 200, 1 << 18, 1, "mesh_cp")]  # one rank: moves nothing
+    events += [{**_span("aten::mm", 0, 5, **{"Input Dims": [[256, 256], [256, 256]], "Input type": ["c10::BFloat16"] * 2,
+                                            "External id": 1}), "cat": "cpu_op"},
+               {**_span("sm90_xmma_gemm_bf16", 10, 200, **{"External id": 1}), "cat": "kernel"}]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"distributedInfo": {"world_size": 16}, "traceEvents": events}))
+    w = import_trace(p)
+    got = [(c.op, c.group, c.ranks, c.nodes, c.nbytes) for c in w.collectives()]
+    assert got == [("all_gather", "dp_shard", 2, 2, 4 << 20), ("all_reduce", "tp", 8, 1, 8 << 20),
+                   ("all_reduce", "dp", 16, 2, 2 << 20), ("all_reduce", "group4", 4, 1, 512 << 10)]
+    assert w.meta["nodes_guessed"] == ["dp", "group4"] and w.meta["gpus_per_node"] == 8
+    # four ranks a node: the tensor-parallel group spans two
+    assert {c.group: c.nodes for c in import_trace(p, gpus_per_node=4).collectives()}["tp"] == 2
+    with pytest.raises(UserError, match="--gpus-per-node 0"):
+        import_trace(p, gpus_per_node=0)
+
+
 def test_collectives_inside_one_gemm_are_one_group(tmp_path):
     """Four all-reduces inside one 1 ms GEMM, with gaps between them, were four groups, three with
     no computation, replayed one after another: 1.45 ms of groups for 1.0 traced (an auditor's trace)."""

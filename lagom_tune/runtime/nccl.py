@@ -167,20 +167,6 @@ def plan_roles(plan: Plan) -> tuple[Role, ...]:
     return tuple(Role(name, int(size), tuple(tuple(sorted(s)) for s in sets.get(name, ()))) for name, size in plan.groups.items())
 
 
-def mesh_dim_of(group_desc: Any) -> str | None:
-    """The DeviceMesh dimension a group was made for, from the description DeviceMesh gives it
-    (``mesh_<dim name>``); None for other groups and for the mesh's reuse of the world group.
-
-    Args:
-        group_desc: the ``group_desc`` the group was made with.
-    Returns:
-        The dimension's name, or None.
-    """
-    if isinstance(group_desc, str) and group_desc.startswith("mesh_") and group_desc != "mesh_default":
-        return group_desc[len("mesh_"):]
-    return None
-
-
 def match_role(roles: tuple[Role, ...], group: GroupIdentity) -> RoleMatch:
     """The role a process group plays: by its mesh dimension's name, else its exact rank set, else
     its size when one role alone has it.

@@ -31,8 +31,9 @@ from lagom_tune.backends.registry import (
 )
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
-from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, match_role, mesh_dim_of, plan_roles
+from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, match_role, plan_roles
 from lagom_tune.workload.bucketing import DDP_DEFAULT_CAP_MB
+from lagom_tune.workload.spec import mesh_dim_of
 
 PLAN_ENV = "LAGOM_TUNE_PLAN"  # the plan every process `apply` starts loads (site/sitecustomize.py reads it too)
 APPLIED_ENV = "LAGOM_TUNE_APPLIED_DIR"  # where each rank writes what it applied

@@ -70,6 +70,20 @@ def gemm_of_key(key: str, name: str = "g") -> Gemm:
     return Gemm(name, m, n, k, dtype, b)
 
 
+def mesh_dim_of(group_desc: Any) -> str | None:
+    """The DeviceMesh dimension a group was made for, from the description DeviceMesh gives it
+    (``mesh_<dim name>``); None for other groups and for the mesh's reuse of the world group.
+
+    Args:
+        group_desc: the ``group_desc`` the group was made with.
+    Returns:
+        The dimension's name, or None.
+    """
+    if isinstance(group_desc, str) and group_desc.startswith("mesh_") and group_desc != "mesh_default":
+        return group_desc[len("mesh_"):]
+    return None
+
+
 @dataclass(frozen=True)
 class Collective:
     """One collective. ``nbytes`` follows nccl-tests: the full buffer (AG output, RS input, AR buffer).

@@ -15,12 +15,13 @@ import json
 import bisect
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from lagom_tune.errors import UserError
-from lagom_tune.workload.spec import MAX_RANKS, Collective, Gemm, OverlapGroup, Workload
+from lagom_tune.workload.presets import GPUS_PER_NODE
+from lagom_tune.workload.spec import MAX_RANKS, Collective, Gemm, OverlapGroup, Workload, mesh_dim_of
 
 CPU_GEMMS = {"aten::mm", "aten::addmm", "aten::bmm"}
 GPU_GEMM = re.compile(r"gemm|cutlass|sm\d+_xmma|nvjet", re.I)
@@ -171,28 +172,74 @@ def _collective_bytes(ev: _Event, op: str, world: int) -> int:
     return nelems * size or (msg * size * (ranks if op == "all_gather" else 1) if _count(msg) else 0)
 
 
-def _timed_ops(spans: list[dict], world: int) -> tuple[list[TimedGemm], list[TimedCollective], bool]:
+@dataclass(frozen=True)
+class _Communicator:
+    role: str
+    ranks: int
+    nodes: int
+    nodes_guessed: bool  # the trace did not list the group's ranks: laid out over consecutive ranks
+
+
+def _communicator(args: dict, world: int, gpus_per_node: int) -> _Communicator:
+    """The communicator of a collective event, from what torch recorded on it: its ``Group size``,
+    the DeviceMesh dimension its ``Process Group Description`` names (``mesh_tp``: role ``tp``,
+    the role a plan's rules and the runtime shim match it by), and the nodes its ``Process Group
+    Ranks`` span at ``gpus_per_node`` ranks a node. A group no mesh dimension names is ``dp`` when
+    it spans the world (the default group, a 1-D mesh), else ``group<size>`` (the runtime tells such
+    roles apart by size). Events without these arguments (gloo ops, older traces) are the world's,
+    and a group whose ranks the trace does not list (torch truncates long lists) is taken to be
+    consecutive ranks."""
+    size = args.get("Group size")
+    ranks = size if _count(size) and 0 < size <= MAX_RANKS else world
+    role = mesh_dim_of(args.get("Process Group Description")) or ("dp" if ranks == world else f"group{ranks}")
+    members = _rank_list(args.get("Process Group Ranks"))
+    if members is not None and len(members) == ranks:
+        return _Communicator(role, ranks, len({r // gpus_per_node for r in members}), False)
+    return _Communicator(role, ranks, -(-ranks // gpus_per_node), True)
+
+
+def _rank_list(x: Any) -> list[int] | None:
+    """Global ranks as torch records them on a collective (a list, or its text), or None when
+    they are not there whole."""
+    if isinstance(x, str):
+        try:
+            x = json.loads(x)
+        except ValueError:  # "[0, 1, 2, ...]": cut short
+            return None
+    return x if isinstance(x, list) and x and all(_count(r) for r in x) else None
+
+
+def _timed_ops(spans: list[dict], world: int, gpus_per_node: int) -> tuple[list[TimedGemm], list[TimedCollective], bool, set[str]]:
     """The trace's GEMMs and collectives, each with its event, in start order.
 
     Args:
         spans: the trace's complete events.
         world: the collectives' world size.
+        gpus_per_node: ranks a node holds (how many nodes a communicator spans).
     Returns:
-        GEMMs, collectives, and whether the trace has GPU kernels (then GEMMs are the kernels,
-        shaped by the CPU op that launched them; else the CPU ops themselves).
+        GEMMs, collectives, whether the trace has GPU kernels (then GEMMs are the kernels,
+        shaped by the CPU op that launched them; else the CPU ops themselves), and the roles whose
+        nodes were guessed (:func:`_communicator`). A role's collectives span the most nodes any
+        of its groups does (one role, one layout: a workload refuses two).
     """
     shapes_by_id = {e["args"]["External id"]: e for e in spans
                     if e["name"] in CPU_GEMMS and isinstance(e["args"].get("External id"), (int, str))}
     gemms: list[TimedGemm] = []
     colls: list[TimedCollective] = []
     gpu_kernels = any(e.get("cat") == "kernel" for e in spans)
+    nodes: dict[str, int] = {}
+    guessed: set[str] = set()
     for e in spans:
         ev = _Event(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["args"])
         op = _collective_op(ev.name, ev.args)
         if op:
             nbytes = _collective_bytes(ev, op, world)
-            if nbytes > 0:
-                colls.append((ev, Collective(f"{op}.{len(colls)}", op, nbytes, group="dp", ranks=world)))
+            comm = _communicator(ev.args, world, gpus_per_node)
+            if nbytes > 0 and comm.ranks > 1:  # over one rank a collective moves nothing
+                colls.append((ev, Collective(f"{op}.{len(colls)}", op, nbytes, comm.role, comm.ranks)))
+                nodes[comm.role] = max(nodes.get(comm.role, 1), comm.nodes)
+                if comm.nodes_guessed:
+                    guessed.add(comm.role)
             continue
         source = None
         if gpu_kernels and e.get("cat") == "kernel" and GPU_GEMM.search(ev.name):
@@ -205,8 +252,8 @@ def _timed_ops(spans: list[dict], world: int) -> tuple[list[TimedGemm], list[Tim
             if g is not None:
                 gemms.append((ev, g))
     gemms.sort(key=lambda x: x[0].start)
-    colls.sort(key=lambda x: x[0].start)
-    return gemms, colls, gpu_kernels
+    colls = sorted(((ev, replace(c, nodes=nodes[c.group])) for ev, c in colls), key=lambda x: x[0].start)
+    return gemms, colls, gpu_kernels, guessed
 
 
 def _overlap_groups(gemms: list[TimedGemm], colls: list[TimedCollective]) -> tuple[list[OverlapGroup], dict[str, float], set[int]]:
@@ -309,13 +356,15 @@ def _in_trace_order(groups: list[OverlapGroup], gemms: list[TimedGemm], colls: l
     return sorted(groups, key=lambda g: first_start[g.name])
 
 
-def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None = None) -> Workload:
+def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None = None,
+                 gpus_per_node: int = GPUS_PER_NODE) -> Workload:
     """Read a Chrome trace and return its overlap groups as a workload.
 
     Args:
         path: a torch.profiler Chrome trace of one step (``record_shapes=True``).
         name: the workload's name (default: the file's stem).
         ranks: the collectives' world size (default: the trace's ``distributedInfo``, else 2).
+        gpus_per_node: ranks per node of the traced job (how many nodes each communicator spans).
     Returns:
         The Workload: overlap groups, compute-only groups, and the rest of the step as
         ``exposed_ms``; ``meta`` keeps the trace's own times.
@@ -332,7 +381,9 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
         raise UserError(f"{path}: distributedInfo.world_size is {world!r}, not a number of ranks (1 to {MAX_RANKS}); give --ranks")
     if world < 2:  # over one rank a collective moves nothing: there is no overlap to tune
         raise UserError(f"{path}: a trace of one rank runs no collective; give --ranks with the job's world size (2 or more)")
-    gemms, colls, gpu_kernels = _timed_ops(spans, world)
+    if not 1 <= gpus_per_node <= MAX_RANKS:
+        raise UserError(f"--gpus-per-node {gpus_per_node} is not a number of ranks a node holds (1 to {MAX_RANKS})")
+    gemms, colls, gpu_kernels, guessed = _timed_ops(spans, world, gpus_per_node)
     if not gemms:
         events = data.get("traceEvents", [])
         broken = sum(1 for e in events if isinstance(e, dict) and e.get("ph") == "X" and not _is_span(e))
@@ -357,6 +408,8 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
         exposed_ms=round(exposed, 3),
         meta={"source": str(path), "traced_step_ms": round(step_ms, 3), "traced_group_ms": traced,
               "gemms": len(gemms), "collectives": len(colls), "device": "gpu" if gpu_kernels else "cpu",
+              "gpus_per_node": gpus_per_node,
+              **({"nodes_guessed": sorted(guessed)} if guessed else {}),  # roles whose ranks the trace did not list
               "note": "exposed_ms is the traced step time not covered by GEMMs or collectives"},
     )
     # checked as a workload file is: import wrote files its own loader then refused (a 1e12 ms step, a blank name)
