@@ -135,16 +135,22 @@ def test_collectives_keep_the_communicator_torch_recorded(tmp_path):
               kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 50, 1 << 22, 8, "mesh_tp", list(range(8))),
               kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 100, 1 << 20, 16, "default_pg"),  # no ranks: consecutive
               kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 150, 1 << 18, 4, "my_subgroup", "[0, 1, 2, ...]"),  # cut short
-              kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 200, 1 << 18, 1, "mesh_cp")]  # one rank: moves nothing
+              kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 200, 1 << 18, 1, "mesh_cp"),  # one rank: moves nothing
+              # only the group's name: its description and ranks from the trace's pg_config
+              {**_span("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 250, 40, **{"dtype": "BFloat16", "In msg nelems": 1 << 10,
+                                                                              "Group size": 2, "Process Group Name": "7"}),
+               "cat": "kernel"}]
     events += [{**_span("aten::mm", 0, 5, **{"Input Dims": [[256, 256], [256, 256]], "Input type": ["c10::BFloat16"] * 2,
                                             "External id": 1}), "cat": "cpu_op"},
                {**_span("sm90_xmma_gemm_bf16", 10, 200, **{"External id": 1}), "cat": "kernel"}]
     p = tmp_path / "t.json"
-    p.write_text(json.dumps({"distributedInfo": {"world_size": 16}, "traceEvents": events}))
+    config = [{"pg_name": "7", "pg_desc": "mesh_ep", "pg_size": 2, "ranks": [3, 11]}, "not a group"]
+    p.write_text(json.dumps({"distributedInfo": {"world_size": 16, "pg_config": config}, "traceEvents": events}))
     w = import_trace(p)
     got = [(c.op, c.group, c.ranks, c.nodes, c.nbytes) for c in w.collectives()]
     assert got == [("all_gather", "dp_shard", 2, 2, 4 << 20), ("all_reduce", "tp", 8, 1, 8 << 20),
-                   ("all_reduce", "dp", 16, 2, 2 << 20), ("all_reduce", "group4", 4, 1, 512 << 10)]
+                   ("all_reduce", "dp", 16, 2, 2 << 20), ("all_reduce", "group4", 4, 1, 512 << 10),
+                   ("all_reduce", "ep", 2, 2, 2 << 10)]
     assert w.meta["nodes_guessed"] == ["dp", "group4"] and w.meta["gpus_per_node"] == 8
     # four ranks a node: the tensor-parallel group spans two
     assert {c.group: c.nodes for c in import_trace(p, gpus_per_node=4).collectives()}["tp"] == 2

@@ -180,19 +180,22 @@ class _Communicator:
     nodes_guessed: bool  # the trace did not list the group's ranks: laid out over consecutive ranks
 
 
-def _communicator(args: dict, world: int, gpus_per_node: int) -> _Communicator:
+def _communicator(args: dict, world: int, gpus_per_node: int, groups: dict[str, dict]) -> _Communicator:
     """The communicator of a collective event, from what torch recorded on it: its ``Group size``,
     the DeviceMesh dimension its ``Process Group Description`` names (``mesh_tp``: role ``tp``,
     the role a plan's rules and the runtime shim match it by), and the nodes its ``Process Group
-    Ranks`` span at ``gpus_per_node`` ranks a node. A group no mesh dimension names is ``dp`` when
-    it spans the world (the default group, a 1-D mesh), else ``group<size>`` (the runtime tells such
+    Ranks`` span at ``gpus_per_node`` ranks a node (else the ranks the trace's ``pg_config`` gives
+    its ``Process Group Name``, in ``groups``). A group no mesh dimension names is ``dp`` when it
+    spans the world (the default group, a 1-D mesh), else ``group<size>`` (the runtime tells such
     roles apart by size). Events without these arguments (gloo ops, older traces) are the world's,
-    and a group whose ranks the trace does not list (torch truncates long lists) is taken to be
-    consecutive ranks."""
+    and a group whose ranks the trace does not list whole (torch truncates long lists) is taken to
+    be consecutive ranks."""
     size = args.get("Group size")
     ranks = size if _count(size) and 0 < size <= MAX_RANKS else world
-    role = mesh_dim_of(args.get("Process Group Description")) or ("dp" if ranks == world else f"group{ranks}")
-    members = _rank_list(args.get("Process Group Ranks"))
+    config = groups.get(str(args.get("Process Group Name")), {})
+    role = (mesh_dim_of(args.get("Process Group Description", config.get("pg_desc")))
+            or ("dp" if ranks == world else f"group{ranks}"))
+    members = _rank_list(args.get("Process Group Ranks")) or _rank_list(config.get("ranks"))
     if members is not None and len(members) == ranks:
         return _Communicator(role, ranks, len({r // gpus_per_node for r in members}), False)
     return _Communicator(role, ranks, -(-ranks // gpus_per_node), True)
@@ -209,13 +212,15 @@ def _rank_list(x: Any) -> list[int] | None:
     return x if isinstance(x, list) and x and all(_count(r) for r in x) else None
 
 
-def _timed_ops(spans: list[dict], world: int, gpus_per_node: int) -> tuple[list[TimedGemm], list[TimedCollective], bool, set[str]]:
+def _timed_ops(spans: list[dict], world: int, gpus_per_node: int,
+               groups: dict[str, dict]) -> tuple[list[TimedGemm], list[TimedCollective], bool, set[str]]:
     """The trace's GEMMs and collectives, each with its event, in start order.
 
     Args:
         spans: the trace's complete events.
         world: the collectives' world size.
         gpus_per_node: ranks a node holds (how many nodes a communicator spans).
+        groups: the trace's process groups by name (``distributedInfo.pg_config``).
     Returns:
         GEMMs, collectives, whether the trace has GPU kernels (then GEMMs are the kernels,
         shaped by the CPU op that launched them; else the CPU ops themselves), and the roles whose
@@ -234,7 +239,7 @@ def _timed_ops(spans: list[dict], world: int, gpus_per_node: int) -> tuple[list[
         op = _collective_op(ev.name, ev.args)
         if op:
             nbytes = _collective_bytes(ev, op, world)
-            comm = _communicator(ev.args, world, gpus_per_node)
+            comm = _communicator(ev.args, world, gpus_per_node, groups)
             if nbytes > 0 and comm.ranks > 1:  # over one rank a collective moves nothing
                 colls.append((ev, Collective(f"{op}.{len(colls)}", op, nbytes, comm.role, comm.ranks)))
                 nodes[comm.role] = max(nodes.get(comm.role, 1), comm.nodes)
@@ -383,7 +388,9 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
         raise UserError(f"{path}: a trace of one rank runs no collective; give --ranks with the job's world size (2 or more)")
     if not 1 <= gpus_per_node <= MAX_RANKS:
         raise UserError(f"--gpus-per-node {gpus_per_node} is not a number of ranks a node holds (1 to {MAX_RANKS})")
-    gemms, colls, gpu_kernels, guessed = _timed_ops(spans, world, gpus_per_node)
+    config = info.get("pg_config") if isinstance(info, dict) else None
+    groups = {str(g["pg_name"]): g for g in config if isinstance(g, dict) and "pg_name" in g} if isinstance(config, list) else {}
+    gemms, colls, gpu_kernels, guessed = _timed_ops(spans, world, gpus_per_node, groups)
     if not gemms:
         events = data.get("traceEvents", [])
         broken = sum(1 for e in events if isinstance(e, dict) and e.get("ph") == "X" and not _is_span(e))
