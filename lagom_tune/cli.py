@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lagom_tune import __version__, render
 from lagom_tune.artifact_io import check_writable, read_yaml
-from lagom_tune.backends.base import BackendOptions, get_backend
+from lagom_tune.backends.base import MAX_NOISE, BackendOptions, get_backend
 from lagom_tune.backends.registry import backend_help, backend_info
 from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_signals, stop_signal
 from lagom_tune.model.contention import read_model_file, run_problems
@@ -126,7 +126,7 @@ def profile(
     nodes: Optional[int] = typer.Option(None, min=1, help="sim: nodes of 8 GPUs, joined by InfiniBand (default: as many as "
                                         "the workload's largest communicator needs)."),
     ib_gbps: Optional[int] = typer.Option(None, help="sim: InfiniBand speed per GPU, 100 or 400 Gb/s (default 400)."),
-    noise: Optional[float] = typer.Option(None, parser=_number(0.0, 0.5), help="sim: multiplicative noise (sigma) from 0 to 0.5, "
+    noise: Optional[float] = typer.Option(None, parser=_number(0.0, MAX_NOISE), help=f"sim: multiplicative noise (sigma) from 0 to {MAX_NOISE}, "
                                          "e.g. 0.02 (default 0)."),
     seed: Optional[int] = typer.Option(None, min=0, help="sim: noise seed (default 0)."),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder to create or resume."),
@@ -385,7 +385,7 @@ def show(
         return
     if target in PRESETS:
         w = resolve_workload(target)
-        print(json.dumps(w.to_dict(), indent=1)) if as_json else [render.console.print(t) for t in render.workload_tables(w)]
+        _print_workload(w, as_json)
         return
     data = read_yaml(path, "file")
     kind = data.get("kind") if isinstance(data, dict) else None
@@ -398,7 +398,7 @@ def show(
             render.console.print(item)
     elif kind == "lagom-workload" or (kind is None and isinstance(data, dict) and "groups" in data):  # kind is optional in one
         w = Workload.from_dict(data, str(path))
-        print(json.dumps(w.to_dict(), indent=1)) if as_json else [render.console.print(t) for t in render.workload_tables(w)]
+        _print_workload(w, as_json)
     else:
         raise UserError(f"{path}: not a plan, workload or run folder (kind: {kind!r})")
 
@@ -437,9 +437,13 @@ def workload_show(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Overlap groups of a workload: GEMM shapes and FLOPs, collective ops and bytes, repeats."""
-    w = resolve_workload(name, parallel=parallel, seq=seq, mbs=mbs)
+    _print_workload(resolve_workload(name, parallel=parallel, seq=seq, mbs=mbs), as_json)
+
+
+def _print_workload(w: Workload, as_json: bool) -> None:
+    """A workload as JSON (a date in its free-form meta as text: it was an internal error) or as tables."""
     if as_json:
-        print(json.dumps(w.to_dict(), indent=1))
+        print(json.dumps(w.to_dict(), indent=1, default=str))
         return
     for t in render.workload_tables(w):
         render.console.print(t)

@@ -43,6 +43,12 @@ BANDWIDTH_COLUMNS = ("algbw_GBps", "busbw_GBps")  # nccl-tests' bandwidth column
 COLUMNS = DESCRIBING_COLUMNS + RESULT_COLUMNS + BANDWIDTH_COLUMNS  # every column a row may hold
 REQUIRED_COLUMNS = ("point", "kind", "repeat", "time_us")  # in every measurements.csv
 ROW_KINDS = ("gemm", "collective", "overlap")  # what a profile's row times (a replay's whole iterations are not kept)
+# ... and the columns a CSV holding rows of a kind must have (filled or, in older profiles, empty)
+KIND_COLUMNS = {
+    "gemm": GEMM_COLUMNS[:-1],  # flops: derived
+    "collective": COLLECTIVE_COLUMNS,
+    "overlap": GEMM_COLUMNS[:-1] + COLLECTIVE_COLUMNS + ALONE_COLUMNS + ("n_compute",),
+}
 COUNT_COLUMNS = ("m", "n", "k", "batch", "nbytes", "ranks", "n_compute")  # whole numbers of at least 1, where filled
 TEXT_COLUMNS = ("point", "kind", "backend", "simulated", "gemm", "dtype", "op", "algo", "proto", "baseline", "timing")
 NUMERIC_COLUMNS = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS)  # numbers where filled (checked on read)

@@ -123,6 +123,9 @@ def test_a_time_in_measurements_csv_that_is_no_time_is_refused(tiny_run, tmp_pat
      "but the profile takes"),
     (lambda df: df.assign(nbytes=df["nbytes"].where(df["kind"] != "collective", 1)), "are not the collective its key names"),
     (lambda df: df.assign(m=df["m"].where(df.index != 3, 5)), "disagree on m"),
+    # a column deleted in a spreadsheet: show passed it, fit raised KeyError 'n_compute' (an audit, 2026-12-03)
+    (lambda df: df.drop(columns=["n_compute"]), "missing column(s) n_compute, which its overlap rows need"),
+    (lambda df: df.drop(columns=["gemm", "m"]), "missing column(s) gemm, m, which its"),
 ])
 def test_a_shape_or_repeat_in_measurements_csv_that_cannot_be_is_refused(tiny_run, tmp_path, edit, said):
     """A negative GEMM dimension, a fraction of a byte and a repeat written twice were fitted

@@ -244,3 +244,18 @@ def test_show_of_a_fuzzed_plan(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("plan") / "p.yaml"
     path.write_text(yaml.safe_dump(plan))
     _ends_well_or_says_why("show", path)
+
+
+@pytest.mark.parametrize("key, value, said", [("ib_gbps", "400 Gb/s", "fingerprint.ib_gbps"), ("noise", 1e9, "fingerprint.noise")])
+def test_a_fingerprint_number_edited_out_of_its_range_is_refused_on_read(tiny_run, tmp_path, key, value, said):
+    """Both were read unchecked: `show` and `search` passed, then `search --validate` raised
+    ValueError on the text, and a noise of 1e9 overflowed (an audit, 2026-12-03)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    meta = yaml.safe_load((run / "meta.yaml").read_text())
+    meta["fingerprint"][key] = value
+    (run / "meta.yaml").write_text(yaml.safe_dump(meta))
+    r = cli("show", run)
+    assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -160,7 +160,8 @@ def test_rows_are_appended_and_a_file_that_cannot_take_an_append_is_rewritten(tm
     run = RunFolder(tmp_path)
 
     def rows(point, kind, **extra):
-        return [{"point": point, "kind": kind, "repeat": r, "time_us": 10.0 + r, **extra} for r in range(2)]
+        shape = {"gemm": {"gemm": point, "n": 64, "k": 64, "batch": 1, "dtype": "fp32"}, "collective": {"ranks": 2}}[kind]
+        return [{"point": point, "kind": kind, "repeat": r, "time_us": 10.0 + r, **shape, **extra} for r in range(2)]
 
     run.append_rows(rows("g1", "gemm", m=64))
     before = run.csv_path.stat().st_ino

@@ -147,6 +147,28 @@ def test_a_workload_with_nothing_to_overlap_is_refused_before_measuring(tmp_path
     assert r.returncode == 2 and "workload comm-only has no GEMM: nothing overlaps" in r.stderr and not (tmp_path / "r").exists()
 
 
+GEMM_1024 = "{name: g, m: 1024, n: 1024, k: 1024, dtype: bf16}"
+
+
+@pytest.mark.parametrize("groups, said", [
+    # a GEMM and a collective that never overlap were measured in full, then the fit raised
+    # KeyError 'compute_alone_us', and rerunning the profile or `fit` did the same
+    (f"- name: a\n  compute: [{GEMM_1024}]\n- name: b\n  comm: [{{name: c, op: all_reduce, nbytes: 8388608, ranks: 8}}]\n",
+     "workload w runs no GEMM beside a collective"),
+    # 16 ranks on one node of 8 simulated GPUs: the cluster was sized to two nodes, but the collective
+    # was simulated over one node's NVLink (106.6 GB/s busbw against 37.0 over two nodes' InfiniBand)
+    (f"- name: a\n  compute: [{GEMM_1024}]\n  comm: [{{name: c, op: all_reduce, nbytes: 8388608, ranks: 16, nodes: 1}}]\n",
+     "collective c: 16 ranks cannot be on 1 node(s) of 8 simulated GPUs"),
+])
+def test_a_workload_the_simulator_cannot_play_is_refused_before_measuring(tmp_path, groups, said):
+    """Two workloads an audit (2026-12-03) found profiled without a word."""
+    w = tmp_path / "w.yaml"
+    w.write_text(f"name: w\ngroups:\n{groups}")
+    r = cli("profile", "--backend", "sim", "--workload", w, "--out", tmp_path / "r")
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+    assert not (tmp_path / "r").exists()
+
+
 def test_one_profile_at_a_time_measures_into_a_folder(tmp_path):
     """Two profiles started into one folder both measured (on 2 cores, each timing the other) and
     appended 62 of the demo's 76 points twice."""

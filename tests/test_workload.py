@@ -172,3 +172,14 @@ def test_show_takes_a_hand_written_workload_without_kind(tmp_path):
                     "comm: [{name: ar, op: all_reduce, nbytes: 4096}]}]\n")
     r = cli("show", path, check=True)
     assert "hand · group g" in r.stdout, r.stdout
+
+
+def test_a_date_in_a_workloads_meta_is_shown_as_json(tmp_path):
+    """YAML reads ``created: 2024-05-01`` as a date, which `show --json` and `workload show
+    --json` could not encode: an internal error (an audit, 2026-12-03)."""
+    w = tmp_path / "w.yaml"
+    w.write_text("name: dated\nmeta: {created: 2024-05-01}\ngroups:\n- name: a\n  compute: [{name: g, m: 64, n: 64, k: 64, dtype: bf16}]\n"
+                 "  comm: [{name: c, op: all_reduce, nbytes: 1024, ranks: 2}]\n")
+    for args in (("show", w, "--json"), ("workload", "show", w, "--json")):
+        r = cli(*args)
+        assert r.returncode == 0 and '"created": "2024-05-01"' in r.stdout, (args, r.stderr)

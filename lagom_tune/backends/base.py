@@ -201,13 +201,16 @@ class LocalBackend(RegisteredBackend):
         return value
 
 
+MAX_NOISE = 0.5  # a simulated measurement's multiplicative noise (sigma), at most
+
+
 @dataclass
 class BackendOptions:
     ranks: int = 2
     hardware: str | None = None
     nodes: int | None = None  # None: a backend that simulates a cluster sizes it to the workload
     seed: int = 0
-    noise: float = 0.0
+    noise: float = 0.0  # 0 to MAX_NOISE
     timeout_s: float = 60.0
     extra: dict = field(default_factory=dict)
 

@@ -199,6 +199,11 @@ class SimBackend(LocalBackend):
         (a 16-rank workload on one simulated node was recorded as 8 ranks, an 8-rank one on a
         million nodes as 8 million)."""
         colls = workload.collectives()
+        crowded = next((c for c in colls if c.ranks > c.nodes * GPUS_PER_NODE), None)
+        if crowded is not None:  # it was simulated on one NVLink node while the cluster was sized to more
+            raise UserError(f"collective {crowded.name}: {crowded.ranks} ranks cannot be on {crowded.nodes} node(s) of "
+                            f"{GPUS_PER_NODE} simulated GPUs; give its communicator nodes: {math.ceil(crowded.ranks / GPUS_PER_NODE)} "
+                            "or more")
         needed = max([1] + [max(c.nodes, math.ceil(c.ranks / GPUS_PER_NODE)) for c in colls])
         if self.options.nodes is None:
             if needed != self.nodes:

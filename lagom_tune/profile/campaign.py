@@ -187,6 +187,9 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
                         "nothing overlaps, so there is nothing to measure or tune")
     backend.info.check_ops({c.op for c in workload.collectives()})
     points = backend.plan_points(workload)  # first: a simulated backend sizes its cluster to the workload
+    if backend.info.gpu_model and not any(p.kind == "overlap" for p in points):  # its contention fit needs them
+        raise UserError(f"workload {workload.name} runs no GEMM beside a collective (no group has both): the GPU "
+                        "model's contention has nothing to be fitted from; profile a workload whose groups overlap them")
     fingerprint = backend.fingerprint()  # on every process: a distributed backend gathers it from all ranks
     check_memory(points, fingerprint)  # every process alike: refused before the folder is touched
     started, todo, release = _agreed_todo(run, workload, backend, fingerprint, points, repeats)

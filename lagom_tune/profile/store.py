@@ -19,10 +19,11 @@ import pandas as pd
 
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, read_yaml, yaml_text
+from lagom_tune.backends.base import MAX_NOISE
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.measurements import (
-    COUNT_COLUMNS, DESCRIBING_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS, ROW_KINDS,
+    COUNT_COLUMNS, DESCRIBING_COLUMNS, KIND_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS, ROW_KINDS,
     SETTING_COLUMNS, TIMED_COLUMNS,
 )
 from lagom_tune.workload.spec import Workload, gemm_of_key
@@ -49,7 +50,8 @@ def row_settings(row: pd.Series) -> dict:
 # load), and the least each may be: counts and sizes are positive (fit divides by them).
 FINGERPRINT_NUMBERS = {"ranks": (int, 1), "nodes": (int, 1), "gpus_per_node": (int, 1), "sms": (int, 1), "cores": (int, 1),
                        "seed": (int, 0), "max_channels": (int, 1), "default_channels": (int, 1), "hbm_GBps": (float, v.POSITIVE),
-                       "noise": (float, 0), "memory_GiB": (float, v.POSITIVE), "rank_memory_GiB": (float, v.POSITIVE)}
+                       "noise": (float, 0, MAX_NOISE), "memory_GiB": (float, v.POSITIVE), "rank_memory_GiB": (float, v.POSITIVE),
+                       "ib_gbps": (int, 1)}  # (type, least[, most])
 FINGERPRINT_NAMES = ("backend", "cluster", "device", "gpu", "mode", "host")  # ... and its names, looked up in tables
 
 
@@ -139,8 +141,8 @@ class RunFolder:
         v.schema_version(meta, str(self.meta_path), SCHEMA_VERSION)
         where = str(self.meta_path)
         fp = v.field(meta, "fingerprint", where, dict)
-        for key, (kind, least) in FINGERPRINT_NUMBERS.items():  # what fit, search and apply compute with
-            v.field(fp, key, f"{where}.fingerprint", kind, None, minimum=least)
+        for key, (kind, least, *most) in FINGERPRINT_NUMBERS.items():  # what fit, search and apply compute with
+            v.field(fp, key, f"{where}.fingerprint", kind, None, minimum=least, maximum=most[0] if most else None)
         for key in FINGERPRINT_NAMES:  # every backend records which it is; the rest where they apply
             v.field(fp, key, f"{where}.fingerprint", str, ... if key == "backend" else None)
         # a file without the flag still reads (and plans) as what its backend is
@@ -232,6 +234,10 @@ class RunFolder:
         if not stray.empty:  # a kind of its own was listed by show, then fit said it found no GEMM
             raise UserError(f"{self.csv_path}: kind of point {stray.iloc[0]['point']} is {stray.iloc[0]['kind']!r}, not one of "
                             f"{', '.join(ROW_KINDS)} ({len(stray)} such row(s))")
+        for kind in dict.fromkeys(df["kind"]):  # a column deleted in a spreadsheet: show passed, fit raised KeyError
+            missing = [c for c in KIND_COLUMNS[kind] if c not in df.columns]
+            if missing:
+                raise UserError(f"{self.csv_path}: missing column(s) {', '.join(missing)}, which its {kind} rows need")
         bad = df["repeat"][~((df["repeat"] >= 0) & (df["repeat"] == np.floor(df["repeat"])))]
         if not bad.empty:
             raise UserError(f"{self.csv_path}: repeat of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, not a "
