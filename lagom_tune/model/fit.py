@@ -19,6 +19,7 @@ from lagom_tune.backends.registry import backend_info, backend_names
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import (
     COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
+    model_from_dict,
 )
 from lagom_tune.model.gpu_fit import fit_gpu
 from lagom_tune.model.plots import plotted_column, write_fit_plots
@@ -323,9 +324,18 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     # The GPU family needs the device; a fingerprint without a (known) backend fits the CPU family.
     info = backend_info(fp["backend"]) if fp.get("backend") in backend_names() else None
     device = {"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]} if info is not None and info.gpu_model else None
-    result = fit_model(df, device=device, simulated=simulated, progress=progress)
-    pts = point_medians(df)  # every point predicted before anything is written: a model that cannot is not written
-    predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for _, r in pts.iterrows()], index=pts.index)
-    write_yaml(run.model_path, result.to_dict(df, simulated))
+    # numpy's overflow and invalid-value warnings are not printed: a model they leave non-finite is refused below
+    with np.errstate(all="ignore"):
+        result = fit_model(df, device=device, simulated=simulated, progress=progress)
+        pts = point_medians(df)  # every point predicted before anything is written: a model that cannot is not written
+        predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for _, r in pts.iterrows()],
+                              index=pts.index)
+    doc = result.to_dict(df, simulated)
+    try:  # what search would refuse is not written over the model there (1e-300 µs times fitted an inf link rate)
+        model_from_dict(doc, str(run.model_path))
+    except UserError as e:
+        raise UserError(f"{run.csv_path}: the fit gave no usable model ({e}); a time there is far from any other "
+                        f"(edited?): {run.model_path.name} is left as it was") from None
+    write_yaml(run.model_path, doc)
     write_fit_plots(run, pts, predicted, simulated)
     return result
