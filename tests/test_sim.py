@@ -169,16 +169,19 @@ def test_a_workload_the_simulator_cannot_play_is_refused_before_measuring(tmp_pa
     assert not (tmp_path / "r").exists()
 
 
-def test_a_fit_that_gives_no_usable_model_leaves_the_model_as_it_was(tmp_path):
+def test_a_model_that_gives_no_usable_time_is_neither_written_nor_searched(tmp_path):
     """One collective's repeats edited to 1e-300 us: the fit wrote a link of inf GB/s over a good
-    model.yaml, which search then refused (an audit, 2026-12-03)."""
+    model.yaml, which search then refused; a GEMM's theta edited to 1e308, finite, passed the
+    loader and search raised an internal error (an audit, 2026-12-03)."""
+    import re
+
     import pandas as pd
 
     w, run = tmp_path / "w.yaml", tmp_path / "r"
     w.write_text(f"name: w\ngroups:\n- name: a\n  compute: [{GEMM_1024}]\n"
                  "  comm: [{name: c, op: all_reduce, nbytes: 8388608, ranks: 16, nodes: 2}]\n")
     cli("profile", "--backend", "sim", "--workload", w, "--out", run, "--repeats", "2", check=True)
-    good = (run / "model.yaml").read_text()
+    good, rows = (run / "model.yaml").read_text(), (run / "measurements.csv").read_text()
     df = pd.read_csv(run / "measurements.csv", low_memory=False)
     df.loc[df["point"] == df[df["kind"] == "collective"]["point"].iloc[0], "time_us"] = 1e-300
     df.to_csv(run / "measurements.csv", index=False)
@@ -186,6 +189,10 @@ def test_a_fit_that_gives_no_usable_model_leaves_the_model_as_it_was(tmp_path):
     said = [line for line in r.stderr.splitlines() if not line.startswith("fit model")]  # the progress bar
     assert r.returncode == 2 and len(said) == 1 and "the fit gave no usable model" in said[0] and "finite number" in said[0], r.stderr
     assert (run / "model.yaml").read_text() == good
+    (run / "measurements.csv").write_text(rows)  # the rows the model was fitted to again
+    (run / "model.yaml").write_text(re.sub(r"\{theta: [0-9.e+-]+,", "{theta: 1.0e+308,", good))
+    r = cli("search", run, "--out", tmp_path / "plan.yaml")
+    assert r.returncode == 2 and "the cost model gives no usable time for a" in r.stderr, r.stderr
 
 
 def test_one_profile_at_a_time_measures_into_a_folder(tmp_path):

@@ -10,6 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
 from lagom_tune.model.contention import CostModel
 from lagom_tune.timeline import Timeline, simulate
@@ -65,7 +66,11 @@ class ModelEvaluator:
             s = cfg_of[coll.name]
             return model.compute_slowdown(gemm, coll, s), model.comm_slowdown(coll, gemm, s)
 
-        return simulate(g.compute, y, g.comm, x, slowdowns)
+        try:
+            return simulate(g.compute, y, g.comm, x, slowdowns)
+        except ValueError as e:  # finite parameters can still overflow (a model.yaml edited to 1e308): not an internal error
+            raise UserError(f"the cost model gives no usable time for {g.name} ({e}); was model.yaml edited? rerun "
+                            "`lagom-tune fit` on the run folder") from None
 
     def _evaluate(self, settings: Settings) -> Evaluation:
         caps = {g: c["bucket_cap_mb"] for g, c in settings.communicators.items() if "bucket_cap_mb" in c}
