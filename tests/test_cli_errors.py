@@ -281,6 +281,26 @@ def test_an_interrupt_says_rerun_to_resume_only_where_the_verb_resumes(argv, res
     assert e.value.code == 130 and ("to resume" in capsys.readouterr().err) == resumes
 
 
+def test_an_interrupt_while_the_cli_loads_is_one_line(monkeypatch, capsys):
+    """Ctrl-C in the first half second (torch and pandas loading) printed a 30-line traceback (an
+    audit, 2026-12-03): the entry point imports the CLI inside its handler."""
+    import builtins
+
+    import lagom_tune.__main__ as entry
+
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "lagom_tune.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(SystemExit) as e:
+        entry.run()
+    assert e.value.code == 130 and capsys.readouterr().err == "lagom-tune: interrupted\n"
+
+
 def test_a_run_file_that_is_no_file_is_refused_before_any_work(tiny_run, tmp_path):
     """A folder named model.yaml (or fit.png) was found only after the whole profile was measured
     ("internal error: IsADirectoryError"); a measurements.csv linked to /dev/full was read until the

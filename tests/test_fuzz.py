@@ -246,10 +246,12 @@ def test_show_of_a_fuzzed_plan(tmp_path_factory, data):
     _ends_well_or_says_why("show", path)
 
 
-@pytest.mark.parametrize("key, value, said", [("ib_gbps", "400 Gb/s", "fingerprint.ib_gbps"), ("noise", 1e9, "fingerprint.noise")])
+@pytest.mark.parametrize("key, value, said", [("ib_gbps", "400 Gb/s", "fingerprint.ib_gbps"), ("noise", 1e9, "fingerprint.noise"),
+                                              ("nodes", 3, "fingerprint.nodes: 3 nodes cannot hold 2 ranks evenly")])
 def test_a_fingerprint_number_edited_out_of_its_range_is_refused_on_read(tiny_run, tmp_path, key, value, said):
-    """Both were read unchecked: `show` and `search` passed, then `search --validate` raised
-    ValueError on the text, and a noise of 1e9 overflowed (an audit, 2026-12-03)."""
+    """Each was read unchecked: `show` and `search` passed, then `search --validate` raised
+    ValueError on the text, a noise of 1e9 overflowed, and search blamed the nodes on the plan it
+    had not written (an audit, 2026-12-03)."""
     import shutil
 
     run = tmp_path / "run"

@@ -183,3 +183,10 @@ def test_a_date_in_a_workloads_meta_is_shown_as_json(tmp_path):
     for args in (("show", w, "--json"), ("workload", "show", w, "--json")):
         r = cli(*args)
         assert r.returncode == 0 and '"created": "2024-05-01"' in r.stdout, (args, r.stderr)
+
+
+def test_cpu_demo_given_two_world_sizes_is_refused():
+    """`--ranks 2 --parallel ddp=4` profiled ddp=4 and dropped --ranks without a word (an audit, 2026-12-03)."""
+    with pytest.raises(UserError, match="--ranks 2 and --parallel ddp=4 give cpu-demo two world sizes"):
+        resolve_workload("cpu-demo", parallel="ddp=4", ranks=2)
+    assert resolve_workload("cpu-demo", parallel="ddp=4", ranks=4).world_size == resolve_workload("cpu-demo", parallel="ddp=4").world_size == 4

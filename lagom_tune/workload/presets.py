@@ -521,7 +521,10 @@ class Preset:
 def _cpu_demo(seq: int | None = None, mbs: int | None = None, ranks: int | None = None, parallel: str | None = None,
               **_: Any) -> Workload:
     if parallel is not None:
-        ranks = parse_parallel(parallel).get("ddp") or _reject(f"cpu-demo is a DDP workload: --parallel ddp=N, not {parallel!r}")
+        ddp = parse_parallel(parallel).get("ddp") or _reject(f"cpu-demo is a DDP workload: --parallel ddp=N, not {parallel!r}")
+        if ranks is not None and ranks != ddp:  # one was silently dropped (an audit, 2026-12-03)
+            _reject(f"--ranks {ranks} and --parallel {parallel} give cpu-demo two world sizes; give one of them")
+        ranks = ddp
     w = gpt_ddp(CPU_DEMO_ARCH, seq=seq or 128, mbs=mbs or 4, ranks=ranks or 2)
     return Workload("cpu-demo", w.groups, w.exposed_ms, {**w.meta, "preset": "cpu-demo"})
 
