@@ -22,7 +22,6 @@ multiplicative noise, deterministic for a seed and point.
 from __future__ import annotations
 
 import hashlib
-import math
 import platform
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +38,7 @@ from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings, settings_from_items
 from lagom_tune.measurements import ALONE_COLUMNS, OVERLAPPED_COLUMNS, PAIRED, overlap_columns, timed_columns
 from lagom_tune.timeline import Timeline
-from lagom_tune.workload.presets import GPUS_PER_NODE
+from lagom_tune.workload.presets import GPUS_PER_NODE, nodes_spanned
 from lagom_tune.workload.spec import Gemm, OverlapGroup, Workload
 
 
@@ -202,9 +201,9 @@ class SimBackend(LocalBackend):
         crowded = next((c for c in colls if c.ranks > c.nodes * GPUS_PER_NODE), None)
         if crowded is not None:  # it was simulated on one NVLink node while the cluster was sized to more
             raise UserError(f"collective {crowded.name}: {crowded.ranks} ranks cannot be on {crowded.nodes} node(s) of "
-                            f"{GPUS_PER_NODE} simulated GPUs; give its communicator nodes: {math.ceil(crowded.ranks / GPUS_PER_NODE)} "
+                            f"{GPUS_PER_NODE} simulated GPUs; give its communicator nodes: {nodes_spanned(crowded.ranks)} "
                             "or more")
-        needed = max([1] + [max(c.nodes, math.ceil(c.ranks / GPUS_PER_NODE)) for c in colls])
+        needed = max([1] + [c.nodes for c in colls])  # none is crowded: each holds its ranks
         if self.options.nodes is None:
             if needed != self.nodes:
                 self.nodes = needed

@@ -227,8 +227,9 @@ def backward_of(gemms: list[Gemm]) -> list[Gemm]:
     return out
 
 
-def _nodes(ranks: int) -> int:
-    return max(1, -(-ranks // GPUS_PER_NODE))
+def nodes_spanned(ranks: int, gpus_per_node: int = GPUS_PER_NODE) -> int:
+    """The fewest nodes of ``gpus_per_node`` ranks that hold ``ranks`` consecutive ranks (at least one)."""
+    return max(1, -(-ranks // gpus_per_node))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,7 +279,7 @@ def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", 
     # Token and position embeddings have no GEMM: their gradients are ready after the last one.
     grads.append(("embeddings", (arch.vocab + arch.max_seq) * d, len(bwd) - 1))
 
-    comm = tuple(Collective(f"grad.{name}", "all_reduce", n * gb, group=DP_REPLICATE, ranks=ranks, nodes=_nodes(ranks), after=idx)
+    comm = tuple(Collective(f"grad.{name}", "all_reduce", n * gb, group=DP_REPLICATE, ranks=ranks, nodes=nodes_spanned(ranks), after=idx)
                  for name, n, idx in grads)
     return Workload(
         name=f"{arch.name}-ddp{ranks}",
@@ -301,7 +302,7 @@ def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "bf16") -> 
         The Workload.
     """
     _check_seq(arch, seq)
-    b, t, nodes = DTYPES[dtype], seq * mbs, _nodes(ranks)
+    b, t, nodes = DTYPES[dtype], seq * mbs, nodes_spanned(ranks)
     groups = []
     # Layers differ only in MoE models (dense leading layers); group identical layers.
     for kind, layers in _layer_kinds(arch).items():
@@ -337,7 +338,7 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
         raise UserError(f"tensor parallelism with Domino overlap splits the micro-batch in two halves: --mbs must be even (got {mbs})")
     b, half = DTYPES[dtype], mbs // 2
     act = seq * half * arch.hidden * b  # one half-batch's activations
-    ar = lambda name: Collective(name, "all_reduce", act, group=TP, ranks=tp, nodes=_nodes(tp))
+    ar = lambda name: Collective(name, "all_reduce", act, group=TP, ranks=tp, nodes=nodes_spanned(tp))
     attn = attention_gemms(arch, "L", seq, half, dtype, tp)
     mlp = mlp_gemms(arch, "L.mlp", seq * half, arch.ffn, dtype, tp)
     # Each layer runs every phase twice, once per half-batch (one half's GEMMs beside the other's
@@ -354,7 +355,7 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
         shard = arch.layer_params() // tp
         # Megatron all-reduces bf16/fp16 training's gradients in fp32 (accumulate_allreduce_grads_in_fp32)
         grad_bytes = DTYPES["fp32"] if b < DTYPES["fp32"] else b
-        dp_nodes = min(dp, _nodes(tp * dp))  # a tp=4,dp=2 job fits one node: its dp group with it
+        dp_nodes = min(dp, nodes_spanned(tp * dp))  # a tp=4,dp=2 job fits one node: its dp group with it
         dp_grads = Collective("all_reduce.dp_grads", "all_reduce", shard * grad_bytes, group=DP_REPLICATE, ranks=dp, nodes=dp_nodes)
         groups.append(OverlapGroup("backward.attention", bwd_attn, (ar("all_reduce.attn_in_grad.other_half"),), repeat=arch.layers))
         groups.append(OverlapGroup("backward.attention.dp_grads", bwd_attn, (ar("all_reduce.attn_in_grad.other_half.dp"), dp_grads),
@@ -382,7 +383,7 @@ def expert_parallel(arch: Arch, *, seq: int, mbs: int, ep: int, dtype: str = "bf
     if not arch.experts:
         raise UserError(f"{arch.name} has no experts: use --parallel fsdp=N or tp=N")
     b, t = DTYPES[dtype], seq * mbs
-    a2a = lambda name: Collective(name, "all_to_all", t * arch.top_k * arch.hidden * b, group=EP, ranks=ep, nodes=_nodes(ep))
+    a2a = lambda name: Collective(name, "all_to_all", t * arch.top_k * arch.hidden * b, group=EP, ranks=ep, nodes=nodes_spanned(ep))
     moe_layers = sum(arch.is_moe_layer(i) for i in range(arch.layers))
     experts = moe_expert_gemms(arch, "L", t, dtype, ep)
     attn = attention_gemms(arch, "L", seq, mbs, dtype) + [Gemm("L.router", t, arch.experts, arch.hidden, dtype)]

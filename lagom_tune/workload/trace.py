@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lagom_tune.errors import UserError
-from lagom_tune.workload.presets import GPUS_PER_NODE
+from lagom_tune.workload.presets import GPUS_PER_NODE, nodes_spanned
 from lagom_tune.workload.spec import MAX_RANKS, Collective, Gemm, OverlapGroup, Workload, mesh_dim_of
 
 CPU_GEMMS = {"aten::mm", "aten::addmm", "aten::bmm"}
@@ -148,11 +148,11 @@ def _checked_span(e: dict, path: Path) -> dict:
     return {**e, "args": e["args"] if isinstance(e.get("args"), dict) else {}}
 
 
-def _collective_bytes(ev: _Event, op: str, world: int) -> int:
+def _collective_bytes(ev: _Event, op: str, ranks: int) -> int:
     """The bytes a collective event moved, as nccl-tests (and the presets) size it: an all-gather
     by its output, every other op by its input; from the input's shape and type (a gloo op), or
     NCCL's element counts and the kernel's ``dtype`` (a GPU kernel, which has no input type: its
-    elements were counted as 4 bytes, and an all-gather as one rank's shard)."""
+    elements were counted as 4 bytes, and an all-gather as one rank's shard, of ``ranks``)."""
     dims = ev.args.get("Input Dims")
     first = dims[0] if isinstance(dims, list) and dims and isinstance(dims[0], list) else []
     nelems = math.prod(first) if first and all(_count(x) for x in first) else 0
@@ -161,8 +161,6 @@ def _collective_bytes(ev: _Event, op: str, world: int) -> int:
         size = _type_bytes(ev.args.get("Input type"))
     else:
         size = ELEMENT_BYTES[kernel_dtype]
-    group = ev.args.get("Group size")
-    ranks = group if _count(group) and group > 0 else world
     if op == "all_gather":
         out = ev.args.get("Out msg nelems", 0)
         if _count(out) and out:
@@ -198,7 +196,7 @@ def _communicator(args: dict, world: int, gpus_per_node: int, groups: dict[str, 
     members = _rank_list(args.get("Process Group Ranks")) or _rank_list(config.get("ranks"))
     if members is not None and len(members) == ranks:
         return _Communicator(role, ranks, len({r // gpus_per_node for r in members}), False)
-    return _Communicator(role, ranks, -(-ranks // gpus_per_node), True)
+    return _Communicator(role, ranks, nodes_spanned(ranks, gpus_per_node), True)
 
 
 def _rank_list(x: Any) -> list[int] | None:
@@ -238,8 +236,8 @@ def _timed_ops(spans: list[dict], world: int, gpus_per_node: int,
         ev = _Event(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["args"])
         op = _collective_op(ev.name, ev.args)
         if op:
-            nbytes = _collective_bytes(ev, op, world)
             comm = _communicator(ev.args, world, gpus_per_node, groups)
+            nbytes = _collective_bytes(ev, op, comm.ranks)
             if nbytes > 0 and comm.ranks > 1:  # over one rank a collective moves nothing
                 colls.append((ev, Collective(f"{op}.{len(colls)}", op, nbytes, comm.role, comm.ranks)))
                 nodes[comm.role] = max(nodes.get(comm.role, 1), comm.nodes)
