@@ -86,8 +86,8 @@ def within_1pct(history: list[float], best: float) -> int | None:
 class Recording(ModelEvaluator):
     """An evaluator that remembers the iteration time of each new evaluation, in order."""
 
-    def __init__(self, workload, model):
-        super().__init__(workload, model)
+    def __init__(self, workload, model, space):
+        super().__init__(workload, model, space)
         self.history: list[float] = []
 
     def _evaluate(self, settings):
@@ -104,10 +104,11 @@ def run_one(cluster: str, name: str, trials: int, work: Path) -> dict:
     fit = fit_run(run)
     fit_s = time.perf_counter() - t0
     fp = run.read_meta()["fingerprint"]
-    vars_ = variables(w, knob_space_for("sim", fp))
+    space = knob_space_for("sim", fp)
+    vars_ = variables(w, space)
     res, hist = {}, {}
     for opt in ("default", "autoccl", "lagom", "optuna"):
-        ev = Recording(w, fit.model)
+        ev = Recording(w, fit.model, space)
         # Optuna unseeded here, so its count is its own (the CLI seeds it with the Lagom result).
         res[opt] = run_optimizer(opt, ev, vars_, {"n_trials": trials, "seed": 0, "enqueue_lagom": False})
         hist[opt] = ev.history

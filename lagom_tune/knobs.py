@@ -23,7 +23,10 @@ class Knob:
     ``comm_direction`` is +1 when a larger value gives communication more of the machine (NCCL
     channels, chunk size) and -1 when it gives computation more (CPU threads per rank); the
     Lagom search starts every knob at communication's minimum and steps towards its maximum.
-    ``ops`` limits the knob to some collective ops (empty: all).
+    ``ops`` limits the knob to some collective ops (empty: all). A value may suit only some ops
+    (``only_for``), only communicators within one node (``within_node``), only some values of
+    another knob (``needs``), and be NCCL's own default for some ops where it is valid
+    (``default_where``: NVLS for all-reduce on an NVSwitch node).
     """
 
     name: str
@@ -36,9 +39,13 @@ class Knob:
     description: str = ""
     only_for: tuple[tuple[Any, tuple[str, ...]], ...] = ()  # (value, ops it is valid for)
     env: str = ""  # process-scope knobs deployed through an environment variable
+    within_node: tuple[Any, ...] = ()  # values valid only for a communicator within one node
+    default_where: tuple[tuple[Any, tuple[str, ...]], ...] = ()  # (value, ops it is the default for where valid)
+    needs: tuple[tuple[Any, str, tuple], ...] = ()  # (value, another knob, that knob's values it runs with)
 
     def __post_init__(self) -> None:
         assert self.scope in SCOPES and self.default in self.domain, self
+        assert all(v in self.domain for v, _ in self.default_where + self.only_for), self
 
     def comm_order(self, domain: tuple | None = None) -> tuple:
         """The domain ordered from least to most resources for communication.
@@ -50,16 +57,32 @@ class Knob:
         """
         return tuple(sorted(domain or self.domain, reverse=self.comm_direction < 0))
 
-    def domain_for(self, ops: set[str]) -> tuple:
-        """Values valid for every op in ``ops`` (e.g. NCCL's tree algorithm is all-reduce only).
+    def domain_for(self, ops: set[str], nodes: int = 1) -> tuple:
+        """Values valid for every op in ``ops`` (e.g. NCCL's tree algorithm is all-reduce only) on
+        a communicator spanning ``nodes`` nodes (NVLS runs within one).
 
         Args:
             ops: collective ops (``Collective.op``) the value must suit.
+            nodes: the most nodes a communicator it applies to spans.
         Returns:
             The valid values, in domain order.
         """
         limits = dict(self.only_for)
-        return tuple(x for x in self.domain if x not in limits or ops <= set(limits[x]))
+        return tuple(x for x in self.domain if (x not in limits or ops <= set(limits[x]))
+                     and (nodes <= 1 or x not in self.within_node))
+
+    def default_for(self, ops: set[str], nodes: int = 1) -> Any:
+        """The value the backend itself takes for ``ops`` on ``nodes`` nodes: a ``default_where``
+        value where every op is one it is the default for and it is valid, else ``default``.
+
+        Args:
+            ops: collective ops the value applies to (empty: a process-wide default).
+            nodes: the most nodes a communicator it applies to spans.
+        Returns:
+            The default.
+        """
+        valid = self.domain_for(ops, nodes)
+        return next((v for v, vops in self.default_where if ops and ops <= set(vops) and v in valid), self.default)
 
     def check(self, value: Any, path: str) -> Any:
         """``value`` if it is in the domain.
@@ -98,9 +121,32 @@ class KnobSpace:
         """The knobs that deploy at ``scope`` (one of ``SCOPES``)."""
         return [k for k in self.knobs if k.scope == scope]
 
-    def defaults(self) -> dict[str, Any]:
-        """Knob name -> its default."""
-        return {k.name: k.default for k in self.knobs}
+    def defaults(self, op: str | None = None, nodes: int = 1) -> dict[str, Any]:
+        """Knob name -> its default, process-wide, or what the backend takes for ``op`` on
+        ``nodes`` nodes (:meth:`Knob.default_for`).
+
+        Args:
+            op: a collective op, or None for the process-wide defaults.
+            nodes: the nodes its communicator spans.
+        Returns:
+            The defaults.
+        """
+        return {k.name: k.default_for({op} if op else set(), nodes) for k in self.knobs}
+
+    def conflict(self, values: Mapping[str, Any]) -> str | None:
+        """Why one collective's knob values cannot run together (NVLS runs the Simple protocol
+        only), or None when they can.
+
+        Args:
+            values: knob name -> value, as one collective runs (``Settings.for_collective``).
+        Returns:
+            A short reason, or None.
+        """
+        for k in self.knobs:
+            for value, other, allowed in k.needs:
+                if values.get(k.name) == value and other in values and values[other] not in allowed:
+                    return f"{k.name} {value} runs only with {other} {'/'.join(map(str, allowed))}, not {values[other]}"
+        return None
 
 
 class CollectiveSite(Protocol):

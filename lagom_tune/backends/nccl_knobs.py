@@ -18,6 +18,7 @@ from lagom_tune.backends.sim_clusters import CLUSTERS
 from lagom_tune.knobs import Knob, KnobSpace
 
 ALGOS = ("ring", "tree")
+NVLS = "nvls"  # NVLink SHARP: all-reduce within an NVSwitch node, Simple only; NCCL's default there
 PROTOS = ("ll", "ll128", "simple")
 # NCCL runs all-to-all as send/recv: NCCL_PROTO and a tuner plugin never reach it, so only the
 # default protocol is measured, searched or planned for it.
@@ -28,20 +29,26 @@ BUFFSIZES = (1 << 20, 2 << 20, 4 << 20, 8 << 20)
 MIB = 1 << 20
 
 
-def nccl_knob_space(max_channels: int = 64, default_channels: int = 16) -> KnobSpace:
+def nccl_knob_space(max_channels: int = 64, default_channels: int = 16, nvls: bool = False) -> KnobSpace:
     """The NCCL knobs for a GPU.
 
     Args:
         max_channels: the most channels worth offering (NCCL's limit, at most half the SMs).
         default_channels: NCCL's default channel count (rounded down to an offered value).
+        nvls: whether the node's NVSwitch reduces (NVLS, Hopper): then ``nvls`` is an algorithm
+            for all-reduce within a node, with the Simple protocol, and NCCL's default there.
     Returns:
         algo, proto, channels (collective scope), threads and buffsize (process scope).
     """
     channels = tuple(c for c in CHANNELS if c <= max_channels)
     default_channels = max(c for c in channels if c <= default_channels)
+    nvls_only = (NVLS, ("all_reduce",))
     return KnobSpace((
-        Knob("algo", "collective", ALGOS, "ring", comm_direction=0, mechanism="lagom-tune NCCL tuner plugin (NCCL_TUNER_PLUGIN)",
-             description="collective algorithm", only_for=(("tree", ("all_reduce",)),)),
+        Knob("algo", "collective", ALGOS + ((NVLS,) if nvls else ()), "ring", comm_direction=0,
+             mechanism="lagom-tune NCCL tuner plugin (NCCL_TUNER_PLUGIN)", description="collective algorithm",
+             only_for=(("tree", ("all_reduce",)),) + ((nvls_only,) if nvls else ()),
+             within_node=(NVLS,) if nvls else (), default_where=(nvls_only,) if nvls else (),
+             needs=((NVLS, "proto", ("simple",)),) if nvls else ()),
         Knob("proto", "collective", PROTOS, "simple", comm_direction=0, mechanism="NCCL tuner plugin",
              description="protocol: LL (latency), LL128, Simple (bandwidth)",
              only_for=(("ll", COLLECTIVE_OPS), ("ll128", COLLECTIVE_OPS))),
@@ -65,8 +72,9 @@ def knob_space_from_fingerprint(fingerprint: dict[str, Any]) -> KnobSpace:
     """
     cluster = CLUSTERS.get(fingerprint.get("cluster", ""))
     if cluster:
-        return nccl_knob_space(cluster.max_channels, cluster.default_channels)
-    return nccl_knob_space(int(fingerprint.get("max_channels", 64)), int(fingerprint.get("default_channels", 16)))
+        return nccl_knob_space(cluster.max_channels, cluster.default_channels, cluster.nvls)
+    # the nccl backend measures no NVLS (the widest space, for a plan of any machine, holds it)
+    return nccl_knob_space(int(fingerprint.get("max_channels", 64)), int(fingerprint.get("default_channels", 16)), not fingerprint)
 
 
 def nccl_config(algo: str, proto: str, channels: int, threads: int, buffsize: int, nodes: int) -> tuple:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, bandwidth_columns, bus_factor
-from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
+from lagom_tune.backends.nccl_knobs import knob_space_from_fingerprint, nccl_config
 from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Cluster
 from lagom_tune.backends.sim_comm import IB, comm_seconds, copy_slowdown, hbm_draw, link_of
 from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_run
@@ -69,7 +69,7 @@ class SimCluster:
         """What the collective takes from a GEMM beside it: its channel blocks' SMs, its HBM traffic
         (over ``seconds``, its time alone, computed when not given), L2."""
         t = self.comm_time(op, nbytes, ranks, nodes, s) if seconds is None else seconds
-        return Contention(int(s["channels"]), hbm_draw(op, nbytes * bus_factor(op, ranks), t), True)
+        return Contention(int(s["channels"]), hbm_draw(op, s["algo"], ranks, nbytes * bus_factor(op, ranks), t), True)
 
     def gemm_time(self, g: Gemm, load: Contention = IDLE) -> float:
         """A GEMM's seconds, alone or beside what a collective takes."""
@@ -156,7 +156,7 @@ class SimBackend(LocalBackend):
         self.ib_gbps = ib
         self.nodes = options.nodes or 1  # sized to the workload by plan_points when --nodes was not given
         self.sim = SimCluster(self.cluster, self.nodes, ib)
-        self.knob_space = nccl_knob_space(self.cluster.max_channels, self.cluster.default_channels)
+        self.knob_space = knob_space_from_fingerprint({"cluster": self.cluster.name})  # the one a plan of it is read with
         # rounds each point has been measured: measured again (a plan replayed round after round),
         # it draws the next rounds' noise, as a real device would not time it the same twice
         self._rounds: dict[str, int] = {}
@@ -177,19 +177,23 @@ class SimBackend(LocalBackend):
             points.append(Point("gemm", (), gemm=g))
         colls = {(c.op, c.nbytes, c.ranks, c.nodes) for c in workload.collectives()}
         for op, nbytes, ranks, nodes in sorted(colls):
-            cells = [(a, p, ch, t, b) for a in space["algo"].domain_for({op}) for p in space["proto"].domain_for({op})
+            cells = [(a, p, ch, t, b) for a in space["algo"].domain_for({op}, nodes) for p in space["proto"].domain_for({op})
+                     if not space.conflict({"algo": a, "proto": p})
                      for ch in space["channels"].domain for t in space["threads"].domain for b in space["buffsize"].domain]
             for size in sorted({nbytes, max(1 << 16, nbytes // 8)}):
                 for a, p, ch, t, b in cells:
                     points.append(Point("collective", nccl_config(a, p, ch, t, b, nodes), op=op, nbytes=size, ranks=ranks))
         # Overlapped pairs: every GEMM shape that runs beside a collective, against each
-        # collective of the workload, over channels and buffer sizes (Simple, ring, 512 threads).
+        # collective of the workload, over channels and buffer sizes (Simple, 512 threads), on the
+        # ring and on the op's own default algorithm where that is another (NVLS all-reduce).
         beside = {g.shape_key: g for grp in workload.groups if grp.comm for g in grp.compute}
         for g in sorted(beside.values(), key=lambda g: g.flops):
             for op, nbytes, ranks, nodes in sorted(colls):
-                for ch in space["channels"].domain:
-                    for b in space["buffsize"].domain:
-                        points.append(Point("overlap", nccl_config("ring", "simple", ch, 512, b, nodes), gemm=g, op=op, nbytes=nbytes, ranks=ranks))
+                for algo in dict.fromkeys(("ring", space.defaults(op, nodes)["algo"])):
+                    for ch in space["channels"].domain:
+                        for b in space["buffsize"].domain:
+                            points.append(Point("overlap", nccl_config(algo, "simple", ch, 512, b, nodes), gemm=g, op=op,
+                                                nbytes=nbytes, ranks=ranks))
         # each point once, first come first: a workload's collective size may be another's eighth (measured twice, refused on read)
         return list({p.key: p for p in points}.values())
 

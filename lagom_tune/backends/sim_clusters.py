@@ -45,6 +45,7 @@ class Cluster:
     gpcs: int = 7  # graphics processing clusters: the block scheduler spreads CTAs across them
     cta_cluster: int = 1  # CTAs a GEMM kernel co-schedules on one TPC (Hopper's thread-block clusters: 2)
     memory: MemoryCalibration = MemoryCalibration()
+    nvls: bool = False  # NVLink SHARP: the NVSwitch reduces (Hopper); NCCL's default all-reduce within a node
     # A GPU's memory: the H200's as torch reported it (139.8 GiB); the others their data sheets' GB
     # read as 10^9 bytes, a lower bound (the H200's "141 GB" would read 131 GiB). None: not checked.
     memory_GiB: float | None = None
@@ -70,8 +71,8 @@ CLUSTERS = {
     "a100-nvlink": Cluster("a100-nvlink", "A100-SXM4-80GB", 108, 2.0e12, 312e12 * 0.75, 300 * GB, 24 * GB, 40 << 20, 16,
                            fabric=640 * GB, memory_GiB=74.5),
     "h100-nvlink": Cluster("h100-nvlink", "H100-SXM", 132, 3.35e12, 989e12 * 0.95, 450 * GB, 55 * GB, 50 << 20, 16,
-                           fabric=800 * GB, gpcs=8, cta_cluster=2, memory_GiB=74.5),
+                           fabric=800 * GB, gpcs=8, cta_cluster=2, memory_GiB=74.5, nvls=True),
     "h200-nvlink": Cluster("h200-nvlink", "H200", 132, 4.8e12, 989e12 * 0.95, 450 * GB, 55 * GB, 50 << 20, 16,
-                           fabric=800 * GB, gpcs=8, cta_cluster=2, memory_GiB=139.8),
+                           fabric=800 * GB, gpcs=8, cta_cluster=2, memory_GiB=139.8, nvls=True),
 }
 DEFAULT_CLUSTER = "h100-nvlink"  # --hardware left out: said in the fingerprint and the profile's output

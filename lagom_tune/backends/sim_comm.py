@@ -15,9 +15,16 @@ saturating curve (model/gpu.py): the model has to earn its accuracy on it.
   buffer: NCCL_BUFFSIZE sizes Simple's only; LL's and LL128's are NCCL's own (524,288 and
   4,915,200 B, flags included, :data:`FIXED_BUFFERS`), so their times do not move with buffsize (until
   2026-12-03 every protocol's step was buffsize/8, an audit's finding).
-* **HBM**: a collective reads and writes its data through HBM (an all-reduce about 3 bytes per
-  byte on the bus, others 2). Beside a GEMM it gets its share of the bandwidth left and waits
-  longer per step as HBM's queue fills.
+* **NVLS** (NVLink SHARP, Hopper's NVSwitch; all-reduce within a node, Simple only): the switch
+  reduces. Each rank's 1/n of the buffer is loaded reduced from every rank's memory and stored
+  back to all of them by multicast, so a rank sends and receives ``S (1 + 1/n)`` bytes of an
+  ``S``-byte all-reduce (NVIDIA/nccl#1083), not the ring's ``2 S (n - 1) / n``, at a rate
+  calibrated to NCCL's ~480 GB/s busbw on 8xH100 (:data:`NVLS_ALL_REDUCE_BUSBW`), reached at
+  NCCL's 16 NVLS channels and shared evenly below that. Its HBM traffic is the rank's buffer read
+  once by the switch and written once by the multicast: ``2 S``.
+* **HBM**: a collective reads and writes its data through HBM (a ring or tree all-reduce about 3
+  bytes per byte on the bus, others 2). Beside a GEMM it gets its share of the bandwidth left and
+  waits longer per step as HBM's queue fills.
 
 Calibrated from published figures, cited in :data:`REFERENCE_BUSBW` and DESIGN.md §10 (8xH200
 all-reduce with CTAs capped), and checked against them in ``tests/test_sim_observations.py``.
@@ -47,6 +54,16 @@ STEPS_PER_BUFFER = 8  # NCCL splits a channel's buffer into 8 steps
 THREADS_FULL_RATE = 256  # a channel CTA reaches its full copy rate from this many threads
 TREE_WORK = 1.1  # a tree step reduces and broadcasts: more work per byte than a ring step
 HBM_PER_BUS_BYTE = {"all_reduce": 3.0}  # others 2: read once, write once
+# NCCL's NVLS channels on Hopper (comm->nvlsChannels, NCCL_NVLS_NCHANNELS): its source says NVLS
+# "should not need more than 16 channels to get peak BW"; a tuner's channel count overrides it.
+NVLS_CHANNELS = 16
+# Bytes/s per direction NVLS's multimem loads and stores move on NVLink 4, from the published busbw
+# (NVLS_ALL_REDUCE_BUSBW, below): busbw = 2 (n - 1) / n * S / t and t = S (1 + 1/n) / carried, so on
+# 8 GPUs 480 GB/s is 309 GB/s carried; at NCCL's 16 NVLS channels and 4 MiB buffers each channel
+# also pays Simple's handshake per 512 KiB step, so the rate before it is 354 GB/s of the 450 line.
+_NVLS_CARRIED = 480 * GB * 9 / 14
+_NVLS_STEP = (4 << 20) / STEPS_PER_BUFFER
+NVLS_RATE = NVLS_CHANNELS * _NVLS_STEP / (_NVLS_STEP / (_NVLS_CARRIED / NVLS_CHANNELS) - PROTOCOLS["simple"][1])
 IB = {100: 12.5 * GB, 400: 50 * GB}  # per GPU, one NIC each
 
 
@@ -64,7 +81,9 @@ def link_of(c: Cluster, nodes: int, ib_gbps: int) -> Link:
 
 
 def steps(op: str, algo: str, ranks: int) -> int:
-    """Pipeline steps one chunk takes around the communicator."""
+    """Pipeline steps one chunk takes around the communicator (NVLS: a reduced load, then a store)."""
+    if algo == "nvls":
+        return 2
     if op == "all_reduce":
         return 2 * max(1, math.ceil(math.log2(max(ranks, 2)))) if algo == "tree" else 2 * (ranks - 1)
     return max(1, ranks - 1)
@@ -93,18 +112,26 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
     """
     eff, handshake = PROTOCOLS[s["proto"]]
     channels = int(s["channels"])
-    rate = channel_share(c, link, channels, int(s["threads"])) * eff
-    if s["algo"] == "tree" and not link.inter_node:
+    algo = s["algo"]
+    if algo == "nvls":
+        if not c.nvls or link.inter_node or op != "all_reduce" or s["proto"] != "simple":
+            raise ValueError(f"NVLS runs all-reduce, Simple, within one node of an NVSwitch Hopper; not {op} {s['proto']} on {c.name}")
+        wire = bus_bytes * nvls_wire_per_bus_byte(ranks)
+        rate = min(channels * NVLS_RATE / NVLS_CHANNELS * min(1.0, int(s["threads"]) / THREADS_FULL_RATE), NVLS_RATE) / channels
+    else:
+        wire = bus_bytes
+        rate = channel_share(c, link, channels, int(s["threads"])) * eff
+    if algo == "tree" and not link.inter_node:
         rate /= TREE_WORK
     if gemm_hbm:
         # Beside a GEMM: HBM is shared (max-min fair, as for the GEMM) and its latency grows with
         # the GEMM's traffic, which slows a channel's copies (bytes in flight over latency) and
         # its handshakes alike.
-        need = rate * channels * HBM_PER_BUS_BYTE.get(op, 2.0)
+        need = rate * channels * hbm_per_wire_byte(op, algo, ranks)
         rate /= copy_slowdown(c, need, gemm_hbm)
         handshake *= latency_beside(c, need, gemm_hbm)
-    per_channel_bytes = bus_bytes / channels
-    n_steps = max(math.ceil(per_channel_bytes / step_payload(s["proto"], int(s["buffsize"]))), steps(op, s["algo"], ranks))
+    per_channel_bytes = wire / channels
+    n_steps = max(math.ceil(per_channel_bytes / step_payload(s["proto"], int(s["buffsize"]))), steps(op, algo, ranks))
     return LAUNCH_S + n_steps * (per_channel_bytes / n_steps / rate + handshake)
 
 
@@ -129,15 +156,29 @@ def channel_share(c: Cluster, link: Link, channels: int, threads: int) -> float:
     return min(carried, link.rate) / channels
 
 
-def hbm_draw(op: str, bus_bytes: float, seconds: float) -> float:
+def nvls_wire_per_bus_byte(ranks: int) -> float:
+    """Bytes an NVLS all-reduce sends (and receives) per rank per bus byte: ``S (1 + 1/n)`` over
+    ``2 S (n - 1) / n``."""
+    return (ranks + 1) / (2 * max(ranks - 1, 1))
+
+
+def hbm_per_wire_byte(op: str, algo: str, ranks: int) -> float:
+    """HBM bytes per byte a rank sends: NVLS's ``2 S`` (its buffer read once by the switch,
+    written once by the multicast) for the ``S (1 + 1/n)`` it sends; otherwise a ring or tree
+    all-reduce 3 (read, reduce into, write), the rest 2."""
+    return 2 * ranks / (ranks + 1) if algo == "nvls" else HBM_PER_BUS_BYTE.get(op, 2.0)
+
+
+def hbm_draw(op: str, algo: str, ranks: int, bus_bytes: float, seconds: float) -> float:
     """Bytes/s of HBM the collective draws while it runs."""
-    return bus_bytes / max(seconds, 1e-12) * HBM_PER_BUS_BYTE.get(op, 2.0)
+    wire = bus_bytes * (nvls_wire_per_bus_byte(ranks) if algo == "nvls" else 1.0)
+    return wire / max(seconds, 1e-12) * hbm_per_wire_byte(op, algo, ranks)
 
 
 # Published bus bandwidths of large ring collectives with NCCL's other defaults, the observations
 # the simulated links are calibrated from (tested in tests/test_sim_observations.py). On Hopper with
-# NVSwitch, NCCL's default all-reduce is NVLink SHARP (NVLS), which the simulator does not model:
-# :data:`NVLS_ALL_REDUCE_BUSBW` is that figure, a known miss.
+# NVSwitch, NCCL's default all-reduce is NVLink SHARP (NVLS): :data:`NVLS_ALL_REDUCE_BUSBW`, which
+# :data:`NVLS_RATE` is calibrated from.
 REFERENCE_BUSBW = {
     "a100-nvlink": (230 * GB, 250 * GB, "8xA100 SXM4 NVLink 3, nccl-tests all_reduce_perf at large sizes: 230-250 GB/s "
                     "(docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests)"),

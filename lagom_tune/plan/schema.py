@@ -188,6 +188,9 @@ class Plan:
                 valid = space[name].domain_for({rule.op})
                 if value not in valid:
                     raise UserError(f"{rp}.set.{name}: {value!r} does not apply to {rule.op} (valid: {', '.join(map(str, valid))})")
+            conflict = space.conflict(rule.set)
+            if conflict:  # NCCL offers no such pair: the plugin's rule would be skipped
+                raise UserError(f"{rp}.set: {conflict}")
             rules.append(rule)
         groups = v.named(v.field(target, "groups", f"{path}.target", dict, {}), f"{path}.target.groups")
         for role in groups:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 
 from lagom_tune.errors import UserError
-from lagom_tune.knobs import Settings
+from lagom_tune.knobs import KnobSpace, Settings
 from lagom_tune.model.contention import CostModel
 from lagom_tune.timeline import Timeline, simulate
 from lagom_tune.workload.bucketing import bucket_group
@@ -30,12 +31,18 @@ class Evaluation:
     timelines: tuple[tuple[OverlapGroup, Timeline], ...]
 
 
-class ModelEvaluator:
-    """Predicts iteration time from a fitted model; counts distinct evaluations."""
+# Settings whose knob values cannot run together (NVLS with LL): never chosen, whichever optimizer asks
+INFEASIBLE = Evaluation(math.inf, math.inf, math.inf, math.inf, {}, {}, {}, ())
 
-    def __init__(self, workload: Workload, model: CostModel):
+
+class ModelEvaluator:
+    """Predicts iteration time from a fitted model; counts distinct evaluations. With the knob
+    space, settings it says cannot run together evaluate to :data:`INFEASIBLE`."""
+
+    def __init__(self, workload: Workload, model: CostModel, space: KnobSpace | None = None):
         self.workload = workload
         self.model = model
+        self.space = space
         self.evaluations = 0
         self._cache: dict[tuple, Evaluation] = {}
         # Per-group timelines, keyed by what the group's time depends on: a change to one
@@ -83,6 +90,8 @@ class ModelEvaluator:
             g = bucket_group(group, caps) if caps else group
             proc = dict(settings.process)
             cfg = [settings.for_collective(c) for c in g.comm]
+            if self.space is not None and any(self.space.conflict(s) for s in cfg):
+                return INFEASIBLE
             key = (id(group), tuple(sorted(proc.items())), tuple((c, tuple(sorted(s.items()))) for c, s in zip(g.comm, cfg)))
             tl = self._groups.get(key)
             if tl is None:

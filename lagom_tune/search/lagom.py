@@ -12,6 +12,7 @@ search is linear in the number of variables.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from typing import Any
 
@@ -30,8 +31,10 @@ def comm_of(var: Var, ev: Evaluation) -> float:
         var: the variable.
         ev: an evaluation.
     Returns:
-        Seconds per iteration.
+        Seconds per iteration (inf for settings that cannot run together).
     """
+    if not math.isfinite(ev.iteration_s):  # INFEASIBLE times nothing
+        return math.inf
     if var.scope == "collective":
         return ev.comm_by_rule.get(var.target, 0.0)
     if var.scope == "communicator":
@@ -165,14 +168,14 @@ def lagom_search(evaluate: ModelEvaluator, vars_: list[Var], *, top_subspaces: i
     subspaces = []
     for combo in itertools.product(*(domains[n] for n in knobs)):
         chosen = dict(zip(knobs, combo))
-        fixed = {v.key: chosen[v.knob.name] if chosen[v.knob.name] in v.domain else v.knob.default for v in cats}
+        fixed = {v.key: chosen[v.knob.name] if chosen[v.knob.name] in v.domain else v.default for v in cats}
         if fixed not in subspaces:
             subspaces.append(fixed)
     trace: list = []
     # Screen the subspaces at the default resources (one evaluation each) and run the priority
     # search only in the most promising ones; the polish still lets each collective switch.
     resources = [v for v in vars_ if not v.categorical]
-    defaults = {v.key: v.knob.default for v in resources}
+    defaults = {v.key: v.default for v in resources}
     screened = [({**defaults, **f}, evaluate(Settings.from_assignment({**defaults, **f}, vars_))) for f in subspaces or [{}]]
     screened.sort(key=lambda se: se[1].iteration_s)
     # the best screened point (the defaults among them) is a candidate too: the search never ends

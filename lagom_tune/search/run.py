@@ -123,7 +123,7 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
     vars_ = variables(workload, space)
     names = list(dict.fromkeys(["default", "autoccl", optimizer]))
     check_options(names, options)
-    results = {name: run_optimizer(name, ModelEvaluator(workload, model), vars_, options) for name in names}
+    results = {name: run_optimizer(name, ModelEvaluator(workload, model, space), vars_, options) for name in names}
     bound = min(r.evaluation.bound_s for r in results.values())
     chosen, default = results[optimizer], results["default"]
     gain = default.evaluation.iteration_s / chosen.evaluation.iteration_s - 1
@@ -155,7 +155,7 @@ def compare(workload: Workload, model: CostModel, space: KnobSpace, names: list[
     out, skipped = [], {}
     for name in names:
         try:
-            out.append(run_optimizer(name, ModelEvaluator(workload, model), vars_, options))
+            out.append(run_optimizer(name, ModelEvaluator(workload, model, space), vars_, options))
         except UserError as e:
             if name != "exhaustive":
                 raise

@@ -22,10 +22,13 @@ class Var:
     target: str  # "" for process, the communicator's or the collective's name otherwise
     knob: Knob
     domain: tuple = ()  # the knob's values valid for every collective this variable covers
+    default: Any = None  # what the backend takes for them (``Knob.default_for``; None: the knob's default)
 
     def __post_init__(self) -> None:
         if not self.domain:
             object.__setattr__(self, "domain", self.knob.domain)
+        if self.default is None:
+            object.__setattr__(self, "default", self.knob.default)
 
     @property
     def categorical(self) -> bool:
@@ -63,25 +66,33 @@ def variables(workload: Workload, space: KnobSpace) -> list[Var]:
         if not relevant:
             continue
         if k.scope == "process":
-            out.append(Var("process", "", k, k.domain_for({c.op for c in relevant})))
+            out.append(_var("process", "", k, relevant))
         elif k.scope == "communicator":
             for g in dict.fromkeys(c.group for c in relevant):
-                out.append(Var("communicator", g, k, k.domain_for({c.op for c in relevant if c.group == g})))
+                out.append(_var("communicator", g, k, [c for c in relevant if c.group == g]))
         else:
             for key in dict.fromkeys(c.rule_key for c in relevant):  # one variable per deployable rule
-                out.append(Var("collective", key, k, k.domain_for({c.op for c in relevant if c.rule_key == key})))
+                out.append(_var("collective", key, k, [c for c in relevant if c.rule_key == key]))
     return out
 
 
+def _var(scope: str, target: str, knob: Knob, covered: list[Collective]) -> Var:
+    """The variable for ``knob`` at one place: the values, and the default, that suit every
+    collective it covers."""
+    ops, nodes = {c.op for c in covered}, max(c.nodes for c in covered)
+    ops_default = ops if scope == "collective" else set()  # a process or communicator value is NCCL's one default
+    return Var(scope, target, knob, knob.domain_for(ops, nodes), knob.default_for(ops_default, nodes))
+
+
 def default_assignment(vars_: list[Var]) -> dict[str, Any]:
-    """Every variable at its knob's default.
+    """Every variable at its default (what the backend takes for the collectives it covers).
 
     Args:
         vars_: the variables (``variables``).
     Returns:
         Variable key -> value.
     """
-    return {v.key: v.knob.default for v in vars_}
+    return {v.key: v.default for v in vars_}
 
 
 def min_comm_assignment(vars_: list[Var]) -> dict[str, Any]:
@@ -92,4 +103,4 @@ def min_comm_assignment(vars_: list[Var]) -> dict[str, Any]:
     Returns:
         Variable key -> value.
     """
-    return {v.key: (v.knob.default if v.categorical else v.comm_order()[0]) for v in vars_}
+    return {v.key: (v.default if v.categorical else v.comm_order()[0]) for v in vars_}
