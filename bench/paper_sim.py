@@ -23,9 +23,7 @@ import pandas as pd
 
 from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.base import BackendOptions, get_backend
-from lagom_tune.backends.nccl_knobs import nccl_knob_space
 from lagom_tune.backends.sim import CLUSTERS, SimCluster
-from lagom_tune.knobs import Settings
 from lagom_tune.model.fit import fit_run
 from lagom_tune.plan.schema import knob_space_for
 from lagom_tune.search.replay import validate
@@ -33,7 +31,7 @@ from lagom_tune.profile.campaign import run_profile
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search import DEFAULT_MIN_GAIN
 from lagom_tune.search.run import run_optimizer
-from lagom_tune.search.space import variables
+from lagom_tune.search.space import default_settings, variables
 from lagom_tune.workload.presets import TABLE2, build_preset
 from lagom_tune.workload.spec import Workload
 
@@ -54,10 +52,9 @@ def overlap_costs(cluster: str, workloads: dict[str, Workload]) -> pd.DataFrame:
     """Lee et al.'s two figures on the simulator's ground truth at NCCL's defaults, per workload
     (by name): the iteration's GEMM time beside its collectives over alone, and the two streams run
     one after the other over overlapped."""
-    c = CLUSTERS[cluster]
-    defaults = Settings(process=nccl_knob_space(c.max_channels, c.default_channels).defaults())
-    sim = SimCluster(c)
-    return pd.DataFrame([{"cluster": cluster, "workload": name, **asdict(sim.overlap_cost(w, defaults))} for name, w in workloads.items()])
+    sim, space = SimCluster(CLUSTERS[cluster]), knob_space_for("sim", {"cluster": cluster})
+    return pd.DataFrame([{"cluster": cluster, "workload": name, **asdict(sim.overlap_cost(w, default_settings(variables(w, space))))}
+                         for name, w in workloads.items()])
 
 
 def lee_workloads() -> dict[str, Workload]:

@@ -16,13 +16,12 @@ from typing import Any
 
 from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.errors import UserError
-from lagom_tune.knobs import Settings
 from lagom_tune.model.contention import load_model, read_model_file, run_problems
 from lagom_tune.plan.schema import ROUNDING_MS, Plan, knob_space_for, load_plan
 from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.render import percent, replay_rows
 from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
-from lagom_tune.search.space import default_assignment, variables
+from lagom_tune.search.space import default_settings, variables
 
 
 def _png(fig) -> str:
@@ -177,7 +176,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
         model, _ = load_model(run.model_path, run.fitted_as(meta))
         workload = run.workload()
         vars_ = variables(workload, knob_space_for(plan.backend, fp))
-        default = Settings.from_assignment(default_assignment(vars_), vars_)
+        default = default_settings(vars_)
         chosen = plan.modelled_settings(workload, default)
         ev = ModelEvaluator(workload, model)
         d, p = ev(default), ev(chosen)

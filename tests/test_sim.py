@@ -8,11 +8,10 @@ import yaml
 
 from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.backends.sim import CLUSTERS, SimCluster
-from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import knob_space_for
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.search.replay import validate
-from lagom_tune.search.space import default_assignment, variables
+from lagom_tune.search.space import default_settings, variables
 from lagom_tune.workload.presets import build_preset
 
 from conftest import cli
@@ -33,7 +32,7 @@ def test_a_plan_replayed_round_after_round_draws_fresh_noise(tmp_path):
     fp = run_profile(w, get_backend("sim", BackendOptions(hardware="h100-nvlink", noise=0.02)), tmp_path / "r",
                      repeats=1).read_meta()["fingerprint"]
     vars_ = variables(w, knob_space_for("sim", fp))
-    defaults = Settings.from_assignment(default_assignment(vars_), vars_)
+    defaults = default_settings(vars_)
     noisy = validate(w, fp, {"default": defaults}, 3)
     low, high = noisy["spread_ms"]["default"]
     assert low < high

@@ -11,7 +11,7 @@ from lagom_tune.knobs import Settings
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search.lagom import comm_of
 from lagom_tune.search.result import SearchResult
-from lagom_tune.search.space import Var, default_assignment
+from lagom_tune.search.space import Var, default_assignment, default_settings
 
 
 def default_search(evaluate: ModelEvaluator, vars_: list[Var]) -> SearchResult:
@@ -24,7 +24,7 @@ def default_search(evaluate: ModelEvaluator, vars_: list[Var]) -> SearchResult:
         Every variable at its knob's default, evaluated.
     """
     t0, start = time.perf_counter(), evaluate.evaluations
-    settings = Settings.from_assignment(default_assignment(vars_), vars_)
+    settings = default_settings(vars_)
     return SearchResult("default", settings, evaluate(settings), evaluate.evaluations - start, time.perf_counter() - t0)
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lagom_tune.knobs import Knob, KnobSpace
+from lagom_tune.knobs import Knob, KnobSpace, Settings
 from lagom_tune.workload.spec import Collective, Workload
 
-__all__ = ["Var", "default_assignment", "min_comm_assignment", "variables"]
+__all__ = ["Var", "default_assignment", "default_settings", "min_comm_assignment", "variables"]
 
 
 
@@ -93,6 +93,17 @@ def default_assignment(vars_: list[Var]) -> dict[str, Any]:
         Variable key -> value.
     """
     return {v.key: v.default for v in vars_}
+
+
+def default_settings(vars_: list[Var]) -> Settings:
+    """What a job runs with when nothing is set: every variable at its default.
+
+    Args:
+        vars_: the variables (``variables``).
+    Returns:
+        The Settings.
+    """
+    return Settings.from_assignment(default_assignment(vars_), vars_)
 
 
 def min_comm_assignment(vars_: list[Var]) -> dict[str, Any]:
