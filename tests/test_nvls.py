@@ -108,3 +108,30 @@ def test_the_simulated_profile_measures_nvls_within_a_node_alone_and_beside_gemm
     assert {p.kind for p in nvls} == {"collective", "overlap"}
     assert all(p.op == "all_reduce" and p.ranks == 8 and dict(p.config)["proto"] == "simple" for p in nvls)
     assert all(dict(p.config)["nodes"] == 1 for p in nvls)
+
+
+def test_the_nccl_backend_offers_nvls_where_nccl_would():
+    """Every rank's GPU supports multicast, a node holds several, and NCCL_NVLS_ENABLE leaves it on."""
+    from lagom_tune.backends.nccl import multicast_supported, nvls_offered
+
+    assert nvls_offered([True] * 8, 8, {})
+    assert nvls_offered([True] * 8, 8, {"NCCL_NVLS_ENABLE": "1"})
+    assert not nvls_offered([True] * 8, 8, {"NCCL_NVLS_ENABLE": "0"})
+    assert not nvls_offered([True] * 7 + [False], 8, {})
+    assert not nvls_offered([True], 1, {})  # one GPU a node: nothing to reduce through the switch
+    assert multicast_supported(0) in (True, False)  # no driver here: False, not an exception
+
+
+def test_the_nccl_sweep_measures_nvls_within_a_node_and_names_it_to_nccl():
+    from lagom_tune.backends.nccl_sweep import plan_collective_points, worker_env
+
+    space = knob_space_from_fingerprint({"max_channels": 32, "default_channels": 16, "nvls": True})
+    assert space.defaults("all_reduce")["algo"] == "nvls"
+    points = plan_collective_points(build_preset("mpt-7b-tp8-dp2"), space, world=16, gpus_per_node=8)
+    nvls = [p for p in points if dict(p.config).get("algo") == "nvls"]
+    assert {p.kind for p in nvls} == {"collective", "overlap"}
+    assert all(p.ranks == 8 and dict(p.config)["nodes"] == 1 and dict(p.config)["proto"] == "simple" for p in nvls)
+    overlap_algos = {dict(p.config)["algo"] for p in points if p.kind == "overlap" and p.ranks == 8}
+    assert overlap_algos == {"ring", "nvls"}  # the ring's contention and the default's
+    env, _ = worker_env({"algo": "nvls", "proto": "simple"}, {"all_reduce"}, (2, 28, 9), {})
+    assert env["NCCL_ALGO"] == "allreduce:NVLS" and env["NCCL_PROTO"] == "allreduce:Simple"

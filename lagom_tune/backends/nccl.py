@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import datetime
 import os
 import platform
@@ -32,7 +33,7 @@ from typing import Any, Iterator
 
 from lagom_tune.backends.base import BackendOptions, Point, RegisteredBackend, RowSink, reduce_ranks
 from lagom_tune.backends.gpu_timing import OPERANDS
-from lagom_tune.backends.nccl_knobs import nccl_knob_space
+from lagom_tune.backends.nccl_knobs import NVLS, nccl_knob_space
 from lagom_tune.backends.nccl_sweep import batches, plan_collective_points, plan_probe_points, worker_env
 from lagom_tune.backends.nccl_worker import WorkerSpec, worker_main
 from lagom_tune.errors import RunError, UserError
@@ -102,6 +103,44 @@ def _run(cmd: list[str]) -> str:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+# CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED (cuda.h, CUDA 12.1+): what NCCL asks before it offers NVLS
+CU_MULTICAST_SUPPORTED = 132
+
+
+def multicast_supported(local_rank: int) -> bool:
+    """Whether this rank's GPU can join an NVLink multicast object (an NVSwitch node with its
+    fabric manager), asked of the CUDA driver as NCCL asks it; False when the driver cannot say.
+
+    Args:
+        local_rank: the rank's GPU on its node (a CUDA ordinal among the visible devices).
+    Returns:
+        The driver's answer.
+    """
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev, value = ctypes.c_int(), ctypes.c_int()
+        ok = (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), local_rank) == 0
+              and cuda.cuDeviceGetAttribute(ctypes.byref(value), CU_MULTICAST_SUPPORTED, dev) == 0)
+    except (OSError, AttributeError):  # no driver library, or one too old to export the calls
+        return False
+    return ok and value.value == 1
+
+
+def nvls_offered(multicast: list[bool], gpus_per_node: int, env: dict[str, str]) -> bool:
+    """Whether NCCL will offer NVLS on this job, so the profile measures it and the defaults are
+    it: every rank's GPU supports multicast, a node holds more than one of them, and
+    ``NCCL_NVLS_ENABLE`` does not turn it off (NCCL's default enables it where supported).
+
+    Args:
+        multicast: :func:`multicast_supported` of every rank.
+        gpus_per_node: ranks a node holds.
+        env: the environment the job runs with.
+    Returns:
+        The answer.
+    """
+    return bool(multicast) and all(multicast) and gpus_per_node > 1 and env.get("NCCL_NVLS_ENABLE", "").strip() != "0"
 
 
 def _nccl_version(torch) -> tuple[int, ...] | None:
@@ -183,7 +222,9 @@ class NcclBackend(RegisteredBackend):
         # NCCL allows 64 channels since 2.25 (32 before); at most half the SMs leaves the GEMM
         # beside a collective something to run on.
         sms = STANDIN_SMS if self.standin else torch.cuda.get_device_properties(self.coord.local_rank).multi_processor_count
-        self.knob_space = nccl_knob_space(min(64 if nccl is None or nccl >= (2, 25) else 32, sms // 2))
+        multicast = False if self.standin or self.mode != "multi" else multicast_supported(self.coord.local_rank)
+        nvls = nvls_offered(self.coord.all_gather(multicast), self.coord.gpus_per_node, dict(os.environ))
+        self.knob_space = nccl_knob_space(min(64 if nccl is None or nccl >= (2, 25) else 32, sms // 2), nvls=nvls)
 
     def share(self, value: Any) -> Any:
         return self.coord.share(value)
@@ -208,6 +249,7 @@ class NcclBackend(RegisteredBackend):
                 "hosts": sorted({f["host"] for f in facts}), "host": first["host"],
                 "topology": _topology(self.standin), "max_channels": self.knob_space["channels"].domain[-1],
                 "default_channels": self.knob_space["channels"].default,
+                "nvls": NVLS in self.knob_space["algo"].domain,
                 **({"standin": "cpu and gloo in place of GPUs and NCCL: a test of the orchestration, not a GPU measurement"}
                    if self.standin else {}),
             }

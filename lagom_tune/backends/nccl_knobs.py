@@ -66,15 +66,48 @@ def knob_space_from_fingerprint(fingerprint: dict[str, Any]) -> KnobSpace:
 
     Args:
         fingerprint: a run folder's fingerprint: a simulated cluster's name, or the channel bounds
-            the nccl backend measured under; {} for the widest space any plan may hold.
+            the nccl backend measured under (and whether NCCL offered NVLS); {} for the widest
+            space any plan may hold.
     Returns:
         The NCCL knobs with that machine's channel bounds.
     """
     cluster = CLUSTERS.get(fingerprint.get("cluster", ""))
     if cluster:
         return nccl_knob_space(cluster.max_channels, cluster.default_channels, cluster.nvls)
-    # the nccl backend measures no NVLS (the widest space, for a plan of any machine, holds it)
-    return nccl_knob_space(int(fingerprint.get("max_channels", 64)), int(fingerprint.get("default_channels", 16)), not fingerprint)
+    # NVLS where the nccl backend found NCCL would offer it (profiles before 2026-12-03 measured
+    # none); the widest space, for a plan of any machine, holds it
+    return nccl_knob_space(int(fingerprint.get("max_channels", 64)), int(fingerprint.get("default_channels", 16)),
+                           bool(fingerprint.get("nvls", not fingerprint)))
+
+
+def measured_pairs(space: KnobSpace, op: str, nodes: int) -> list[tuple[str, str]]:
+    """The (algorithm, protocol) pairs a profile times ``op`` alone with: every pair NCCL runs for
+    it on ``nodes`` nodes (NVLS only within a node, with Simple).
+
+    Args:
+        space: the NCCL knobs on the profiled machine.
+        op: a collective op.
+        nodes: the nodes its communicator spans.
+    Returns:
+        The pairs, in domain order.
+    """
+    return [(a, p) for a in space["algo"].domain_for({op}, nodes) for p in space["proto"].domain_for({op})
+            if not space.conflict({"algo": a, "proto": p})]
+
+
+def overlap_algos(space: KnobSpace, op: str, nodes: int) -> tuple[str, ...]:
+    """The algorithms a profile times ``op`` beside GEMMs with: the ring, and NCCL's own default
+    for it where that is another (NVLS for an all-reduce within an NVSwitch node), so the model
+    learns the contention of what runs when nothing is set.
+
+    Args:
+        space: the NCCL knobs on the profiled machine.
+        op: a collective op.
+        nodes: the nodes its communicator spans.
+    Returns:
+        One or two algorithms.
+    """
+    return tuple(dict.fromkeys((space["algo"].default, space.defaults(op, nodes)["algo"])))
 
 
 def nccl_config(algo: str, proto: str, channels: int, threads: int, buffsize: int, nodes: int) -> tuple:

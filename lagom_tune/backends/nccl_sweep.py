@@ -7,7 +7,8 @@ so points that differ in any of them are measured in different worker processes 
 
 The sweep is one factor at a time around the defaults, because the fitted communication model
 separates the factors: every (algorithm, protocol) over every channel count; threads and buffer
-size over three channel counts; overlapped pairs over channels and buffer sizes.
+size over three channel counts; overlapped pairs over channels and buffer sizes, on the ring and on
+the op's own default where that is another (NVLS within an NVSwitch node).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Mapping
 
 from lagom_tune.backends.base import Point
 from lagom_tune.backends.nccl_controls import OVERRIDING_ENV, TUNER_COLL, CommunicatorConfig, build_options
-from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
+from lagom_tune.backends.nccl_knobs import NVLS, measured_pairs, nccl_config, nccl_knob_space, overlap_algos
 from lagom_tune.backends.registry import PROBE_OP
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace
@@ -25,7 +26,7 @@ from lagom_tune.workload.spec import Workload
 
 PROCESS_KEYS = ("algo", "proto", "threads", "buffsize")
 # NCCL's environment spellings.
-ALGO_ENV = {"ring": "Ring", "tree": "Tree"}
+ALGO_ENV = {"ring": "Ring", "tree": "Tree", NVLS: "NVLS"}
 PROTO_ENV = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
 PER_OP_SYNTAX = (2, 24)  # NCCL_ALGO="allreduce:tree;allgather:ring" since NCCL 2.24
 
@@ -99,10 +100,9 @@ def plan_collective_points(workload: Workload, space: KnobSpace, world: int, gpu
             def coll(cfg: tuple) -> None:
                 _add(points, Point("collective", cfg, op=op, nbytes=size, ranks=ranks))
 
-            for a in algo.domain_for({op}):
-                for p in proto.domain_for({op}):
-                    for ch in chan.domain:
-                        coll(nccl_config(a, p, ch, thr.default, buf.default, nodes))
+            for a, p in measured_pairs(space, op, nodes):
+                for ch in chan.domain:
+                    coll(nccl_config(a, p, ch, thr.default, buf.default, nodes))
             for ch in few_channels:
                 for t in thr.domain:
                     coll(nccl_config(algo.default, proto.default, ch, t, buf.default, nodes))
@@ -110,10 +110,11 @@ def plan_collective_points(workload: Workload, space: KnobSpace, world: int, gpu
                     coll(nccl_config(algo.default, proto.default, ch, thr.default, b, nodes))
     for g in _beside(workload):
         for op, nbytes, ranks, nodes in colls:
-            for ch in chan.domain:
-                for b in buf.domain:
-                    _add(points, Point("overlap", nccl_config(algo.default, proto.default, ch, thr.default, b, nodes),
-                                       gemm=g, op=op, nbytes=nbytes, ranks=ranks))
+            for a in overlap_algos(space, op, nodes):
+                for ch in chan.domain:
+                    for b in buf.domain:
+                        _add(points, Point("overlap", nccl_config(a, proto.default, ch, thr.default, b, nodes),
+                                           gemm=g, op=op, nbytes=nbytes, ranks=ranks))
     return list(points.values())
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, bandwidth_columns, bus_factor
-from lagom_tune.backends.nccl_knobs import knob_space_from_fingerprint, nccl_config
+from lagom_tune.backends.nccl_knobs import knob_space_from_fingerprint, measured_pairs, nccl_config, overlap_algos
 from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Cluster
 from lagom_tune.backends.sim_comm import IB, comm_seconds, copy_slowdown, hbm_draw, link_of
 from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_run
@@ -177,8 +177,7 @@ class SimBackend(LocalBackend):
             points.append(Point("gemm", (), gemm=g))
         colls = {(c.op, c.nbytes, c.ranks, c.nodes) for c in workload.collectives()}
         for op, nbytes, ranks, nodes in sorted(colls):
-            cells = [(a, p, ch, t, b) for a in space["algo"].domain_for({op}, nodes) for p in space["proto"].domain_for({op})
-                     if not space.conflict({"algo": a, "proto": p})
+            cells = [(a, p, ch, t, b) for a, p in measured_pairs(space, op, nodes)
                      for ch in space["channels"].domain for t in space["threads"].domain for b in space["buffsize"].domain]
             for size in sorted({nbytes, max(1 << 16, nbytes // 8)}):
                 for a, p, ch, t, b in cells:
@@ -189,7 +188,7 @@ class SimBackend(LocalBackend):
         beside = {g.shape_key: g for grp in workload.groups if grp.comm for g in grp.compute}
         for g in sorted(beside.values(), key=lambda g: g.flops):
             for op, nbytes, ranks, nodes in sorted(colls):
-                for algo in dict.fromkeys(("ring", space.defaults(op, nodes)["algo"])):
+                for algo in overlap_algos(space, op, nodes):
                     for ch in space["channels"].domain:
                         for b in space["buffsize"].domain:
                             points.append(Point("overlap", nccl_config(algo, "simple", ch, 512, b, nodes), gemm=g, op=op,
