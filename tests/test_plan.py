@@ -164,3 +164,13 @@ def test_a_communicator_the_search_left_at_the_defaults_gets_no_rule():
     assert rules("phi-2-tp8-dp2", "all_reduce") == [("all_reduce", "tp", "ring", 4)]
     # the all-gather changed: the reduce-scatter on the same communicator keeps its rule
     assert rules("phi-2-fsdp16", "all_gather") == [("all_gather", "dp_shard", "ring", 4), ("reduce_scatter", "dp_shard", "ring", 16)]
+
+
+def test_a_cluster_the_simulator_does_not_have_is_named_not_blamed_on_the_rows():
+    """meta.yaml's cluster edited to one the simulator lacks: fit and show blamed 5,040 NVLS rows
+    ("nvls, not one of the sim backend's ring, tree"), the knob space read as another machine's."""
+    from lagom_tune.plan.schema import knob_space_for
+
+    with pytest.raises(UserError, match=r"cluster 'h900-nvlink' \(a run folder's meta.yaml, a plan's target.hardware\) is no simulated cluster"):
+        knob_space_for("sim", {"cluster": "h900-nvlink"})
+    assert "nvls" in knob_space_for("sim", {"cluster": "h200-nvlink"})["algo"].domain

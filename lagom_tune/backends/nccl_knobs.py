@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from lagom_tune.backends.sim_clusters import CLUSTERS
+from lagom_tune.errors import UserError
 from lagom_tune.knobs import Knob, KnobSpace
 
 ALGOS = ("ring", "tree")
@@ -70,8 +71,14 @@ def knob_space_from_fingerprint(fingerprint: dict[str, Any]) -> KnobSpace:
             space any plan may hold.
     Returns:
         The NCCL knobs with that machine's channel bounds.
+    Raises:
+        UserError: for a cluster the simulator does not have.
     """
-    cluster = CLUSTERS.get(fingerprint.get("cluster", ""))
+    name = fingerprint.get("cluster")
+    cluster = CLUSTERS.get(name) if isinstance(name, str) else None
+    if name is not None and cluster is None:  # read as another machine's space, it blamed the rows
+        raise UserError(f"cluster {name!r} (a run folder's meta.yaml, a plan's target.hardware) is no simulated cluster: "
+                        f"{', '.join(CLUSTERS)}; was the file edited?")
     if cluster:
         return nccl_knob_space(cluster.max_channels, cluster.default_channels, cluster.nvls)
     # NVLS where the nccl backend found NCCL would offer it (profiles before 2026-12-03 measured
