@@ -18,6 +18,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# A simulated H100 plan with tuner rules (tree/LL128 and ring/Simple at 64 channels), kept as it was
+# written on 2026-12-03: the committed plans change with the simulator (this one now keeps NVLS).
+RULES_PLAN = ROOT / "tests" / "data" / "plan-sim-h100-with-rules.yaml"
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 # The tuner plugin is built into $XDG_CACHE_HOME/lagom-tune: tests build into a folder of their own.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="lagom-tests-cache-")

@@ -7,7 +7,7 @@ from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import Plan, load_plan
 
-from conftest import ROOT
+from conftest import ROOT, RULES_PLAN
 
 BASE = Plan(backend="gloo", world_size=2, hardware={"device": "cpu", "cores": 2}, groups={"dp": 2},
             settings=Settings({"threads": 1}, {"dp": {"bucket_cap_mb": 8}}),
@@ -59,7 +59,7 @@ def test_bad_plans_are_refused_with_the_field(mutate, message):
 
 
 def _nccl_plan() -> dict:
-    return yaml.safe_load((ROOT / "plans" / "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml").read_text())
+    return yaml.safe_load(RULES_PLAN.read_text())
 
 
 def _set_rule(d: dict, **match) -> None:

@@ -20,7 +20,7 @@ from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
 from lagom_tune.runtime.nccl import RULES_ENV, TunerRules, communicator_nodes, tuner_rules
 from lagom_tune.runtime.tuner_build import LIBRARY_NAME, cache_root, ensure_plugin, find_compiler
 
-from conftest import ROOT, cli
+from conftest import ROOT, RULES_PLAN, cli
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs the system C compiler `cc`")
 
@@ -149,11 +149,13 @@ IN_TEST_PLAN = Plan(
 )
 PLANS = {p.name: load_plan(p) for p in sorted((ROOT / "plans").glob("*.yaml"))}
 PLANS["in-test"] = IN_TEST_PLAN
+PLANS["with-rules"] = load_plan(RULES_PLAN)
 NCCL_PLANS = {name: plan for name, plan in PLANS.items() if plan.backend in ("nccl", "sim") and plan.rules}
 
 
 def test_the_repository_has_nccl_plans_with_rules():
-    assert len([n for n in NCCL_PLANS if n.startswith("sim-")]) >= 2
+    """Committed plans with rules, and the kept one (the H100 plan now keeps NCCL's NVLS)."""
+    assert [n for n in NCCL_PLANS if n.startswith("sim-")] and "with-rules" in NCCL_PLANS
 
 
 def expected(plan: Plan, op: str, n_ranks: int, n_nodes: int, n_bytes: int) -> CollectiveRule | None:
@@ -468,14 +470,14 @@ def test_a_build_is_reused_and_keyed_by_the_source(tmp_path):
 
 
 def test_dry_run_names_the_built_plugin(tmp_path):
-    r = cli("apply", ROOT / "plans" / "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml", "--dry-run", "--", "true",
+    r = cli("apply", RULES_PLAN, "--dry-run", "--", "true",
             env={"XDG_CACHE_HOME": str(tmp_path)}, check=True)
     plugin = next(tmp_path.glob(f"lagom-tune/nccl-tuner-*/{LIBRARY_NAME}"))
     rules = next(tmp_path.glob("lagom-tune/tuner-rules/*.rules"))
     out = r.stdout
     assert f"export NCCL_TUNER_PLUGIN={plugin}" in out and f"{RULES_ENV}={rules}" in out
     assert "allreduce 8 * 16777216 16777216 tree ll128 64" in out and "rules that need the plugin" in out
-    assert rules.read_text() == tuner_rules(PLANS["sim-h100-nvlink-mpt-7b-tp8-dp2.yaml"]).text()
+    assert rules.read_text() == tuner_rules(PLANS["with-rules"]).text()
 
 
 def test_without_a_compiler_apply_says_so_and_falls_back_to_cta_bounds(tmp_path):
@@ -533,7 +535,7 @@ def test_rules_the_plugin_would_refuse_are_refused_before_the_run(tmp_path):
     from lagom_tune.errors import UserError
     from lagom_tune.runtime.launch import prepare_tuner
 
-    plan = PLANS["sim-h100-nvlink-mpt-7b-tp8-dp2.yaml"]
+    plan = PLANS["with-rules"]
     assert prepare_tuner(plan, cache=tmp_path).deployed
     huge = dataclasses.replace(plan, rules=(dataclasses.replace(plan.rules[0], max_bytes=10 ** 23),) + plan.rules[1:])
     with pytest.raises(UserError, match=r"would refuse the plan's rules and NCCL would use none of them: line \d+: bad maxBytes"):
@@ -554,7 +556,7 @@ def test_a_library_that_cannot_be_loaded_is_never_cached(tmp_path):
 def test_a_cached_library_that_cannot_be_loaded_falls_back_to_cta_bounds(tmp_path):
     from lagom_tune.runtime.launch import prepare_tuner
 
-    plan = PLANS["sim-h100-nvlink-mpt-7b-tp8-dp2.yaml"]
+    plan = PLANS["with-rules"]
     built = prepare_tuner(plan, cache=tmp_path)
     assert built.deployed
     built.plugin.path.write_text("garbage")  # left by a version that cached whatever CC wrote
@@ -569,7 +571,7 @@ def test_a_read_only_cache_takes_a_prebuilt_plugin_and_the_rules_go_to_a_tempora
 
     from lagom_tune.runtime.launch import prepare_tuner
 
-    plan = PLANS["sim-h100-nvlink-mpt-7b-tp8-dp2.yaml"]
+    plan = PLANS["with-rules"]
     ensure_plugin(cache=tmp_path / "shared")
     (tmp_path / "shared" / "tuner-rules").write_text("")  # its rules folder cannot be made (as read-only)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
