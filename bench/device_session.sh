@@ -43,6 +43,9 @@ if ! "$py" -c 'import optuna' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 step "install this checkout" "$py" -m pip install -q --no-index --no-deps --no-build-isolation -e .
 export PYTHON="$py"
+# what the nccl backend asks before offering NVLS (a one-GPU machine gives no NVLS either way; this
+# checks the driver call itself, unrun on a GPU until a session logs it)
+step "multicast support (NVLS)" "$py" -c 'from lagom_tune.backends.nccl import multicast_supported; print("CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED on GPU 0:", multicast_supported(0))'
 for w in "${workloads[@]}"; do
   step "gpu_check $w" bash bench/gpu_check.sh "$work/results" "$w"
 done
