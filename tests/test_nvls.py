@@ -135,3 +135,23 @@ def test_the_nccl_sweep_measures_nvls_within_a_node_and_names_it_to_nccl():
     assert overlap_algos == {"ring", "nvls"}  # the ring's contention and the default's
     env, _ = worker_env({"algo": "nvls", "proto": "simple"}, {"all_reduce"}, (2, 28, 9), {})
     assert env["NCCL_ALGO"] == "allreduce:NVLS" and env["NCCL_PROTO"] == "allreduce:Simple"
+
+
+def test_a_plan_rule_of_nvls_for_a_role_that_spans_nodes_is_refused():
+    """NVLS runs within one node: a rule for a role the plan shows spanning two (the world's, or
+    rank sets across nodes) is refused; a role known only by its size is left to the plugin, which
+    keeps NCCL's pick where NCCL offers no NVLS."""
+    def plan(group: str, **target) -> dict:
+        return {"schema_version": 1, "kind": "lagom-plan",
+                "target": {"backend": "sim", "world_size": 16, "nodes": 2, "groups": {"world": 16, "tp": 8},
+                           "hardware": {"cluster": "h100-nvlink"}, **target},
+                "process": {}, "communicators": {},
+                "collectives": [{"match": {"op": "all_reduce", "group": group}, "set": {"algo": "nvls", "proto": "simple"}}]}
+
+    with pytest.raises(UserError, match=r"collectives\[0\].set.algo: 'nvls' runs within one node, and role world's "
+                                        r"communicators span 2 of the plan's 2 nodes"):
+        Plan.from_dict(plan("world"))
+    Plan.from_dict(plan("tp"))  # by size alone: 8 ranks may be one node's
+    Plan.from_dict(plan("tp", group_ranks={"tp": [list(range(8)), list(range(8, 16))]}))
+    with pytest.raises(UserError, match="role tp's communicators span 2"):
+        Plan.from_dict(plan("tp", group_ranks={"tp": [list(range(0, 16, 2)), list(range(1, 16, 2))]}))

@@ -210,6 +210,12 @@ class Plan:
         if world_size % nodes:  # torchrun starts as many ranks on every node
             raise UserError(f"{path}.target.nodes: {nodes} nodes cannot hold {world_size} ranks evenly")
         group_ranks = _group_ranks(target, {str(k): int(val) for k, val in groups.items()}, world_size, f"{path}.target")
+        for i, rule in enumerate(rules):  # NVLS runs within a node: NCCL would not run such a rule there
+            spans = _role_nodes(rule.group, groups, group_ranks, world_size, nodes)
+            for name, value in rule.set.items():
+                if spans and value not in space[name].domain_for({rule.op}, spans):
+                    raise UserError(f"{path}.collectives[{i}].set.{name}: {value!r} runs within one node, and role "
+                                    f"{rule.group}'s communicators span {spans} of the plan's {nodes} nodes")
         validated = d.get("validated")
         if validated is not None:
             validated = _times_record(validated, f"{path}.validated")
@@ -344,6 +350,18 @@ def _times_record(d: Any, path: str) -> dict[str, Any]:
         return d
     # an iteration of no time (0) was shown as the plan's, below its own contention-free bound
     return {**d, "iteration_ms": v.number_map(v.field(d, "iteration_ms", path, dict, {}), f"{path}.iteration_ms", minimum=v.POSITIVE)}
+
+
+def _role_nodes(role: str, groups: dict[str, int], group_ranks: dict[str, tuple[tuple[int, ...], ...]],
+                world_size: int, nodes: int) -> int | None:
+    """The most nodes one communicator of ``role`` spans, where the plan says: its rank sets, or
+    every rank (a role of the world's size, a one-node plan); None where only its size is known."""
+    per_node = world_size // nodes
+    if role in group_ranks:
+        return max(len({r // per_node for r in ranks}) for ranks in group_ranks[role])
+    if nodes == 1 or groups.get(role) == world_size:
+        return nodes
+    return None
 
 
 def _group_ranks(target: dict[str, Any], groups: dict[str, int], world_size: int, path: str
