@@ -177,7 +177,8 @@ def report(df: pd.DataFrame, trials: int, remade: bool = False) -> str:
     mape_cols = [c for c in df.columns if c.startswith("mape_")]
     accuracy = df.groupby("cluster")[mape_cols].max().rename(columns=lambda c: c.removeprefix("mape_")).reset_index()
     lo, hi = df["lagom_x"].min(), df["lagom_x"].max()
-    hopper_tp = df.loc[df["cluster"].str.startswith("h") & df["workload"].str.contains("-tp"), "lagom_x"]  # NVLS is their TP default
+    nvls_tp = df["cluster"].map(lambda c: CLUSTERS[c].nvls) & df["workload"].str.contains("-tp")  # NVLS is their TP default
+    hopper_tp = df.loc[nvls_tp, "lagom_x"]
     lo_a, hi_a = df["lagom_vs_autoccl_x"].min(), df["lagom_vs_autoccl_x"].max()
     clusters = list(dict.fromkeys([*LEE_CLUSTERS, *df["cluster"]]))
     lee = cost_summary(pd.concat([overlap_costs(c, lee_workloads()) for c in clusters]))

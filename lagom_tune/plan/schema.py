@@ -211,7 +211,7 @@ class Plan:
             raise UserError(f"{path}.target.nodes: {nodes} nodes cannot hold {world_size} ranks evenly")
         group_ranks = _group_ranks(target, {str(k): int(val) for k, val in groups.items()}, world_size, f"{path}.target")
         for i, rule in enumerate(rules):  # NVLS runs within a node: NCCL would not run such a rule there
-            spans = _role_nodes(rule.group, groups, group_ranks, world_size, nodes)
+            spans = nodes_of(world_size, nodes, groups.get(rule.group), group_ranks.get(rule.group, ()))
             for name, value in rule.set.items():
                 if spans and value not in space[name].domain_for({rule.op}, spans):
                     raise UserError(f"{path}.collectives[{i}].set.{name}: {value!r} runs within one node, and role "
@@ -352,14 +352,22 @@ def _times_record(d: Any, path: str) -> dict[str, Any]:
     return {**d, "iteration_ms": v.number_map(v.field(d, "iteration_ms", path, dict, {}), f"{path}.iteration_ms", minimum=v.POSITIVE)}
 
 
-def _role_nodes(role: str, groups: dict[str, int], group_ranks: dict[str, tuple[tuple[int, ...], ...]],
-                world_size: int, nodes: int) -> int | None:
-    """The most nodes one communicator of ``role`` spans, where the plan says: its rank sets, or
-    every rank (a role of the world's size, a one-node plan); None where only its size is known."""
-    per_node = world_size // nodes
-    if role in group_ranks:
-        return max(len({r // per_node for r in ranks}) for ranks in group_ranks[role])
-    if nodes == 1 or groups.get(role) == world_size:
+def nodes_of(world_size: int, nodes: int, ranks: int | None, rank_sets: tuple[tuple[int, ...], ...] = ()) -> int | None:
+    """The most nodes one communicator spans, where a plan says: its rank sets, else 1 on a one-node
+    plan and every node for the world's communicator; None where only its size is known (a group
+    of 2 in a tp8-dp2 job spans two nodes while a group of 8 stays in one).
+
+    Args:
+        world_size: the plan's ranks.
+        nodes: the plan's nodes.
+        ranks: the communicator's size, or None when unknown.
+        rank_sets: its role's groups' global ranks (``target.group_ranks``), when the plan gives them.
+    Returns:
+        Nodes, or None.
+    """
+    if rank_sets:
+        return max(len({r // (world_size // nodes) for r in ranks_}) for ranks_ in rank_sets)
+    if nodes == 1 or ranks == world_size:
         return nodes
     return None
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lagom_tune.backends.nccl_controls import TUNER_COLL, CommunicatorConfig
-from lagom_tune.plan.schema import CollectiveRule, Plan
+from lagom_tune.plan.schema import CollectiveRule, Plan, nodes_of
 
 # NCCL runs all-to-all as grouped send/recv, which its tuner is never asked about.
 NOT_TUNABLE = {"all_to_all": "NCCL runs all-to-all as send/recv, which no tuner plugin sees"}
@@ -77,11 +77,7 @@ def communicator_nodes(plan: Plan, ranks: int | None) -> int | None:
         group of 2 in a tp8-dp2 job spans two nodes while a group of 8 stays in one, and the plan
         does not record the layout, so the rule then matches on nRanks alone.
     """
-    if plan.nodes == 1:
-        return 1
-    if ranks is not None and ranks == plan.world_size:
-        return plan.nodes
-    return None
+    return nodes_of(plan.world_size, plan.nodes, ranks)
 
 
 def tuner_rules(plan: Plan) -> TunerRules:
