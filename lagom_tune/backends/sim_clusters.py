@@ -60,14 +60,16 @@ class Cluster:
 # Simple step's handshake (sim_comm.PROTOCOLS) and the fabric take NCCL's ~20% protocol overhead
 # off it (370 GB/s ring busbw on 8xH100, sim_comm.REFERENCE_BUSBW); until 2026-12-03 the link was
 # already derated to 0.85 of the line rate and the handshakes took a second share. The A40s' links
-# are achieved figures with no published nccl-tests run behind them (PCIe 4.0 x16 ~22 GB/s; NVLink
-# bridge pairs plus PCIe ~48).
+# are achieved figures with no published nccl-tests run behind them: PCIe 4.0 x16 ~22 GB/s; NVLink
+# bridge pairs plus PCIe solved for AutoCCL's published gain (the middle of 1.24-1.29x, NCCL's 8
+# default channels short of the link: ``bench/calibrate_sim.py``'s link_for_autoccl_gain, 49.6 GB/s
+# on 2026-12-03; a guess of 48 until then, which gave 1.22x).
 # per_channel and fabric: calibrated to published observations (sim_comm.py, DESIGN.md §10):
 # 8xH200 all-reduce with CTAs capped (2/4/8 -> 74/134/234 GB/s busbw), 8xA100 nccl-tests
 # 230-250 GB/s at NCCL's defaults, and AutoCCL's 1.24-1.29x over NCCL's defaults on A40s.
 CLUSTERS = {
     "a40-pcie": Cluster("a40-pcie", "A40", 84, 696 * GB, 150e12 * 0.7, 22 * GB, 5.0 * GB, 6 << 20, 8, 32, memory_GiB=44.7),
-    "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 48 * GB, 5.0 * GB, 6 << 20, 8, 64, memory_GiB=44.7),
+    "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 49.6 * GB, 5.0 * GB, 6 << 20, 8, 64, memory_GiB=44.7),
     "a100-nvlink": Cluster("a100-nvlink", "A100-SXM4-80GB", 108, 2.0e12, 312e12 * 0.75, 300 * GB, 24 * GB, 40 << 20, 16,
                            fabric=640 * GB, memory_GiB=74.5),
     "h100-nvlink": Cluster("h100-nvlink", "H100-SXM", 132, 3.35e12, 989e12 * 0.95, 450 * GB, 55 * GB, 50 << 20, 16,
