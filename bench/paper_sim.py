@@ -35,6 +35,8 @@ from lagom_tune.search.space import default_settings, variables
 from lagom_tune.workload.presets import TABLE2, build_preset
 from lagom_tune.workload.spec import Workload
 
+from calibrate_sim import AUTOCCL_CLUSTER, AUTOCCL_GAIN, autoccl_gains  # bench/, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 # The paper's clusters were 2 nodes x 8 GPUs; FSDP and TP+DP workloads use all 16, EP uses one node.
 WORKLOADS = ["phi-2-fsdp16", "llama3-8b-fsdp16", "mpt-7b-fsdp16", "phi-2-tp8-dp2", "llama3-8b-tp8-dp2", "mpt-7b-tp8-dp2",
@@ -177,6 +179,7 @@ def report(df: pd.DataFrame, trials: int, remade: bool = False) -> str:
     mape_cols = [c for c in df.columns if c.startswith("mape_")]
     accuracy = df.groupby("cluster")[mape_cols].max().rename(columns=lambda c: c.removeprefix("mape_")).reset_index()
     lo, hi = df["lagom_x"].min(), df["lagom_x"].max()
+    autoccl_gain = pd.Series(autoccl_gains(CLUSTERS[AUTOCCL_CLUSTER])).median()
     nvls_tp = df["cluster"].map(lambda c: CLUSTERS[c].nvls) & df["workload"].str.contains("-tp")  # NVLS is their TP default
     hopper_tp = df.loc[nvls_tp, "lagom_x"]
     lo_a, hi_a = df["lagom_vs_autoccl_x"].min(), df["lagom_vs_autoccl_x"].max()
@@ -232,17 +235,18 @@ def report(df: pd.DataFrame, trials: int, remade: bool = False) -> str:
         "as known failures (issue 16): the H200's GEMM slowdowns beside copy blocks (17 of 18 cells within 0.1;",
         "mpt-7b beside 48 blocks +0.30, missed); nccl-tests ring bus bandwidths (A100 218 GB/s against 230-250; H100 and",
         "H200 356 GB/s against the ring's ~370); NCCL's default all-reduce on Hopper, NVLink SHARP at ~480 GB/s busbw",
-        "(simulated NVLS 479 GB/s, the rate calibrated on it); AutoCCL's 1.24-1.29x isolated-collective",
-        "gain on A40s (simulated 1.22x median, missed); Lagom's §2 A40 PCIe observation; Lagom's Phi-2 FSDP on A40",
-        "NVLink, where AutoCCL's NC=61 runs 0.87x the defaults (simulated 0.89x) but Lagom's NC=2, C=684 KB, 1.35x",
-        "faster on its pattern, runs the simulated iteration 0.67x (missed: two simulated A40 channels carry 10 of",
-        "the link's 48 GB/s). Checked there too, though nothing was calibrated on it: Lagom's A40 computation slowed",
+        "(simulated NVLS 479 GB/s, the rate calibrated on it); AutoCCL's "
+        f"{AUTOCCL_GAIN[0]}-{AUTOCCL_GAIN[1]}x isolated-collective gain on A40s (simulated {autoccl_gain:.3f}x median, the",
+        f"A40 NVLink link, {CLUSTERS[AUTOCCL_CLUSTER].link / 1e9:.1f} GB/s, solved for it by `bench/calibrate_sim.py`); Lagom's §2 A40 PCIe observation;",
+        "Lagom's Phi-2 FSDP on A40 NVLink, where AutoCCL's NC=61 runs 0.87x the defaults (simulated 0.89x) but Lagom's",
+        "NC=2, C=684 KB, 1.35x faster on its pattern, runs the simulated iteration 0.73x (missed: two simulated A40",
+        "channels carry 10 GB/s). Checked there too, though nothing was calibrated on it: Lagom's A40 computation slowed",
         "by up to 35% (the worst paper workload at NCCL's defaults in the second table below). Everything else below",
         "is an output, not tuned toward the paper.",
         "",
         f"- AutoCCL-style tuning (minimise each collective's own time) is predicted slower than NCCL's defaults in "
         f"{int((df['autoccl_x'] < 1).sum())} of {len(df)} cases (replayed: {int((df['replay_autoccl_x'] < 1).sum())}), although the same",
-        "  simulator gives it 1.22x for collectives alone (published: 1.24-1.29x): the channels it adds hold SMs and HBM the",
+        f"  simulator gives it {autoccl_gain:.3f}x for collectives alone (published: {AUTOCCL_GAIN[0]}-{AUTOCCL_GAIN[1]}x): the channels it adds hold SMs and HBM the",
         "  overlapped GEMMs then lack (Lagom reports the same for AutoCCL on Phi-2, A40 NVLink: 0.87x). The paper",
         "  measured AutoCCL ahead of NCCL on average.",
         f"- Lagom's gains over NCCL here ({lo:.3f}–{hi:.3f}×) are "
