@@ -183,15 +183,17 @@ class SimBackend(LocalBackend):
                 for a, p, ch, t, b in cells:
                     points.append(Point("collective", nccl_config(a, p, ch, t, b, nodes), op=op, nbytes=size, ranks=ranks))
         # Overlapped pairs: every GEMM shape that runs beside a collective, against each
-        # collective of the workload, over channels and buffer sizes (Simple, 512 threads), on the
-        # ring and on the op's own default algorithm where that is another (NVLS all-reduce).
+        # collective of the workload, over channels and buffer sizes (the protocol and threads at
+        # their defaults, as the nccl sweep's), on the ring and on the op's own default algorithm
+        # where that is another (NVLS all-reduce).
         beside = {g.shape_key: g for grp in workload.groups if grp.comm for g in grp.compute}
+        proto, threads = space["proto"].default, space["threads"].default
         for g in sorted(beside.values(), key=lambda g: g.flops):
             for op, nbytes, ranks, nodes in sorted(colls):
                 for algo in overlap_algos(space, op, nodes):
                     for ch in space["channels"].domain:
                         for b in space["buffsize"].domain:
-                            points.append(Point("overlap", nccl_config(algo, "simple", ch, 512, b, nodes), gemm=g, op=op,
+                            points.append(Point("overlap", nccl_config(algo, proto, ch, threads, b, nodes), gemm=g, op=op,
                                                 nbytes=nbytes, ranks=ranks))
         # each point once, first come first: a workload's collective size may be another's eighth (measured twice, refused on read)
         return list({p.key: p for p in points}.values())
