@@ -77,9 +77,12 @@ def predict_point(model: CostModel, row: pd.Series) -> dict[str, float]:
     if row["kind"] == "collective":
         return {"time_us": _timed_alone(model, coll, settings) * 1e6}
     g = gemm_of_row(row)
+    # The point's n GEMMs back to back beside one collective, played as one op of n times the
+    # time: one pair of slowdowns holds throughout, so the ends are the same, and a 64 GiB
+    # all-reduce's point (tens of thousands of GEMMs) costs what a small one does.
     n = int(row["n_compute"])
-    tl = simulate([g] * n, [model.compute_time(g, settings)] * n, [coll], [model.comm_time(coll, settings)],
-                  lambda a, b: (model.compute_slowdown(a, b, settings), model.comm_slowdown(b, a, settings)))
+    pair = (model.compute_slowdown(g, coll, settings), model.comm_slowdown(coll, g, settings))
+    tl = simulate([g], [n * model.compute_time(g, settings)], [coll], [model.comm_time(coll, settings)], lambda a, b: pair)
     comp_end = max(s.end for s in tl.spans if s.stream == "compute")
     comm_end = max(s.end for s in tl.spans if s.stream == "comm")
     return {"window_us": tl.makespan * 1e6, "time_us": comp_end * 1e6, "comm_us": comm_end * 1e6}
