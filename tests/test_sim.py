@@ -192,6 +192,13 @@ def test_a_model_that_gives_no_usable_time_is_neither_written_nor_searched(tmp_p
     (run / "model.yaml").write_text(re.sub(r"\{theta: [0-9.e+-]+,", "{theta: 1.0e+308,", good))
     r = cli("search", run, "--out", tmp_path / "plan.yaml")
     assert r.returncode == 2 and "the cost model gives no usable time for a" in r.stderr, r.stderr
+    # a measured time alone of 1e308 s: each group's time finite, the iteration's past the largest
+    # number (search blamed the plan's bound_ms, a file the user never wrote)
+    assert "alone_s: " in good
+    (run / "model.yaml").write_text(re.sub(r"alone_s: [0-9.e+-]+", "alone_s: 1.0e+308", good))
+    r = cli("search", run, "--out", tmp_path / "plan.yaml")
+    assert r.returncode == 2 and "no usable iteration time for w" in r.stderr and "bound_ms" not in r.stderr, r.stderr
+    assert not (tmp_path / "plan.yaml").exists()
 
 
 def test_one_profile_at_a_time_measures_into_a_folder(tmp_path):

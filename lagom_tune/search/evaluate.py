@@ -106,4 +106,7 @@ class ModelEvaluator:
                 by_coll[coll.name] = by_coll.get(coll.name, 0.0) + g.repeat * span.duration
                 by_rule[coll.rule_key] = by_rule.get(coll.rule_key, 0.0) + g.repeat * span.duration
         exposed = self.workload.exposed_ms / 1e3
+        if not math.isfinite(total + bound):  # each group's time was finite, their sum overflowed (a model.yaml edited to 1e308)
+            raise UserError(f"the cost model gives no usable iteration time for {self.workload.name} (the groups' times sum "
+                            "past the largest number); was model.yaml edited? rerun `lagom-tune fit` on the run folder")
         return Evaluation(total + exposed, y_tot, x_tot, bound + exposed, by_group, by_coll, by_rule, tuple(timelines))
