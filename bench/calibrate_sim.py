@@ -106,8 +106,14 @@ def link_for_autoccl_gain(c: Cluster, target: float = sum(AUTOCCL_GAIN) / 2, tol
     The A40s' achieved ring bandwidth has no published nccl-tests run behind it; AutoCCL's gain
     does, and on the simulated A40 it comes from NCCL's default channels falling short of the link
     (the gain grows with the link, every other figure fixed), so the link is solved for it by
-    bisection, to ``tol``. Returns:
-        bytes/s (round it before pasting it into ``sim_clusters.CLUSTERS``).
+    bisection.
+
+    Args:
+        c: the simulated cluster (its link is the unknown).
+        target: the median gain wanted (default: the middle of AutoCCL's range).
+        tol: bytes/s the answer may be off.
+    Returns:
+        The link in bytes/s (rounded before it is pasted into ``sim_clusters.CLUSTERS``).
     """
     def median_gain(link: float) -> float:
         return float(pd.Series(autoccl_gains(replace(c, link=link))).median())
