@@ -155,3 +155,34 @@ def test_a_plan_rule_of_nvls_for_a_role_that_spans_nodes_is_refused():
     Plan.from_dict(plan("tp", group_ranks={"tp": [list(range(8)), list(range(8, 16))]}))
     with pytest.raises(UserError, match="role tp's communicators span 2"):
         Plan.from_dict(plan("tp", group_ranks={"tp": [list(range(0, 16, 2)), list(range(1, 16, 2))]}))
+
+
+class _Recording(ModelEvaluator):
+    """An evaluator that keeps every distinct evaluation's time."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.times: list[float] = []
+
+    def _evaluate(self, settings):
+        ev = super()._evaluate(settings)
+        self.times.append(ev.iteration_s)
+        return ev
+
+
+def test_optuna_never_draws_settings_nccl_cannot_run(tmp_path):
+    """TPE drew NVLS beside LL or LL128 in 13-16% of its trials (each an infinite time, a trial
+    spent); the space is now conditional: a protocol drawn after NVLS is drawn among Simple only,
+    and a study stored so resumes."""
+    from lagom_tune.search.optuna_search import optuna_search
+
+    w = build_preset("mpt-7b-tp8-dp2")
+    vars_ = variables(w, HOPPER)
+    ev = _Recording(w, _Flat(), HOPPER)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    got = optuna_search(ev, vars_, n_trials=60, seed=0, storage=storage, study_name="s", enqueue_lagom=False)
+    assert len(ev.times) > 20 and all(math.isfinite(t) for t in ev.times), ev.times
+    assert all(HOPPER.conflict(got.settings.for_collective(c)) is None for c in w.collectives())
+    again = optuna_search(_Recording(w, _Flat(), HOPPER), vars_, n_trials=80, seed=0, storage=storage, study_name="s",
+                          enqueue_lagom=False)
+    assert again.extra["trials"] == 80 and math.isfinite(again.evaluation.iteration_s)

@@ -7,12 +7,12 @@ shares it, so no optimizer can propose a setting the runtime could not apply (DE
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from lagom_tune.knobs import Knob, KnobSpace, Settings
 from lagom_tune.workload.spec import Collective, Workload
 
-__all__ = ["Var", "default_assignment", "default_settings", "min_comm_assignment", "variables"]
+__all__ = ["Var", "default_assignment", "default_settings", "feasible_domain", "min_comm_assignment", "neighbours", "variables"]
 
 
 
@@ -82,6 +82,47 @@ def _var(scope: str, target: str, knob: Knob, covered: list[Collective]) -> Var:
     ops, nodes = {c.op for c in covered}, max(c.nodes for c in covered)
     ops_default = ops if scope == "collective" else set()  # a process or communicator value is NCCL's one default
     return Var(scope, target, knob, knob.domain_for(ops, nodes), knob.default_for(ops_default, nodes))
+
+
+def neighbours(vars_: list[Var], colls: list[Collective]) -> dict[str, list[Var]]:
+    """For each variable, the others that set a knob of at least one collective it sets too:
+    those whose values it must be able to run with (``Knob.needs``).
+
+    Args:
+        vars_: the variables (``variables``).
+        colls: the workload's collectives.
+    Returns:
+        Variable key -> its neighbours, in ``vars_`` order.
+    """
+    covered = {v.key: {c.name for c in colls if v.covers(c)} for v in vars_}
+    return {v.key: [w for w in vars_ if w is not v and covered[v.key] & covered[w.key]] for v in vars_}
+
+
+def feasible_domain(v: Var, assigned: Mapping[str, Any], near: list[Var]) -> tuple:
+    """``v``'s values that run with the values already assigned to its neighbours: a neighbour's
+    value may need ``v``'s knob at some values (NVLS needs Simple), and a value of ``v`` may need
+    the neighbour's knob at some (Simple is free, NVLS is not beside LL).
+
+    Args:
+        v: the variable to be given a value.
+        assigned: variable key -> value, for the variables given one so far.
+        near: ``v``'s neighbours (:func:`neighbours`).
+    Returns:
+        The feasible values in domain order (all of them when nothing assigned constrains ``v``;
+        none when nothing can run, which evaluates as infeasible).
+    """
+    domain = v.domain
+    for w in near:
+        if w.key not in assigned:
+            continue
+        value = assigned[w.key]
+        for needed_by, knob, allowed in w.knob.needs:
+            if value == needed_by and knob == v.knob.name:
+                domain = tuple(x for x in domain if x in allowed)
+        for needing, knob, allowed in v.knob.needs:
+            if knob == w.knob.name and value not in allowed:
+                domain = tuple(x for x in domain if x != needing)
+    return domain
 
 
 def default_assignment(vars_: list[Var]) -> dict[str, Any]:
