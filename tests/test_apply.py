@@ -1,7 +1,9 @@
 import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -218,6 +220,19 @@ def apply_started(tmp_path, before: str, after: str, **popen) -> subprocess.Pope
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.05)
     return proc
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the signal mask from /proc")
+def test_the_command_starts_with_sigint_unblocked(tmp_path):
+    """apply blocks SIGINT from before it starts the command (one sent in between is read with
+    its sender, not lost); the command must not inherit the block, or Ctrl-C would never reach it."""
+    out = tmp_path / "sigblk"
+    script = (f"import pathlib; pathlib.Path({str(out)!r}).write_text("
+              "next(l for l in open('/proc/self/status') if l.startswith('SigBlk:')).split()[1])")
+    r = subprocess.run([str(BIN / "lagom-tune"), "apply", str(BASE.save(tmp_path / "p.yaml")), "--", sys.executable, "-c", script],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not int(out.read_text(), 16) & (1 << (signal.SIGINT - 1)), out.read_text()
 
 
 def test_a_stop_signal_to_apply_reaches_the_command(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import functools
 import importlib
 import io
 import json
@@ -502,7 +503,18 @@ def _run(cmd: list[str], env: dict[str, str]) -> int:
     128 + N). A stop signal sent to lagom-tune alone (SIGTERM, SIGHUP, and SIGINT sent by a process:
     ``kill -INT``, ``timeout -s INT``) is passed on to it; Ctrl-C, which the terminal sends its
     whole process group, is not sent twice. Then it has :data:`STOP_GRACE_S` to end."""
-    proc = subprocess.Popen(cmd, env=env)
+    # SIGINT blocked from before the command starts, the command started with the mask lagom-tune
+    # had: one sent between the two stays pending for _wait to read its sender (it was taken as a
+    # terminal's, never passed on, and the command killed 30 s later: seen once, on a loaded CPU)
+    restore = None
+    if _reads_sigint_sender():
+        restore = functools.partial(signal.pthread_sigmask, signal.SIG_SETMASK, signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}))
+    try:
+        proc = subprocess.Popen(cmd, env=env, preexec_fn=restore)
+    except BaseException:
+        if restore is not None:
+            restore()
+        raise
     try:
         code = _wait(proc)
     except KeyboardInterrupt as e:
@@ -543,13 +555,12 @@ def _wait(proc: subprocess.Popen, deadline: float | None = None) -> int | None:
     def left() -> float | None:
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-    if not hasattr(signal, "sigtimedwait") or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    if not _reads_sigint_sender():
         try:  # (ignored, as a job started with & from a script: the command ignores it too)
             return proc.wait(timeout=left())
         except subprocess.TimeoutExpired:
             return None
-    # blocked only now: the command, started already, keeps SIGINT unblocked
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # already, the first time (_run)
     try:
         while (code := proc.poll()) is None:
             if left() == 0.0:
@@ -562,6 +573,12 @@ def _wait(proc: subprocess.Popen, deadline: float | None = None) -> int | None:
         return code
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _reads_sigint_sender() -> bool:
+    """Whether SIGINT is waited for with its sender here (``sigtimedwait``; not on macOS) rather
+    than left alone (ignored, as a job started with & from a script: the command ignores it too)."""
+    return hasattr(signal, "sigtimedwait") and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
