@@ -504,8 +504,9 @@ def _run(cmd: list[str], env: dict[str, str]) -> int:
     ``kill -INT``, ``timeout -s INT``) is passed on to it; Ctrl-C, which the terminal sends its
     whole process group, is not sent twice. Then it has :data:`STOP_GRACE_S` to end."""
     # SIGINT blocked from before the command starts, the command started with the mask lagom-tune
-    # had: one sent between the two stays pending for _wait to read its sender (it was taken as a
-    # terminal's, never passed on, and the command killed 30 s later: seen once, on a loaded CPU)
+    # had: one sent between the two stays pending for _wait to read its sender (blocked only in
+    # _wait, one landing in that instant was taken as a terminal's, never passed on, and the
+    # command killed 30 s later)
     restore = None
     if _reads_sigint_sender():
         restore = functools.partial(signal.pthread_sigmask, signal.SIG_SETMASK, signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}))
