@@ -24,6 +24,7 @@ import pandas as pd
 from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.base import BackendOptions, get_backend
 from lagom_tune.backends.sim import CLUSTERS, SimCluster
+from lagom_tune.backends.sim_clusters import GB
 from lagom_tune.model.fit import fit_run
 from lagom_tune.plan.schema import knob_space_for
 from lagom_tune.search.replay import validate
@@ -237,7 +238,7 @@ def report(df: pd.DataFrame, trials: int, remade: bool = False) -> str:
         "H200 356 GB/s against the ring's ~370); NCCL's default all-reduce on Hopper, NVLink SHARP at ~480 GB/s busbw",
         "(simulated NVLS 479 GB/s, the rate calibrated on it); AutoCCL's "
         f"{AUTOCCL_GAIN[0]}-{AUTOCCL_GAIN[1]}x isolated-collective gain on A40s (simulated {autoccl_gain:.3f}x median, the",
-        f"A40 NVLink link, {CLUSTERS[AUTOCCL_CLUSTER].link / 1e9:.1f} GB/s, solved for it by `bench/calibrate_sim.py`); Lagom's §2 A40 PCIe observation;",
+        f"A40 NVLink link, {CLUSTERS[AUTOCCL_CLUSTER].link / GB:.1f} GB/s, solved for it by `bench/calibrate_sim.py`); Lagom's §2 A40 PCIe observation;",
         "Lagom's Phi-2 FSDP on A40 NVLink, where AutoCCL's NC=61 runs 0.87x the defaults (simulated 0.89x) but Lagom's",
         "NC=2, C=684 KB, 1.35x faster on its pattern, runs the simulated iteration 0.73x (missed: two simulated A40",
         "channels carry 10 GB/s). Checked there too, though nothing was calibrated on it: Lagom's A40 computation slowed",

@@ -111,18 +111,9 @@ def feasible_domain(v: Var, assigned: Mapping[str, Any], near: list[Var]) -> tup
         The feasible values in domain order (all of them when nothing assigned constrains ``v``;
         none when nothing can run, which evaluates as infeasible).
     """
-    domain = v.domain
-    for w in near:
-        if w.key not in assigned:
-            continue
-        value = assigned[w.key]
-        for needed_by, knob, allowed in w.knob.needs:
-            if value == needed_by and knob == v.knob.name:
-                domain = tuple(x for x in domain if x in allowed)
-        for needing, knob, allowed in v.knob.needs:
-            if knob == w.knob.name and value not in allowed:
-                domain = tuple(x for x in domain if x != needing)
-    return domain
+    # the pairing rule is KnobSpace.conflict's, asked of each pair of knobs
+    pairs = [(KnobSpace((v.knob, w.knob)), w.knob.name, assigned[w.key]) for w in near if w.key in assigned and w.knob is not v.knob]
+    return tuple(x for x in v.domain if all(pair.conflict({v.knob.name: x, name: value}) is None for pair, name, value in pairs))
 
 
 def default_assignment(vars_: list[Var]) -> dict[str, Any]:
