@@ -62,7 +62,9 @@ import pandas as pd
 from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.nccl_knobs import nccl_knob_space
 from lagom_tune.backends.sim import SimCluster
+from lagom_tune.backends.base import bus_factor
 from lagom_tune.backends.sim_clusters import CLUSTERS, GB, Cluster, MemoryCalibration
+from lagom_tune.backends.sim_comm import REFERENCE_BUSBW
 from lagom_tune.model.rows import SlowdownTable, consistent_baselines, contention_points, point_medians, slowdown_table, times_alone
 from lagom_tune.workload.spec import gemm_of_key
 
@@ -100,13 +102,22 @@ def autoccl_gains(c: Cluster) -> list[float]:
     return gains
 
 
+def ring_busbw(c: Cluster, op: str) -> float:
+    """The simulated bus bandwidth (bytes/s) of ``op`` as the published nccl-tests run of ``c``'s
+    kind was timed (:data:`~lagom_tune.backends.sim_comm.REFERENCE_BUSBW`: its GPUs and size), on
+    the ring with NCCL's other defaults."""
+    ref = REFERENCE_BUSBW[c.name]
+    settings = {**nccl_knob_space(c.max_channels, c.default_channels, nvls=c.nvls).defaults(op), "algo": "ring"}
+    return ref.nbytes * bus_factor(op, ref.ranks) / SimCluster(c).comm_time(op, ref.nbytes, ref.ranks, 1, settings)
+
+
 def link_for_autoccl_gain(c: Cluster, target: float = sum(AUTOCCL_GAIN) / 2, tol: float = 0.05 * GB) -> float:
     """The intra-node link (bytes/s) at which the median of :func:`autoccl_gains` is ``target``.
 
-    The A40s' achieved ring bandwidth has no published nccl-tests run behind it; AutoCCL's gain
-    does, and on the simulated A40 it comes from NCCL's default channels falling short of the link
-    (the gain grows with the link, every other figure fixed), so the link is solved for it by
-    bisection.
+    No published nccl-tests run on A40s reaches the link: the one found (sim_comm.REFERENCE_BUSBW)
+    reads NCCL's 8 default channels, short of it. AutoCCL's gain does, on the simulated A40 coming
+    from those channels falling short of the link (the gain grows with the link, every other figure
+    fixed), so the link is solved for it by bisection.
 
     Args:
         c: the simulated cluster (its link is the unknown).
@@ -135,6 +146,9 @@ def autoccl_lines(c: Cluster) -> list[str]:
         f"alone on A40s. Simulated with the link in `sim_clusters.CLUSTERS` ({c.link / GB:.1f} GB/s): median gain "
         f"{gains.median():.3f}x ({gains.min():.3f}-{gains.max():.3f}x over 6 large collectives); the link solved for the "
         f"middle of the range: {link_for_autoccl_gain(c) / GB:.2f} GB/s.",
+        "",
+        f"NCCL's {c.default_channels} default channels, short of the link, as the one published A40 run timed them "
+        f"({REFERENCE_BUSBW[c.name].source}): {ring_busbw(c, 'all_reduce') / GB:.1f} GB/s busbw.",
         "",
     ]
 

@@ -60,13 +60,17 @@ class Cluster:
 # Simple step's handshake (sim_comm.PROTOCOLS) and the fabric take NCCL's ~20% protocol overhead
 # off it (370 GB/s ring busbw on 8xH100, sim_comm.REFERENCE_BUSBW); until 2026-12-03 the link was
 # already derated to 0.85 of the line rate and the handshakes took a second share. The A40s' links
-# are achieved figures with no published nccl-tests run behind them: PCIe 4.0 x16 ~22 GB/s; NVLink
-# bridge pairs plus PCIe solved for AutoCCL's published gain (the middle of 1.24-1.29x, NCCL's 8
-# default channels short of the link: ``bench/calibrate_sim.py``'s link_for_autoccl_gain, 49.6 GB/s
-# on 2026-12-03; a guess of 48 until then, which gave 1.22x).
+# are achieved figures: PCIe 4.0 x16 ~22 GB/s (a user's A40s copy 49.5-50.4 GB/s both ways together
+# between GPUs of one socket and 39.2-41.6 across sockets, p2pBandwidthLatencyTest's copy engines,
+# github.com/NVIDIA/nccl-tests issue 74); NVLink bridge pairs plus PCIe solved for AutoCCL's
+# published gain (the middle of 1.24-1.29x, NCCL's 8 default channels short of the link:
+# ``bench/calibrate_sim.py``'s link_for_autoccl_gain, 49.6 GB/s on 2026-12-03; a guess of 48 until
+# then, which gave 1.22x).
 # per_channel and fabric: calibrated to published observations (sim_comm.py, DESIGN.md §10):
 # 8xH200 all-reduce with CTAs capped (2/4/8 -> 74/134/234 GB/s busbw), 8xA100 nccl-tests
-# 230-250 GB/s at NCCL's defaults, and AutoCCL's 1.24-1.29x over NCCL's defaults on A40s.
+# 230-250 GB/s at NCCL's defaults, and AutoCCL's 1.24-1.29x over NCCL's defaults on A40s; the
+# A40's 5 GB/s a channel is what NCCL's 8 default channels read in the one published A40 run
+# (sim_comm.REFERENCE_BUSBW: 38.6 GB/s against a bit above ~36.6; 4.5-5.5 GB/s would pass).
 CLUSTERS = {
     "a40-pcie": Cluster("a40-pcie", "A40", 84, 696 * GB, 150e12 * 0.7, 22 * GB, 5.0 * GB, 6 << 20, 8, 32, memory_GiB=44.7),
     "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 49.6 * GB, 5.0 * GB, 6 << 20, 8, 64, memory_GiB=44.7),

@@ -175,21 +175,44 @@ def hbm_draw(op: str, algo: str, ranks: int, bus_bytes: float, seconds: float) -
     return wire / max(seconds, 1e-12) * hbm_per_wire_byte(op, algo, ranks)
 
 
-# Published bus bandwidths of large ring collectives with NCCL's other defaults, the observations
-# the simulated links are calibrated from (tested in tests/test_sim_observations.py). On Hopper with
-# NVSwitch, NCCL's default all-reduce is NVLink SHARP (NVLS): :data:`NVLS_ALL_REDUCE_BUSBW`, which
-# :data:`NVLS_RATE` is calibrated from.
+@dataclass(frozen=True)
+class PublishedBusbw:
+    """A published nccl-tests bus bandwidth and the run it was measured in: ``ops`` on ``ranks``
+    GPUs of one node at ``nbytes``, with NCCL's defaults but the ring (bytes/s)."""
+
+    lo: float
+    hi: float
+    source: str
+    ranks: int = 8
+    nbytes: int = 1 << 30
+    ops: tuple[str, ...] = ("all_reduce", "all_gather")
+
+
+# Published bus bandwidths of ring collectives with NCCL's other defaults, the observations the
+# simulated links and channels are calibrated from (tested in tests/test_sim_observations.py). On
+# Hopper with NVSwitch, NCCL's default all-reduce is NVLink SHARP (NVLS): :data:`NVLS_ALL_REDUCE_BUSBW`,
+# which :data:`NVLS_RATE` is calibrated from.
 REFERENCE_BUSBW = {
-    "a100-nvlink": (230 * GB, 250 * GB, "8xA100 SXM4 NVLink 3, nccl-tests all_reduce_perf at large sizes: 230-250 GB/s "
-                    "(docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests)"),
+    # A user's A40s with NVLink bridges (github.com/NVIDIA/nccl-tests issue 74, 2021-03-05, NCCL
+    # 2.8.3): on the four GPUs of one socket (two bridged pairs, PCIe P2P between them),
+    # all_reduce_perf at 32 MiB reads an average busbw "a bit higher than ~36.6" GB/s (the top read
+    # here as at most 10% higher). The only published A40 collective found; the simulated node is
+    # eight such GPUs (its link solved for AutoCCL's gain, which this figure does not see: NCCL's
+    # 8 default channels fall short of the link).
+    "a40-nvlink": PublishedBusbw(36.6 * GB, 40.3 * GB, "4xA40 with NVLink bridges, one socket, NCCL 2.8.3: all_reduce_perf "
+                                 "32 MiB busbw a bit above ~36.6 GB/s (NVIDIA/nccl-tests issue 74)",
+                                 ranks=4, nbytes=32 << 20, ops=("all_reduce",)),
+    "a100-nvlink": PublishedBusbw(230 * GB, 250 * GB, "8xA100 SXM4 NVLink 3, nccl-tests all_reduce_perf at large sizes: 230-250 "
+                                  "GB/s (docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests)"),
     # NCCL's maintainer: "450GB/s is the line rate. With the protocol overhead (~20%) NCCL can get an
     # effective NVLink bandwidth of 370GB/s, which you can observe as BusBw when running
     # non-allreduce operations, or when running with NCCL_ALGO=RING" (github.com/NVIDIA/nccl-tests
     # issue 212, 2024-05-06); a user's 8xH100 with NVLS disabled: 368.76 GB/s (issue 309, 2025-05-23).
     # (Until 2026-12-03 this held the NVLS figure, 460-480, against the simulated ring.)
-    "h100-nvlink": (370 * GB, 370 * GB, "8xH100 SXM5 NVLink 4, nccl-tests ring (NCCL_ALGO=RING or non-all-reduce ops): "
-                    "~370 GB/s busbw (NVIDIA/nccl-tests issues 212 and 309)"),
-    "h200-nvlink": (370 * GB, 370 * GB, "8xH200 NVLink 4, as H100 (the same NVLink 4 and NVSwitch; the sources give H100)"),
+    "h100-nvlink": PublishedBusbw(370 * GB, 370 * GB, "8xH100 SXM5 NVLink 4, nccl-tests ring (NCCL_ALGO=RING or non-all-reduce "
+                                  "ops): ~370 GB/s busbw (NVIDIA/nccl-tests issues 212 and 309)"),
+    "h200-nvlink": PublishedBusbw(370 * GB, 370 * GB, "8xH200 NVLink 4, as H100 (the same NVLink 4 and NVSwitch; the sources "
+                                  "give H100)"),
 }
 NVLS_ALL_REDUCE_BUSBW = (480 * GB, "8xH100, NCCL's default all-reduce (NVLS) at large sizes: peak busbw ~480 GB/s "
                          "(algbw ~275; NVIDIA/nccl-tests issue 212); NVLS for 2 MB-16 GB on 8 GPUs (issue 309)")
