@@ -70,7 +70,8 @@ class Cluster:
 # 8xH200 all-reduce with CTAs capped (2/4/8 -> 74/134/234 GB/s busbw), 8xA100 nccl-tests
 # 230-250 GB/s at NCCL's defaults, and AutoCCL's 1.24-1.29x over NCCL's defaults on A40s; the
 # A40's 5 GB/s a channel is what NCCL's 8 default channels read in the one published A40 run
-# (sim_comm.REFERENCE_BUSBW: 38.6 GB/s against a bit above ~36.6; 4.5-5.5 GB/s would pass).
+# (sim_comm.REFERENCE_BUSBW: 38.6 GB/s against a bit above ~36.6; 4.5-5.5 GB/s would pass, if
+# NCCL ran its 8 default channels there, which the run does not say).
 CLUSTERS = {
     "a40-pcie": Cluster("a40-pcie", "A40", 84, 696 * GB, 150e12 * 0.7, 22 * GB, 5.0 * GB, 6 << 20, 8, 32, memory_GiB=44.7),
     "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 49.6 * GB, 5.0 * GB, 6 << 20, 8, 64, memory_GiB=44.7),

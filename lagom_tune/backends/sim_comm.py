@@ -198,7 +198,8 @@ REFERENCE_BUSBW = {
     # all_reduce_perf at 32 MiB reads an average busbw "a bit higher than ~36.6" GB/s (the top read
     # here as at most 10% higher). The only published A40 collective found; the simulated node is
     # eight such GPUs (its link solved for AutoCCL's gain, which this figure does not see: NCCL's
-    # 8 default channels fall short of the link).
+    # 8 default channels fall short of the link). The thread does not say how many channels NCCL
+    # ran; read at the 8 Lagom gives as NCCL's default on its A40 NVLink nodes (DESIGN.md §10).
     "a40-nvlink": PublishedBusbw(36.6 * GB, 40.3 * GB, "4xA40 with NVLink bridges, one socket, NCCL 2.8.3: all_reduce_perf "
                                  "32 MiB busbw a bit above ~36.6 GB/s (NVIDIA/nccl-tests issue 74)",
                                  ranks=4, nbytes=32 << 20, ops=("all_reduce",)),
