@@ -2,6 +2,8 @@
 and a stop asked for by a signal."""
 
 import signal
+from contextlib import contextmanager
+from typing import Iterator
 
 
 def one_line(text: str) -> str:
@@ -50,11 +52,33 @@ def stop_signal() -> int:
 
 
 def raise_on_stop_signals() -> None:
-    """Turn SIGTERM and SIGHUP into :class:`Interrupted` in this (the main) thread."""
+    """Turn SIGTERM and SIGHUP into :class:`Interrupted` in this (the main) thread, and note each
+    (and Ctrl-C's SIGINT, unless it is ignored) as it arrives, for :func:`interrupts_kept`."""
 
     def stop(signum: int, _frame) -> None:
         _received.append(signum)  # typer returns an interrupt as exit code 130, whatever stopped it
         raise Interrupted(signum)
 
+    def interrupt(signum: int, _frame) -> None:
+        _received.append(signum)
+        raise KeyboardInterrupt
+
     for s in STOP_SIGNALS:
         signal.signal(s, stop)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # a job started with SIGINT ignored keeps ignoring it
+        signal.signal(signal.SIGINT, interrupt)
+
+
+@contextmanager
+def interrupts_kept() -> Iterator[None]:
+    """Raise a stop signal that arrived while the block ran as the interrupt it is, when a library
+    turned it into an error of its own: pandas' C parser reports a KeyboardInterrupt raised in its
+    read callback as a ParserError, which read as a corrupt measurements file (exit 2, not 130)."""
+    seen = len(_received)
+    try:
+        yield
+    except Exception:
+        if len(_received) > seen:
+            signum = _received[-1]
+            raise (KeyboardInterrupt() if signum == signal.SIGINT else Interrupted(signum)) from None
+        raise

@@ -335,3 +335,34 @@ def test_a_failing_disk_is_one_line_not_an_internal_error(tiny_run, monkeypatch,
         cli_module.main(["fit", str(tiny_run)])
     err = capsys.readouterr().err
     assert stop.value.code == 1 and err.strip() == f"lagom-tune: failed: No space left on device: {tiny_run / 'model.yaml'}", err
+
+
+def test_an_interrupt_while_the_measurements_parse_is_an_interrupt_not_a_corrupt_file(tiny_run, tmp_path, monkeypatch, capsys):
+    """Ctrl-C while pandas parsed measurements.csv read as "not a valid measurements CSV" (exit 2;
+    an audit, 2026-12-04): its C parser reports the KeyboardInterrupt raised in its read callback
+    as a ParserError. The signal really arrives here, through the CLI's own handler; the parser is
+    stood in for by one that does what pandas does with it."""
+    import os
+    import signal
+
+    from lagom_tune import cli
+    from lagom_tune.profile import store
+
+    def parse_interrupted(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.sigtimedwait([], 0.1)  # let the handler run
+        except KeyboardInterrupt:
+            raise pd.errors.ParserError("Error tokenizing data. C error: Calling read(nbytes) on source failed.") from None
+        raise AssertionError("SIGINT did not interrupt")
+
+    monkeypatch.setattr(store.pd, "read_csv", parse_interrupted)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.main(["search", str(tiny_run), "--out", str(tmp_path / "p.yaml")])
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and "not a valid measurements CSV" not in err, err

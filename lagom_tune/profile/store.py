@@ -21,7 +21,7 @@ from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, read_yaml, yaml_text
 from lagom_tune.backends.base import MAX_NOISE
 from lagom_tune.backends.registry import backend_info
-from lagom_tune.errors import UserError
+from lagom_tune.errors import UserError, interrupts_kept
 from lagom_tune.measurements import (
     COUNT_COLUMNS, DESCRIBING_COLUMNS, KIND_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS, ROW_KINDS,
     SETTING_COLUMNS, TIMED_COLUMNS,
@@ -213,7 +213,8 @@ class RunFolder:
         if partial:
             text = text[:text.rfind("\n") + 1]
         try:
-            df = pd.read_csv(io.StringIO(text), low_memory=False)  # one type per column, not per chunk (a DtypeWarning on large runs)
+            with interrupts_kept():
+                df = pd.read_csv(io.StringIO(text), low_memory=False)  # one type per column, not per chunk (a DtypeWarning on large runs)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
             raise UserError(f"{self.csv_path} is not a valid measurements CSV: {str(e).splitlines()[0]}") from None
         missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
