@@ -52,7 +52,9 @@ def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterab
 def _holds_match(path: Path, pattern: str) -> bool:
     """Whether the head of ``path`` (its first :data:`MARK_HEAD` bytes, where every file lagom-tune
     writes says what it is) matches ``pattern`` (multi-line); False for a file that cannot be read
-    as text. Not the whole file: notes that quote a plan (README's plan format) hold its mark too."""
+    as text. Not the whole file: notes that quote a plan (README's plan format) hold its mark too,
+    which is why the marks are anchored to the file's start (a note quoting a plan under a line of
+    prose was overwritten until 2026-12-04)."""
     try:
         with open(path, encoding="utf-8", errors="strict") as f:
             head = f.read(MARK_HEAD)

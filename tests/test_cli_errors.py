@@ -235,6 +235,13 @@ def test_an_output_that_holds_something_else_is_never_replaced(tiny_run, tmp_pat
     readme = tmp_path / "README.md"
     readme.write_text("# notes\n" + "text\n" * 300 + "```yaml\nschema_version: 1\nkind: lagom-plan\n```\n")
     assert_one_line_error(cli("search", tiny_run, "--out", readme), "exists and is not a plan lagom-tune wrote")
+    # ... and within the first KiB, under a line of prose (an audit, 2026-12-04): a mark is the file's start
+    short = tmp_path / "short.md"
+    short.write_text("my plan from Tuesday:\n\nschema_version: 1\nkind: lagom-plan\n")
+    assert_one_line_error(cli("search", tiny_run, "--out", short), "exists and is not a plan lagom-tune wrote")
+    short.write_text("the trace's workload:\nschema_version: 1\nkind: lagom-workload\n")
+    assert_one_line_error(cli("workload", "import", tmp_path / "t.json", "--out", short), "exists and is not a workload lagom-tune wrote")
+    assert short.read_text().startswith("the trace's workload:")
     # the Optuna study's own database as the plan: the study was replaced by the plan
     db = tmp_path / "same.db"
     assert_one_line_error(cli("search", tiny_run, "--optimizer", "optuna", "--storage", f"sqlite:///{db}", "--study-name", "s", "--out", db),

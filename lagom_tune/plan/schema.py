@@ -23,7 +23,7 @@ from lagom_tune.workload.spec import OPS, Workload
 
 SCHEMA_VERSION = 1
 KIND = "lagom-plan"
-FILE_MARK = rf"^kind: {KIND}$"  # a plan file's top-level line (``search --out`` replaces only such a file)
+FILE_MARK = rf"\Aschema_version: \d+\r?\nkind: {KIND}$"  # a plan file's first two lines, as written (``search --out`` replaces only such a file)
 # The fields a plan file may hold (what Plan.to_dict writes); any other is refused by name.
 SECTIONS = ("schema_version", "kind", "tool", "target", "workload", "model", "search", "process", "communicators",
             "collectives", "predicted", "validated")

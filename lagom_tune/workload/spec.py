@@ -23,7 +23,7 @@ MAX_DIM = 1 << 24  # a GEMM side (m, n, k) or batch, at most: 16M, beyond any la
 MAX_NBYTES = 1 << 44  # bytes one collective moves, at most: 16 TiB
 WORKLOAD_FIELDS = ("schema_version", "kind", "name", "exposed_ms", "meta", "groups")
 KIND = "lagom-workload"
-FILE_MARK = rf"^kind: {KIND}$"  # a workload file's top-level line (``workload import`` replaces only such a file)
+FILE_MARK = rf"\Aschema_version: \d+\r?\nkind: {KIND}$"  # a workload file's first two lines, as written (``workload import`` replaces only such a file)
 GROUP_FIELDS = ("name", "repeat", "compute", "comm")
 
 
