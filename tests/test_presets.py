@@ -114,3 +114,16 @@ def test_workload_list_names_every_preset():
     out = cli("workload", "list", check=True).stdout
     for name in PRESETS:
         assert name in out
+
+
+def test_a_table2_preset_refuses_another_parallelism():
+    """``phi-2-tp8-dp2 --parallel fsdp=8`` built phi-2-fsdp8 (micro-batch 8 -> 2) without a word (an
+    audit, 2026-12-04): a Table 2 preset's name fixes its parallelism; the same one, written either
+    way, is taken."""
+    with pytest.raises(UserError, match="this preset is phi-2 with tp=8,dp=2"):
+        build_preset("phi-2-tp8-dp2", parallel="fsdp=8")
+    with pytest.raises(UserError, match="use the preset olmoe-1b-7b with --parallel ep=4"):
+        build_preset("olmoe-1b-7b-ep8", parallel="ep=4")
+    assert build_preset("phi-2-tp8-dp1", parallel="tp=8").name == build_preset("phi-2-tp8-dp1").name
+    assert build_preset("phi-2-tp8-dp2", parallel="tp=8,dp=2").meta == build_preset("phi-2-tp8-dp2").meta
+    assert build_preset("phi-2", parallel="fsdp=16").name == "phi-2-fsdp16"  # a model's own preset takes any

@@ -534,13 +534,26 @@ def _reject(message: str):
     raise UserError(message)
 
 
+def _degrees(parallel: str) -> dict[str, int]:
+    """``--parallel``'s degrees, a data-parallel degree of 1 written or not (``tp=8`` is ``tp=8,dp=1``)."""
+    par = parse_parallel(parallel)
+    return {"dp": 1, **par} if "tp" in par else par
+
+
 def _model_preset(model: str, parallel: str | None = None) -> Preset:
+    """A model's preset; with ``parallel``, one that fixes it (a Table 2 configuration: its name
+    says the parallelism, so another ``--parallel`` is refused, not silently taken)."""
     a = ARCHS[model]
     kind = f"MoE, {a.experts} experts top-{a.top_k}" if a.experts else f"d={a.hidden}, ffn={a.ffn}"
     default = parallel or ("ep=8" if a.experts else "fsdp=8")
 
     def build(parallel: str | None = None, seq: int | None = None, mbs: int | None = None, **kw: Any) -> Workload:
+        if parallel is not None and default_fixed and _degrees(parallel) != _degrees(default):
+            _reject(f"this preset is {model} with {default} (its name says so): --parallel {parallel} asks for another; "
+                    f"use the preset {model} with --parallel {parallel}")
         return build_model(model, default if parallel is None else parallel, seq, mbs, **kw)
+
+    default_fixed = parallel is not None
 
     return Preset(f"{model} ({a.layers} layers, {kind}); --parallel {default} by default", build)
 
