@@ -95,6 +95,26 @@ def collective_rules(workload: Workload, outcome: SearchOutcome) -> tuple[Collec
     return tuple(rules.values())
 
 
+def changed_settings(chosen: Settings, default: Settings) -> Settings:
+    """``chosen``'s process and communicator settings where they differ from ``default``'s (its
+    collectives' as they are: :func:`collective_rules` leaves out the roles it did not change). A
+    knob the search left at the default is left to NCCL, as a plan that keeps every default leaves
+    them all: ``NCCL_NTHREADS=512`` pinned also LL128's 640 threads (an audit, 2026-12-04).
+
+    Args:
+        chosen: the settings the search chose.
+        default: every knob at the backend's default.
+    Returns:
+        The Settings a plan sets.
+    """
+    def changed(mine: dict, theirs: dict) -> dict:
+        return {k: v for k, v in mine.items() if theirs.get(k) != v}
+
+    communicators = {role: changed(s, default.communicators.get(role, {})) for role, s in chosen.communicators.items()}
+    return Settings(changed(chosen.process, default.process), {role: s for role, s in communicators.items() if s},
+                    chosen.collectives)
+
+
 def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
     """The plan for a search's outcome: settings, target, predictions and provenance.
 
@@ -118,7 +138,7 @@ def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
         nodes=int(fp.get("nodes", 1)),
         hardware=hardware,
         groups={c.group: c.ranks for c in workload.collectives()},
-        settings=Settings() if keeps_defaults else chosen.settings,
+        settings=Settings() if keeps_defaults else changed_settings(chosen.settings, outcome.default.settings),
         rules=() if keeps_defaults else collective_rules(workload, outcome),
         workload={"name": workload.name, "digest": workload.digest},
         model={"run": str(inputs.run_dir), "family": inputs.model.family, "mape": inputs.accuracy.get("mape", {})},

@@ -174,3 +174,20 @@ def test_a_cluster_the_simulator_does_not_have_is_named_not_blamed_on_the_rows()
     with pytest.raises(UserError, match=r"cluster 'h900-nvlink' \(a run folder's meta.yaml, a plan's target.hardware\) is no simulated cluster"):
         knob_space_for("sim", {"cluster": "h900-nvlink"})
     assert "nvls" in knob_space_for("sim", {"cluster": "h200-nvlink"})["algo"].domain
+
+
+def test_a_process_knob_the_search_left_at_the_default_is_not_pinned():
+    """A plan that changed NCCL_BUFFSIZE also exported NCCL_NTHREADS=512, the default the search left
+    alone, pinning LL128's 640 threads to 512 (an audit, 2026-12-04): a plan sets the process and
+    communicator knobs the search changed, and leaves the rest to NCCL."""
+    from lagom_tune.planning import changed_settings
+
+    default = Settings({"threads": 512, "buffsize": 4 << 20}, {"dp_replicate": {"bucket_cap_mb": 25, "chunk_bytes": 0}},
+                       {"k": {"channels": 16}})
+    chosen = Settings({"threads": 512, "buffsize": 8 << 20}, {"dp_replicate": {"bucket_cap_mb": 25, "chunk_bytes": 1 << 20}},
+                      {"k": {"channels": 4}})
+    plan = changed_settings(chosen, default)
+    assert plan.process == {"buffsize": 8 << 20}
+    assert plan.communicators == {"dp_replicate": {"chunk_bytes": 1 << 20}}
+    assert plan.collectives == chosen.collectives  # rules are made per role, by collective_rules
+    assert changed_settings(Settings({"threads": 512}, {"dp_replicate": {"bucket_cap_mb": 25}}), default) == Settings()
