@@ -12,7 +12,7 @@ from typing import Any
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace, Settings
 from lagom_tune.model.contention import CostModel, load_model, stale_reason
-from lagom_tune.plan.schema import CollectiveRule, Plan, knob_space_for
+from lagom_tune.plan.schema import SEARCH_OPTIONS, CollectiveRule, Plan, knob_space_for
 from lagom_tune.profile.store import open_run
 from lagom_tune.search.replay import validate
 from lagom_tune.search.run import SearchOutcome, option_names, search
@@ -157,7 +157,7 @@ def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
     )
 
 
-RECORDED_OPTIONS = ("n_trials", "timeout", "seed", "study_name", "multi_objective", "min_gain")  # into the plan's search record
+RECORDED_OPTIONS = tuple(SEARCH_OPTIONS)  # into the plan's search record
 
 
 def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0, **options: Any) -> tuple[Plan, SearchOutcome]:

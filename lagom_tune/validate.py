@@ -153,13 +153,14 @@ def name(d: dict, key: str, path: str, default: Any = ...) -> Any:
     return value
 
 
-def number_map(value: Any, path: str, *, minimum: float | None = None) -> dict[str, float]:
-    """``value`` if it maps names to finite numbers (each at least ``minimum``).
+def number_map(value: Any, path: str, *, minimum: float | None = None, maximum: float | None = None) -> dict[str, float]:
+    """``value`` if it maps names to finite numbers (each at least ``minimum``, at most ``maximum``).
 
     Args:
         value: loaded data.
         path: its field path, for the error.
         minimum: the smallest accepted number.
+        maximum: the largest accepted number.
     Returns:
         The mapping, its numbers as floats.
     Raises:
@@ -169,7 +170,7 @@ def number_map(value: Any, path: str, *, minimum: float | None = None) -> dict[s
     for k in d:
         if not isinstance(k, str):
             raise UserError(f"{path}: key {k!r} is not a name")
-    return {k: field(d, k, path, float, minimum=minimum) for k in d}
+    return {k: field(d, k, path, float, minimum=minimum, maximum=maximum) for k in d}
 
 
 def schema_version(d: dict, path: str, reads: int, default: Any = ...) -> int:

@@ -45,6 +45,13 @@ def test_round_trip(tmp_path):
     (lambda d: d["target"]["hardware"].update(sm=132), r"target.hardware.sm: unknown field \(did you mean 'sms'"),
     (lambda d: d["search"].update(evaluations=float("nan")), r"search.evaluations: expected int"),
     (lambda d: d["predicted"]["iteration_ms"].update(plan=0), r"predicted.iteration_ms.plan: must be >= 1e-09"),
+    # hand-edited records show printed as given (an audit, 2026-12-04): a 31-digit time, a negative gain
+    (lambda d: d["predicted"]["iteration_ms"].update(plan=1e30), r"predicted.iteration_ms.plan: must be <= 1"),
+    (lambda d: d["predicted"]["iteration_ms"].pop("plan"), r"predicted.iteration_ms.plan: required field is missing"),
+    (lambda d: d["search"].update(options={"min_gain": -1}), r"search.options.min_gain: must be >= 0"),
+    (lambda d: d["search"].update(options={"min_gain": "abc"}), r"search.options.min_gain: expected float"),
+    (lambda d: d["search"].update(options={"min_gain": 2.5}), r"search.options.min_gain: must be <= 1"),
+    (lambda d: d["search"].update(options={"n_trial": 5}), r"search.options.n_trial: unknown field \(did you mean 'n_trials'"),
     (lambda d: d.update(tool={"name": [1]}), r"tool.name: expected str"),
     # YAML reads `2:` as a number: show crashed, apply ran with the setting never applied
     (lambda d: d.update(communicators={2: {"bucket_cap_mb": 8}}), r"communicators: key 2 is read as int, not a name"),

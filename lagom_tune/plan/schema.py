@@ -7,7 +7,6 @@ communicator and size). The runtime shim reads nothing else.
 
 from __future__ import annotations
 
-import math
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,14 +266,22 @@ def _hardware_record(d: Any, path: str) -> dict[str, Any]:
     return d
 
 
+# The search options a plan records (what reproduces its search), as ``search`` takes them: (type,
+# least[, most]); a hand-edited record is checked against them (``min_gain: -1`` was shown as given).
+SEARCH_OPTIONS = {"n_trials": (int, 1, 10 ** 6), "timeout": (float, 0.1), "seed": (int, 0, 2 ** 32 - 1), "study_name": (str,),
+                  "multi_objective": (bool,), "min_gain": (float, 0.0, 1.0)}
+MAX_ITERATION_MS = 1e8  # a predicted or replayed iteration, at most: about a day (1e30 was printed as a 31-digit time)
+
+
 def _search_record(d: Any, path: str) -> dict[str, Any]:
     """The plan's ``search`` section (which optimizer, its effort, why it kept the defaults), checked
     as ``show`` and ``apply`` read it."""
     d = v.known_keys(v.mapping(d, path), ("optimizer", "evaluations", "seconds", "kept_default", "pareto", "options"), path)
     v.field(d, "optimizer", path, str, "")
-    for key, val in v.mapping(v.field(d, "options", path, dict, {}), f"{path}.options").items():  # what reproduces the search
-        if not isinstance(val, (bool, int, float, str)) or isinstance(val, float) and not math.isfinite(val):
-            raise UserError(f"{path}.options.{key}: expected a number, a flag or a name, got {val!r}")
+    options = v.known_keys(v.mapping(v.field(d, "options", path, dict, {}), f"{path}.options"), tuple(SEARCH_OPTIONS), f"{path}.options")
+    for key, (kind, *bounds) in SEARCH_OPTIONS.items():
+        v.field(options, key, f"{path}.options", kind, None, minimum=bounds[0] if bounds else None,
+                maximum=bounds[1] if len(bounds) > 1 else None)
     v.field(d, "evaluations", path, int, None, minimum=0)
     v.field(d, "seconds", path, float, None, minimum=0.0)
     v.field(d, "kept_default", path, str, None)
@@ -349,7 +356,11 @@ def _times_record(d: Any, path: str) -> dict[str, Any]:
     if "iteration_ms" not in d:  # a plan written in code may have no predictions: loaded as it was saved
         return d
     # an iteration of no time (0) was shown as the plan's, below its own contention-free bound
-    return {**d, "iteration_ms": v.number_map(v.field(d, "iteration_ms", path, dict, {}), f"{path}.iteration_ms", minimum=v.POSITIVE)}
+    times = v.number_map(v.field(d, "iteration_ms", path, dict, {}), f"{path}.iteration_ms", minimum=v.POSITIVE, maximum=MAX_ITERATION_MS)
+    missing = next((k for k in ("default", "plan") if k not in times), None)
+    if missing:  # search writes both; `null` was refused while a deleted line was read as no prediction
+        raise UserError(f"{path}.iteration_ms.{missing}: required field is missing (the {missing} settings' time)")
+    return {**d, "iteration_ms": times}
 
 
 def nodes_of(world_size: int, nodes: int, ranks: int | None, rank_sets: tuple[tuple[int, ...], ...] = ()) -> int | None:
