@@ -257,6 +257,8 @@ def test_a_gpu_model_refuses_a_device_of_no_sms():
     # shown, then search crashed on NaN times (a log of 0, a bandwidth overflowing to inf)
     (lambda d: d["params"]["comm"]["probe|copy|copy|1"].update(threads_knee=0), r"threads_knee: must be > 0, got 0"),
     (lambda d: d["params"]["comm"]["probe|copy|copy|1"].update(link_GBps=1e300), r"link_GBps: must be <= 1000000.0"),
+    # search wrote a plan from it (an audit, 2026-12-04)
+    (lambda d: next(iter(d["params"]["gemms"].values())).update(theta=1e300), r"theta: must be <= 3600"),
 ])
 def test_a_gpu_model_refuses_unknown_sections_and_shapes(edit, said):
     """Each was accepted by show and search."""

@@ -134,6 +134,7 @@ CURVE_EXP, CURVE_STEPS = "exp-pipeline", "steps"
 DIVISORS = ("link_GBps", "per_channel_GBps")  # parameters times are divided by: positive, never 0
 SOFT_CAP_POWERS = ("threads_exp", "saturation", "threads_knee")  # ... and, in the steps curve, those a soft minimum takes logs of
 MAX_GBPS = 1e6  # a bandwidth parameter above 1 PB/s is no link's (1e300 overflowed to NaN times in the search)
+MAX_GEMM_S = 3600.0  # a GEMM's wave (theta) or time alone, at most: an hour (theta 1e300 gave a plan its 1.017x)
 STEPS_PER_BUFFER = 8  # NCCL moves a channel's buffer in 8 steps
 
 
@@ -712,10 +713,11 @@ def _gemm_fit(key: str, d: Any, path: str) -> GemmFit:
     """A measured shape's terms as ``LagomGpuModel.to_dict`` writes them, checked."""
     d = v.mapping(d, path)
     g = shape_of_key(key, path)
-    fit = GemmFit(v.field(d, "theta", path, float, minimum=0.0), v.field(d, "dbytes", path, float, minimum=0.0),
+    fit = GemmFit(v.field(d, "theta", path, float, minimum=0.0, maximum=MAX_GEMM_S),
+                  v.field(d, "dbytes", path, float, minimum=0.0, maximum=MAX_GEMM_S * MAX_GBPS * 1e9),
                   v.field(d, "ctas", path, int, 0, minimum=0) or blocks(g),  # 0 (or absent): Eq. 4's 128x128 blocks
                   v.field(d, "corun", path, float, 0.0), v.field(d, "drag", path, float, 0.0),
-                  v.field(d, "own_drag", path, bool, False), v.field(d, "alone_s", path, float, 0.0, minimum=0.0))
+                  v.field(d, "own_drag", path, bool, False), v.field(d, "alone_s", path, float, 0.0, minimum=0.0, maximum=MAX_GEMM_S))
     if fit.theta == 0 and fit.dbytes == 0 and fit.alone == 0:  # a GEMM of no time: the search divided by it
         raise UserError(f"{path}: theta, dbytes and alone_s are all 0; a GEMM takes some time")
     return fit
