@@ -55,6 +55,9 @@ def test_bad_workload_file(tmp_path):
     (["profile", "--backend", "sim", "--hardware", "", "--out", "x"], "unknown --hardware ''"),
     (["workload", "show", "llama3-8b", "--parallel", ""], "--parallel '': expected"),
     (["profile", "--backend", "sim", "--workload", "olmoe-1b-7b", "--ib-gbps", "100", "--out", "x"], "fit one node of 8 GPUs"),
+    # named a flag never passed when a run's fingerprint held it (search --validate; an audit, 2026-12-04)
+    (["profile", "--backend", "sim", "--workload", "phi-2-fsdp16", "--ib-gbps", "7", "--out", "x"],
+     "ib_gbps 7 (--ib-gbps, or a run's fingerprint.ib_gbps): the simulated InfiniBand rates are 100, 400 Gb/s"),
 ])
 def test_bad_flags_and_arguments(args, fragment):
     assert_one_line_error(cli(*args), fragment)

@@ -147,7 +147,7 @@ class SimBackend(LocalBackend):
             raise UserError(f"unknown --hardware {hw!r}; simulated clusters: {', '.join(CLUSTERS)}")
         ib = int(options.extra.get("ib_gbps", 400))
         if ib not in IB:
-            raise UserError(f"--ib-gbps must be one of {', '.join(map(str, IB))}")
+            raise UserError(f"ib_gbps {ib} (--ib-gbps, or a run's fingerprint.ib_gbps): the simulated InfiniBand rates are {', '.join(map(str, IB))} Gb/s")
         if options.nodes is not None and options.nodes < 1:
             raise UserError("--nodes must be at least 1")
         self.cluster = CLUSTERS[hw]
