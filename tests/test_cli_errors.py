@@ -376,3 +376,15 @@ def test_an_interrupt_while_the_measurements_parse_is_an_interrupt_not_a_corrupt
             signal.signal(s, h)
     err = capsys.readouterr().err
     assert e.value.code == 130 and "not a valid measurements CSV" not in err, err
+
+
+def test_a_misspelt_meta_yaml_field_is_named(tiny_run, tmp_path):
+    """meta.yaml took any field (``repeat: 5`` read as absent) where plans and models name it (an
+    audit, 2026-12-04)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    meta = yaml.safe_load((run / "meta.yaml").read_text())
+    (run / "meta.yaml").write_text(yaml.safe_dump({**meta, "repeat": meta["repeats"]}))
+    assert_one_line_error(cli("show", run), "meta.yaml.repeat: unknown field (did you mean 'repeats'?")

@@ -53,6 +53,8 @@ FINGERPRINT_NUMBERS = {"ranks": (int, 1), "nodes": (int, 1), "gpus_per_node": (i
                        "noise": (float, 0, MAX_NOISE), "memory_GiB": (float, v.POSITIVE), "rank_memory_GiB": (float, v.POSITIVE),
                        "ib_gbps": (int, 1)}  # (type, least[, most])
 FINGERPRINT_NAMES = ("backend", "cluster", "device", "gpu", "mode", "host")  # ... and its names, looked up in tables
+META_FIELDS = ("schema_version", "kind", "tool", "simulated", "fingerprint", "workload_digest", "repeats", "points_total",
+               "points_done", "complete", "started", "updated", "workload")  # what a profile writes to meta.yaml
 
 
 @dataclass
@@ -137,7 +139,8 @@ class RunFolder:
         return release
 
     def read_meta(self) -> dict[str, Any]:
-        meta = v.mapping(read_yaml(self.meta_path, "run metadata"), f"{self.meta_path}")
+        # a misspelt field (``repeat:``) read as absent, as plans and models refuse (an audit, 2026-12-04)
+        meta = v.known_keys(v.mapping(read_yaml(self.meta_path, "run metadata"), f"{self.meta_path}"), META_FIELDS, str(self.meta_path))
         v.schema_version(meta, str(self.meta_path), SCHEMA_VERSION)
         where = str(self.meta_path)
         fp = v.field(meta, "fingerprint", where, dict)
