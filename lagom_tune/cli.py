@@ -23,7 +23,7 @@ from lagom_tune.backends.base import MAX_NOISE, BackendOptions, get_backend
 from lagom_tune.backends.registry import backend_help, backend_info
 from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_signals, stop_signal
 from lagom_tune.model.contention import read_model_file, run_problems
-from lagom_tune.plan.schema import FILE_MARK as PLAN_FILE_MARK, Plan, load_plan
+from lagom_tune.plan.schema import FILE_MARK as PLAN_FILE_MARK, SEARCH_OPTIONS, Plan, load_plan
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.profile.summary import collective_summary
@@ -194,14 +194,14 @@ def search(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Plan YAML to write."),
     compare: bool = typer.Option(False, "--compare", help="Run every optimizer and print them side by side."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    n_trials: int = typer.Option(200, min=1, max=10 ** 6, help="Optuna trial budget."),
-    timeout: Optional[float] = typer.Option(None, parser=_number(0.1), help="Optuna time budget in seconds (at least 0.1)."),
-    seed: int = typer.Option(0, min=0, max=2**32 - 1, help="Optuna sampler seed."),
+    n_trials: int = typer.Option(200, min=SEARCH_OPTIONS["n_trials"][1], max=SEARCH_OPTIONS["n_trials"][2], help="Optuna trial budget."),
+    timeout: Optional[float] = typer.Option(None, parser=_number(SEARCH_OPTIONS["timeout"][1]), help="Optuna time budget in seconds (at least 0.1)."),
+    seed: int = typer.Option(0, min=SEARCH_OPTIONS["seed"][1], max=SEARCH_OPTIONS["seed"][2], help="Optuna sampler seed."),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL, e.g. sqlite:///study.db (resumable)."),
     study_name: Optional[str] = typer.Option(None, help="Optuna study name (resume with the same name)."),
     multi_objective: bool = typer.Option(False, "--multi-objective",
                                          help="Optuna: iteration time vs SMs for communication; the plan records the Pareto front."),
-    min_gain: float = typer.Option(DEFAULT_MIN_GAIN, "--min-gain", parser=_number(0.0, 1.0, below=True), help="Keep the defaults unless the plan is predicted faster by more "
+    min_gain: float = typer.Option(DEFAULT_MIN_GAIN, "--min-gain", parser=_number(*SEARCH_OPTIONS["min_gain"][1:], below=True), help="Keep the defaults unless the plan is predicted faster by more "
                                    "than this fraction, in [0, 1) (smaller gains are within the model's error)."),
     validate: int = typer.Option(0, "--validate", min=0, max=1000, help="Measure default and plan on the backend, N interleaved repeats each."),
 ) -> None:

@@ -7,7 +7,6 @@ communicator and size). The runtime shim reads nothing else.
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -546,14 +546,13 @@ def _model_preset(model: str, parallel: str | None = None) -> Preset:
     a = ARCHS[model]
     kind = f"MoE, {a.experts} experts top-{a.top_k}" if a.experts else f"d={a.hidden}, ffn={a.ffn}"
     default = parallel or ("ep=8" if a.experts else "fsdp=8")
+    fixed = parallel is not None
 
     def build(parallel: str | None = None, seq: int | None = None, mbs: int | None = None, **kw: Any) -> Workload:
-        if parallel is not None and default_fixed and _degrees(parallel) != _degrees(default):
+        if fixed and parallel is not None and _degrees(parallel) != _degrees(default):
             _reject(f"this preset is {model} with {default} (its name says so): --parallel {parallel} asks for another; "
                     f"use the preset {model} with --parallel {parallel}")
         return build_model(model, default if parallel is None else parallel, seq, mbs, **kw)
-
-    default_fixed = parallel is not None
 
     return Preset(f"{model} ({a.layers} layers, {kind}); --parallel {default} by default", build)
 
