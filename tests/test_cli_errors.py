@@ -388,3 +388,17 @@ def test_a_misspelt_meta_yaml_field_is_named(tiny_run, tmp_path):
     meta = yaml.safe_load((run / "meta.yaml").read_text())
     (run / "meta.yaml").write_text(yaml.safe_dump({**meta, "repeat": meta["repeats"]}))
     assert_one_line_error(cli("show", run), "meta.yaml.repeat: unknown field (did you mean 'repeats'?")
+
+
+def test_a_row_of_another_label_is_named_as_written(tiny_run, tmp_path):
+    """A row's ``simulated`` edited in a measured run was named ``np.True_`` (an audit, 2026-12-04)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    df = pd.read_csv(run / "measurements.csv", low_memory=False)
+    df.loc[df.index[0], "simulated"] = True
+    df.to_csv(run / "measurements.csv", index=False)
+    r = cli("show", run)
+    assert_one_line_error(r, "simulated of point")
+    assert "is True, but the run's is False" in r.stderr and "np." not in r.stderr, r.stderr

@@ -321,7 +321,9 @@ class RunFolder:
             if col in df.columns:
                 bad = df[df[col].astype(str) != str(want)]
                 if not bad.empty:
-                    raise UserError(f"{where} {col} of point {bad.iloc[0]['point']} is {bad.iloc[0][col]!r}, but the run's is "
+                    got = bad.iloc[0][col]
+                    got = got.item() if hasattr(got, "item") else got  # numpy's False printed as np.False_
+                    raise UserError(f"{where} {col} of point {bad.iloc[0]['point']} is {got!r}, but the run's is "
                                     f"{want!r} ({len(bad)} such row(s))")
         repeats = meta.get("repeats")
         if isinstance(repeats, int):
