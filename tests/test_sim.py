@@ -200,6 +200,22 @@ def test_a_model_that_gives_no_usable_time_is_neither_written_nor_searched(tmp_p
     r = cli("search", run, "--out", tmp_path / "plan.yaml")
     assert r.returncode == 2 and re.search(r"alone_s: must be <= 3600", r.stderr) and "bound_ms" not in r.stderr, r.stderr
     assert not (tmp_path / "plan.yaml").exists()
+    # the evaluator's own check, for a model built in code: each group's time finite, their sum not
+    from dataclasses import replace
+
+    from lagom_tune.errors import UserError
+    from lagom_tune.model.contention import load_model
+    from lagom_tune.plan.schema import knob_space_for
+    from lagom_tune.profile.store import open_run
+    from lagom_tune.search.run import search
+
+    folder = open_run(run)
+    (run / "model.yaml").write_text(good)
+    model, _ = load_model(run / "model.yaml")
+    key = next(iter(model.gemms))
+    model.gemms[key] = replace(model.gemms[key], alone=1e308)
+    with pytest.raises(UserError, match="no usable iteration time for w"):
+        search(folder.workload(), model, knob_space_for("sim", folder.read_meta()["fingerprint"]), "default")
 
 
 def test_one_profile_at_a_time_measures_into_a_folder(tmp_path):
