@@ -60,9 +60,9 @@ import optuna
 import pandas as pd
 
 from lagom_tune.artifact_io import atomic_write_text
+from lagom_tune.backends.base import bus_factor
 from lagom_tune.backends.nccl_knobs import nccl_knob_space
 from lagom_tune.backends.sim import SimCluster
-from lagom_tune.backends.base import bus_factor
 from lagom_tune.backends.sim_clusters import CLUSTERS, GB, Cluster, MemoryCalibration
 from lagom_tune.backends.sim_comm import REFERENCE_BUSBW
 from lagom_tune.model.rows import SlowdownTable, consistent_baselines, contention_points, point_medians, slowdown_table, times_alone

@@ -153,6 +153,21 @@ def name(d: dict, key: str, path: str, default: Any = ...) -> Any:
     return value
 
 
+def bounded_fields(d: dict, spec: dict[str, tuple], path: str) -> None:
+    """Check each of ``spec``'s keys that ``d`` holds (absent or null: skipped) against its
+    ``(type[, least[, most]])``, as :func:`field` does.
+
+    Args:
+        d: the mapping.
+        spec: key -> (type, least, most), least and most optional.
+        path: its field path, for errors.
+    Raises:
+        UserError: naming the first bad field.
+    """
+    for key, (kind, *bounds) in spec.items():
+        field(d, key, path, kind, None, minimum=bounds[0] if bounds else None, maximum=bounds[1] if len(bounds) > 1 else None)
+
+
 def number_map(value: Any, path: str, *, minimum: float | None = None, maximum: float | None = None) -> dict[str, float]:
     """``value`` if it maps names to finite numbers (each at least ``minimum``, at most ``maximum``).
 

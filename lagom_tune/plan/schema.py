@@ -266,7 +266,8 @@ def _hardware_record(d: Any, path: str) -> dict[str, Any]:
 
 
 # The search options a plan records (what reproduces its search), as ``search`` takes them: (type,
-# least[, most]); a hand-edited record is checked against them (``min_gain: -1`` was shown as given).
+# least[, most]) for validate.bounded_fields; a hand-edited record is checked against them
+# (``min_gain: -1`` was shown as given).
 SEARCH_OPTIONS = {"n_trials": (int, 1, 10 ** 6), "timeout": (float, 0.1), "seed": (int, 0, 2 ** 32 - 1), "study_name": (str,),
                   "multi_objective": (bool,), "min_gain": (float, 0.0, 1.0)}
 MAX_ITERATION_MS = 1e8  # a predicted or replayed iteration, at most: about a day (1e30 was printed as a 31-digit time)
@@ -278,9 +279,7 @@ def _search_record(d: Any, path: str) -> dict[str, Any]:
     d = v.known_keys(v.mapping(d, path), ("optimizer", "evaluations", "seconds", "kept_default", "pareto", "options"), path)
     v.field(d, "optimizer", path, str, "")
     options = v.known_keys(v.mapping(v.field(d, "options", path, dict, {}), f"{path}.options"), tuple(SEARCH_OPTIONS), f"{path}.options")
-    for key, (kind, *bounds) in SEARCH_OPTIONS.items():
-        v.field(options, key, f"{path}.options", kind, None, minimum=bounds[0] if bounds else None,
-                maximum=bounds[1] if len(bounds) > 1 else None)
+    v.bounded_fields(options, SEARCH_OPTIONS, f"{path}.options")
     v.field(d, "evaluations", path, int, None, minimum=0)
     v.field(d, "seconds", path, float, None, minimum=0.0)
     v.field(d, "kept_default", path, str, None)

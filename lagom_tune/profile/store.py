@@ -144,8 +144,7 @@ class RunFolder:
         v.schema_version(meta, str(self.meta_path), SCHEMA_VERSION)
         where = str(self.meta_path)
         fp = v.field(meta, "fingerprint", where, dict)
-        for key, (kind, least, *most) in FINGERPRINT_NUMBERS.items():  # what fit, search and apply compute with
-            v.field(fp, key, f"{where}.fingerprint", kind, None, minimum=least, maximum=most[0] if most else None)
+        v.bounded_fields(fp, FINGERPRINT_NUMBERS, f"{where}.fingerprint")  # what fit, search and apply compute with
         if fp.get("ranks") and fp.get("nodes") and fp["ranks"] % fp["nodes"]:  # search blamed the plan it had not written
             raise UserError(f"{where}.fingerprint.nodes: {fp['nodes']} nodes cannot hold {fp['ranks']} ranks evenly")
         for key in FINGERPRINT_NAMES:  # every backend records which it is; the rest where they apply
