@@ -12,7 +12,7 @@ from typing import Any
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace, Settings
 from lagom_tune.model.contention import CostModel, load_model, stale_reason
-from lagom_tune.plan.schema import SEARCH_OPTIONS, CollectiveRule, Plan, knob_space_for
+from lagom_tune.plan.schema import MS_DECIMALS, SEARCH_OPTIONS, CollectiveRule, Plan, knob_space_for
 from lagom_tune.profile.store import open_run
 from lagom_tune.search.replay import validate
 from lagom_tune.search.run import SearchOutcome, option_names, search
@@ -147,11 +147,11 @@ def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
                 **({"pareto": chosen.extra["pareto"]} if "pareto" in chosen.extra else {})},
         predicted={
             "iteration_ms": {
-                "default": round(outcome.default.evaluation.iteration_s * 1e3, 3),
-                "autoccl": round(outcome.autoccl.evaluation.iteration_s * 1e3, 3),
-                "plan": round(chosen.evaluation.iteration_s * 1e3, 3),
+                "default": round(outcome.default.evaluation.iteration_s * 1e3, MS_DECIMALS),
+                "autoccl": round(outcome.autoccl.evaluation.iteration_s * 1e3, MS_DECIMALS),
+                "plan": round(chosen.evaluation.iteration_s * 1e3, MS_DECIMALS),
             },
-            "bound_ms": round(outcome.bound_s * 1e3, 3),
+            "bound_ms": round(outcome.bound_s * 1e3, MS_DECIMALS),
             "simulated": inputs.simulated,
         },
     )

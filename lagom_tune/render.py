@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from lagom_tune.backends.registry import backend_info
-from lagom_tune.plan.schema import Plan
+from lagom_tune.plan.schema import MS_DECIMALS, Plan, ms_text
 from lagom_tune.runtime.launch import describe, export_lines
 from lagom_tune.runtime.nccl import RULES_ENV, communicator_configs
 from lagom_tune.search.result import SearchResult
@@ -199,9 +199,9 @@ def prediction_table(plan: Plan) -> Table:
     t.add_column("vs default", justify="right")
     base = it.get("default")
     for name, ms in it.items():
-        t.add_row(name, f"{ms:.2f}", f"{base / ms:.3f}×" if base and ms else "")
+        t.add_row(name, ms_text(ms), f"{base / ms:.3f}×" if base and ms else "")
     if plan.predicted.get("bound_ms") is not None:
-        t.add_row("contention-free bound", f"{plan.predicted['bound_ms']:.2f}", "")
+        t.add_row("contention-free bound", ms_text(plan.predicted['bound_ms']), "")
     if plan.validated:
         rows, caption = replay_rows(plan)
         for row in rows:
@@ -227,7 +227,7 @@ def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
     for name, ms in plan.validated.get("iteration_ms", {}).items():
         # the same settings replayed twice: a ratio would present the replay's noise as a speed-up
         ratio = "same settings" if same and name != "default" else f"{vbase / ms:.3f}×" if vbase and ms else ""
-        rows.append((f"{kind} {name} (replay)", f"{ms:.2f}", ratio))
+        rows.append((f"{kind} {name} (replay)", ms_text(ms), ratio))
     caption = "the plan keeps the defaults: both replays ran the same settings, so their difference is noise" if same else ""
     return rows, caption
 
@@ -260,7 +260,7 @@ def compare_rows(results: list[SearchResult]) -> list[dict[str, Any]]:
         flat = flat_settings(r.settings)
         rows.append({
             "optimizer": r.optimizer,
-            "iteration_ms": round(r.evaluation.iteration_s * 1e3, 4),
+            "iteration_ms": round(r.evaluation.iteration_s * 1e3, MS_DECIMALS),
             "speedup_vs_default": round(base.evaluation.iteration_s / r.evaluation.iteration_s, 4) if base else None,
             "evaluations": r.evaluations,
             "seconds": round(r.seconds, 4),
@@ -291,7 +291,7 @@ def compare_table(rows: list[dict[str, Any]], simulated: bool, skipped: dict[str
         changes = [f"{k}={val}" for k, val in r["changes"].items()]
         more = f" (+{len(changes) - COMPARE_SHOWN} more; --json lists all)" if len(changes) > COMPARE_SHOWN else ""
         desc = ", ".join(changes[:COMPARE_SHOWN]) + more if changes else ("the defaults" if r["optimizer"] == "default" else "none")
-        t.add_row(r["optimizer"], f"{r['iteration_ms']:.2f}", f"{r['speedup_vs_default']:.3f}×", str(r["evaluations"]), f"{r['seconds']:.3f}", escape(desc))
+        t.add_row(r["optimizer"], ms_text(r['iteration_ms']), f"{r['speedup_vs_default']:.3f}×", str(r["evaluations"]), f"{r['seconds']:.3f}", escape(desc))
     if skipped:
         t.caption = "\n".join(f"{name} not run: {escape(why)}" for name, why in skipped.items())
         t.caption_justify = "left"

@@ -17,7 +17,7 @@ from typing import Any
 from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import load_model, read_model_file, run_problems
-from lagom_tune.plan.schema import ROUNDING_MS, Plan, knob_space_for, load_plan
+from lagom_tune.plan.schema import ROUNDING_MS, Plan, knob_space_for, load_plan, ms_text
 from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.render import percent, replay_rows
 from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
@@ -116,7 +116,7 @@ def _check_predicted(plan: Plan, now: dict[str, float]) -> None:
     differ = {name: (recorded[name], ms) for name, ms in now.items()
               if name in recorded and not math.isclose(recorded[name], ms, rel_tol=1e-6, abs_tol=ROUNDING_MS)}
     if differ:
-        said = ", ".join(f"{name} {was} ms, now {ms:.3f} ms" for name, (was, ms) in differ.items())
+        said = ", ".join(f"{name} {was} ms, now {ms_text(ms)} ms" for name, (was, ms) in differ.items())
         raise UserError(f"the plan's predictions are not what its run's model gives it now ({said}): the model was "
                         "refitted or the plan edited since `lagom-tune search` wrote it; search again for a plan to report "
                         "(or report the run folder)")
@@ -181,7 +181,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
         ev = ModelEvaluator(workload, model)
         d, p = ev(default), ev(chosen)
         _check_predicted(plan, {"default": d.iteration_s * 1e3, "plan": p.iteration_s * 1e3})
-        parts.append(f"<h2>Before / after: predicted iteration {d.iteration_s * 1e3:.2f} → {p.iteration_s * 1e3:.2f} ms "
+        parts.append(f"<h2>Before / after: predicted iteration {ms_text(d.iteration_s * 1e3)} → {ms_text(p.iteration_s * 1e3)} ms "
                      f"({d.iteration_s / p.iteration_s:.3f}×)</h2>" + _img(gantt(d, p, simulated), "timeline under default settings and under the plan"))
         if plan.validated:  # the rows `show` prints, not the record as Python writes a dict
             rows, caption = replay_rows(plan)

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from lagom_tune.model.contention import load_model
-from lagom_tune.plan.schema import knob_space_for
+from lagom_tune.plan.schema import knob_space_for, ms_text
 from lagom_tune.profile.store import open_run
 from lagom_tune.search.run import OPTIMIZERS, compare, search
 from lagom_tune.workload.spec import Collective, OverlapGroup, Workload
@@ -187,3 +187,19 @@ def test_compare_shows_the_per_collective_settings_that_differ(phi2):
         assert lagom["changes"] and any("." in k for k in lagom["changes"]), lagom["changes"]
     table = cli("search", phi2[0], "--compare", "--n-trials", "20", check=True).stdout
     assert "differ from the defaults" in table and "the defaults" in table
+
+
+def test_show_report_and_compare_print_a_plans_times_as_it_records_them(phi2, tmp_path):
+    """One rounding: an audit (2026-12-04) read 111.55 ms in `show` (two decimals of the plan's 111.545)
+    and 111.54 ms in `report` (two of the model's 111.5446). Every verb now prints the recorded
+    0.001 ms."""
+    plan = tmp_path / "p.yaml"
+    cli("search", phi2[0], "--out", plan, "--min-gain", "0", check=True)
+    recorded = yaml.safe_load(plan.read_text())["predicted"]["iteration_ms"]
+    shown = cli("show", plan, check=True).stdout
+    cli("report", plan, "-o", tmp_path / "r.html", check=True)
+    report = (tmp_path / "r.html").read_text()
+    compared = cli("search", phi2[0], "--compare", check=True).stdout
+    for name in ("default", "plan"):
+        text = ms_text(recorded[name])
+        assert text in shown and text in report and text in compared, (name, text)

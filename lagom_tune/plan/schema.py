@@ -309,7 +309,13 @@ def _workload_record(d: Any, path: str) -> dict[str, Any]:
     return d
 
 
-ROUNDING_MS = 0.0011  # iteration times are written to 0.001 ms: two such may differ by this and agree
+MS_DECIMALS = 3  # iteration times are written, and every verb prints them, to 0.001 ms (one rounding: show, search and report agree)
+ROUNDING_MS = 1.1 * 10 ** -MS_DECIMALS  # two such written times may differ by this and agree
+
+
+def ms_text(ms: float) -> str:
+    """An iteration time in ms as every verb prints it (to :data:`MS_DECIMALS` decimals, as plans record it)."""
+    return f"{ms:.{MS_DECIMALS}f}"
 ROUNDING_RATIO = 0.001  # a speed-up written to 4 decimals from two such times: their ratio, within this (relative)
 
 
