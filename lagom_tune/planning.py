@@ -12,7 +12,8 @@ from typing import Any
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace, Settings
 from lagom_tune.model.contention import CostModel, load_model, stale_reason
-from lagom_tune.plan.schema import MS_DECIMALS, SEARCH_OPTIONS, CollectiveRule, Plan, knob_space_for
+from lagom_tune.plan.schema import SEARCH_OPTIONS, CollectiveRule, Plan, knob_space_for
+from lagom_tune.precision import ms_round
 from lagom_tune.profile.store import open_run
 from lagom_tune.search.replay import validate
 from lagom_tune.search.run import SearchOutcome, option_names, search
@@ -143,15 +144,15 @@ def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
         workload={"name": workload.name, "digest": workload.digest},
         model={"run": str(inputs.run_dir), "family": inputs.model.family, "mape": inputs.accuracy.get("mape", {})},
         search={"optimizer": chosen.optimizer, "evaluations": chosen.evaluations, "seconds": round(chosen.seconds, 4),
-                **({"kept_default": chosen.extra["kept_default"]} if "kept_default" in chosen.extra else {}),
+                **({k: chosen.extra[k] for k in ("kept_default", "left_to_backend") if k in chosen.extra}),
                 **({"pareto": chosen.extra["pareto"]} if "pareto" in chosen.extra else {})},
         predicted={
             "iteration_ms": {
-                "default": round(outcome.default.evaluation.iteration_s * 1e3, MS_DECIMALS),
-                "autoccl": round(outcome.autoccl.evaluation.iteration_s * 1e3, MS_DECIMALS),
-                "plan": round(chosen.evaluation.iteration_s * 1e3, MS_DECIMALS),
+                "default": ms_round(outcome.default.evaluation.iteration_s * 1e3),
+                "autoccl": ms_round(outcome.autoccl.evaluation.iteration_s * 1e3),
+                "plan": ms_round(chosen.evaluation.iteration_s * 1e3),
             },
-            "bound_ms": round(outcome.bound_s * 1e3, MS_DECIMALS),
+            "bound_ms": ms_round(outcome.bound_s * 1e3),
             "simulated": inputs.simulated,
         },
     )

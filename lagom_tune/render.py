@@ -11,9 +11,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from lagom_tune.backends.registry import backend_info
-from lagom_tune.plan.schema import MS_DECIMALS, Plan, ms_text
+from lagom_tune.plan.schema import Plan
+from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.runtime.launch import describe, export_lines
 from lagom_tune.runtime.nccl import RULES_ENV, communicator_configs
+from lagom_tune.search import TIE_TOLERANCE
 from lagom_tune.search.result import SearchResult
 from lagom_tune.workload.spec import Collective, Gemm, Workload
 
@@ -176,10 +178,14 @@ def plan_summary(plan: Plan) -> list[Any]:
         t.add_column("iteration ms", justify="right")
         t.add_column("SMs for communication", justify="right")
         for point in front:
-            t.add_row(f"{point['iteration_ms']:.3f}", str(point["comm_sms"]))
+            t.add_row(ms_text(point['iteration_ms']), str(point["comm_sms"]))
         out.append(t)
     if plan.search.get("kept_default"):
         out.append(f"[yellow]the plan keeps the defaults:[/] {escape(plan.search['kept_default'])}")
+    if plan.search.get("left_to_backend"):
+        out.append(f"left to the {plan.backend} backend (the search's value was predicted to gain under "
+                   f"{TIE_TOLERANCE:.1%}, and such a knob reaches every collective of its scope): "
+                   + escape(", ".join(plan.search["left_to_backend"])))
     return out
 
 
@@ -260,7 +266,7 @@ def compare_rows(results: list[SearchResult]) -> list[dict[str, Any]]:
         flat = flat_settings(r.settings)
         rows.append({
             "optimizer": r.optimizer,
-            "iteration_ms": round(r.evaluation.iteration_s * 1e3, MS_DECIMALS),
+            "iteration_ms": ms_round(r.evaluation.iteration_s * 1e3),
             "speedup_vs_default": round(base.evaluation.iteration_s / r.evaluation.iteration_s, 4) if base else None,
             "evaluations": r.evaluations,
             "seconds": round(r.seconds, 4),

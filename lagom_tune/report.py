@@ -17,7 +17,8 @@ from typing import Any
 from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import load_model, read_model_file, run_problems
-from lagom_tune.plan.schema import ROUNDING_MS, Plan, knob_space_for, load_plan, ms_text
+from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
+from lagom_tune.precision import ROUNDING_REL, ms_text
 from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.render import percent, replay_rows
 from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
@@ -114,9 +115,9 @@ def _check_predicted(plan: Plan, now: dict[str, float]) -> None:
     """
     recorded = plan.predicted.get("iteration_ms", {})
     differ = {name: (recorded[name], ms) for name, ms in now.items()
-              if name in recorded and not math.isclose(recorded[name], ms, rel_tol=1e-6, abs_tol=ROUNDING_MS)}
+              if name in recorded and not math.isclose(recorded[name], ms, rel_tol=ROUNDING_REL)}
     if differ:
-        said = ", ".join(f"{name} {was} ms, now {ms_text(ms)} ms" for name, (was, ms) in differ.items())
+        said = ", ".join(f"{name} {ms_text(was)} ms, now {ms_text(ms)} ms" for name, (was, ms) in differ.items())
         raise UserError(f"the plan's predictions are not what its run's model gives it now ({said}): the model was "
                         "refitted or the plan edited since `lagom-tune search` wrote it; search again for a plan to report "
                         "(or report the run folder)")

@@ -5,7 +5,8 @@ import pytest
 import yaml
 
 from lagom_tune.model.contention import load_model
-from lagom_tune.plan.schema import knob_space_for, ms_text
+from lagom_tune.plan.schema import knob_space_for
+from lagom_tune.precision import ms_text
 from lagom_tune.profile.store import open_run
 from lagom_tune.search.run import OPTIMIZERS, compare, search
 from lagom_tune.workload.spec import Collective, OverlapGroup, Workload
@@ -172,7 +173,7 @@ def test_multi_objective_writes_a_pareto_front(phi2, tmp_path):
     sms = [p["comm_sms"] for p in front]
     assert sms == sorted(sms, reverse=True)  # faster plans take more SMs for communication
     shown = cli("show", plan, check=True).stdout  # stored and shown: it was stored only
-    assert f"Pareto front of --multi-objective ({len(front)} points" in shown and f"{front[-1]['iteration_ms']:.3f}" in shown
+    assert f"Pareto front of --multi-objective ({len(front)} points" in shown and ms_text(front[-1]['iteration_ms']) in shown
 
 
 def test_compare_shows_the_per_collective_settings_that_differ(phi2):
@@ -191,8 +192,8 @@ def test_compare_shows_the_per_collective_settings_that_differ(phi2):
 
 def test_show_report_and_compare_print_a_plans_times_as_it_records_them(phi2, tmp_path):
     """One rounding: an audit (2026-12-04) read 111.55 ms in `show` (two decimals of the plan's 111.545)
-    and 111.54 ms in `report` (two of the model's 111.5446). Every verb now prints the recorded
-    0.001 ms."""
+    and 111.54 ms in `report` (two of the model's 111.5446). Every verb now prints the digits the plan
+    records (``lagom_tune.precision``)."""
     plan = tmp_path / "p.yaml"
     cli("search", phi2[0], "--out", plan, "--min-gain", "0", check=True)
     recorded = yaml.safe_load(plan.read_text())["predicted"]["iteration_ms"]
@@ -203,3 +204,26 @@ def test_show_report_and_compare_print_a_plans_times_as_it_records_them(phi2, tm
     for name in ("default", "plan"):
         text = ms_text(recorded[name])
         assert text in shown and text in report and text in compared, (name, text)
+
+
+def test_a_process_wide_knob_with_no_predicted_effect_is_left_to_nccl(tmp_path):
+    """A 1 MB all-reduce across two nodes: the search's best pinned NCCL_NTHREADS=64 and an 8 MiB
+    buffer, which the model predicted to change nothing (0.000% and 0.007%), and Simple collectives
+    outside the workload run 1.8x slower at 64 threads (an audit, 2026-12-04). Left to NCCL, and said."""
+    wl = tmp_path / "n2.yaml"
+    wl.write_text("name: n2\ngroups:\n- name: layer\n  compute:\n  - {name: g1, m: 1024, n: 1024, k: 1024, dtype: bf16}\n"
+                  "  comm:\n  - {name: b, op: all_reduce, nbytes: 1000000, ranks: 16, nodes: 2}\n")
+    cli("profile", "--backend", "sim", "--workload", wl, "--out", tmp_path / "run", check=True)
+    r = cli("search", tmp_path / "run", "--out", tmp_path / "p.yaml", check=True)
+    d = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert d["process"] == {} and d["collectives"], d  # its gain is the collective's rule
+    assert {"threads", "buffsize"} <= set(d["search"]["left_to_backend"]), d["search"]
+    assert "left to the sim backend" in " ".join(r.stdout.split()) and "threads" in r.stdout
+
+
+def test_a_process_wide_knob_that_gains_stays_in_the_plan(phi2, tmp_path):
+    """The other side of the tie rule: phi-2's 8 MiB buffer is worth 0.7% of its iteration, above
+    search.TIE_TOLERANCE, and the plan keeps it."""
+    cli("search", phi2[0], "--out", tmp_path / "p.yaml", "--min-gain", "0", check=True)
+    d = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert d["process"].get("buffsize") == 8 << 20 and "left_to_backend" not in d["search"], d

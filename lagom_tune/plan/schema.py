@@ -16,6 +16,7 @@ from lagom_tune import validate as v
 from lagom_tune.artifact_io import read_yaml, write_yaml
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
+from lagom_tune.precision import ROUNDING_REL
 from lagom_tune.knobs import KnobSpace, Settings
 from lagom_tune.workload.spec import OPS, Workload
 
@@ -276,13 +277,17 @@ MAX_ITERATION_MS = 1e8  # a predicted or replayed iteration, at most: about a da
 def _search_record(d: Any, path: str) -> dict[str, Any]:
     """The plan's ``search`` section (which optimizer, its effort, why it kept the defaults), checked
     as ``show`` and ``apply`` read it."""
-    d = v.known_keys(v.mapping(d, path), ("optimizer", "evaluations", "seconds", "kept_default", "pareto", "options"), path)
+    d = v.known_keys(v.mapping(d, path), ("optimizer", "evaluations", "seconds", "kept_default", "left_to_backend", "pareto", "options"),
+                     path)
     v.field(d, "optimizer", path, str, "")
     options = v.known_keys(v.mapping(v.field(d, "options", path, dict, {}), f"{path}.options"), tuple(SEARCH_OPTIONS), f"{path}.options")
     v.bounded_fields(options, SEARCH_OPTIONS, f"{path}.options")
     v.field(d, "evaluations", path, int, None, minimum=0)
     v.field(d, "seconds", path, float, None, minimum=0.0)
     v.field(d, "kept_default", path, str, None)
+    for i, name in enumerate(v.field(d, "left_to_backend", path, list, [])):
+        if not isinstance(name, str) or not name:
+            raise UserError(f"{path}.left_to_backend[{i}]: expected a knob's name, got {name!r}")
     for i, point in enumerate(v.field(d, "pareto", path, list, [])):
         where = f"{path}.pareto[{i}]"
         point = v.known_keys(v.mapping(point, where), ("iteration_ms", "comm_sms"), where)
@@ -309,14 +314,7 @@ def _workload_record(d: Any, path: str) -> dict[str, Any]:
     return d
 
 
-MS_DECIMALS = 3  # iteration times are written, and every verb prints them, to 0.001 ms (one rounding: show, search and report agree)
-ROUNDING_MS = 1.1 * 10 ** -MS_DECIMALS  # two such written times may differ by this and agree
-
-
-def ms_text(ms: float) -> str:
-    """An iteration time in ms as every verb prints it (to :data:`MS_DECIMALS` decimals, as plans record it)."""
-    return f"{ms:.{MS_DECIMALS}f}"
-ROUNDING_RATIO = 0.001  # a speed-up written to 4 decimals from two such times: their ratio, within this (relative)
+ROUNDING_RATIO = 0.001  # a speed-up written to 4 decimals from two recorded times: their ratio, within this (relative)
 
 
 def _check_times(predicted: dict[str, Any], validated: dict[str, Any] | None, simulated: bool, path: str) -> None:
@@ -326,7 +324,7 @@ def _check_times(predicted: dict[str, Any], validated: dict[str, Any] | None, si
     is not the ratio of its replay times."""
     bound = predicted.get("bound_ms")
     for name, ms in predicted.get("iteration_ms", {}).items():
-        if bound is not None and ms < bound - ROUNDING_MS:
+        if bound is not None and ms < bound * (1 - ROUNDING_REL):
             raise UserError(f"{path}.predicted.iteration_ms.{name}: {ms} ms, below the contention-free bound {bound} ms "
                             "no setting can beat")
     if validated is None:

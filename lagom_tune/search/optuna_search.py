@@ -20,6 +20,7 @@ import sqlalchemy.exc  # optuna's storage layer: a URL it cannot open raises the
 
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
+from lagom_tune.precision import ms_round
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search.lagom import lagom_search
 from lagom_tune.search.result import SearchResult
@@ -132,7 +133,7 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
     extra: dict = {"trials": len(study.trials), "study": study.study_name}
     if multi_objective:
         front = sorted(study.best_trials, key=lambda t: t.values[0])
-        points = {(round(t.values[0] * 1e3, 4), int(t.values[1])) for t in front}
+        points = {(ms_round(t.values[0] * 1e3), int(t.values[1])) for t in front}
         extra["pareto"] = [{"iteration_ms": ms, "comm_sms": sms} for ms, sms in sorted(points)]
         params = front[0].params
     else:

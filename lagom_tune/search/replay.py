@@ -10,6 +10,7 @@ from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.interleave import interleaved
 from lagom_tune.knobs import Settings, settings_items
+from lagom_tune.precision import ms_round
 from lagom_tune.workload.spec import Workload
 
 
@@ -56,14 +57,14 @@ def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[s
     times: dict[str, list[float]] = {name: [] for name in candidates}
     order = iter(names)
     backend.measure(points, 1, lambda p, rows: times[next(order)].append(rows[0]["time_us"] / 1e3))
-    med = {name: round(statistics.median(t), 3) for name, t in times.items()}
+    med = {name: ms_round(statistics.median(t)) for name, t in times.items()}
     out = {
         "method": f"{'simulated' if backend.simulated else 'measured'} replay of the workload on {backend.name}, "
                   f"{repeats} interleaved repeats, each round in the reverse order of the last",
         "simulated": backend.simulated,
         "repeats": repeats,
         "iteration_ms": med,
-        "spread_ms": {name: [round(min(t), 3), round(max(t), 3)] for name, t in times.items()},
+        "spread_ms": {name: [ms_round(min(t)), ms_round(max(t))] for name, t in times.items()},
     }
     if "default" in med and "plan" in med and med["plan"] > 0:
         out["speedup"] = round(med["default"] / med["plan"], 4)

@@ -7,8 +7,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from lagom_tune.errors import UserError
-from lagom_tune.knobs import KnobSpace
+from lagom_tune.knobs import KnobSpace, Settings
 from lagom_tune.model.contention import CostModel
+from lagom_tune.search import TIE_TOLERANCE
 from lagom_tune.search.baselines import autoccl_search, default_search, exhaustive_search
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search.lagom import lagom_search
@@ -17,7 +18,8 @@ from lagom_tune.search.result import SearchResult
 from lagom_tune.search.space import variables
 from lagom_tune.workload.spec import Workload
 
-__all__ = ["OPTIMIZERS", "check_options", "check_storage_apart", "compare", "option_names", "run_optimizer", "search", "taken_options"]
+__all__ = ["OPTIMIZERS", "check_options", "check_storage_apart", "compare", "leave_ties_to_the_backend", "option_names",
+           "run_optimizer", "search", "taken_options"]
 
 # Every optimizer has one lifecycle: ``fn(evaluator, variables, **its keyword-only options)`` returns
 # a SearchResult. Its options are its keyword-only parameters, typed and documented there.
@@ -126,6 +128,8 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
     results = {name: run_optimizer(name, ModelEvaluator(workload, model, space), vars_, options) for name in names}
     bound = min(r.evaluation.bound_s for r in results.values())
     chosen, default = results[optimizer], results["default"]
+    if chosen.settings.key != default.settings.key:
+        chosen = leave_ties_to_the_backend(chosen, default.settings, ModelEvaluator(workload, model, space))
     gain = default.evaluation.iteration_s / chosen.evaluation.iteration_s - 1
     if gain <= min_gain and chosen.settings.key != default.settings.key:
         # as many decimals as keep the gain below the threshold it missed ("2.0% faster, not more than 2%" was 1.98%)
@@ -135,6 +139,43 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
         chosen = replace(chosen, settings=default.settings, evaluation=default.evaluation,
                          extra={**chosen.extra, "kept_default": why})
     return SearchOutcome(chosen, default, results["autoccl"], bound)
+
+
+def leave_ties_to_the_backend(chosen: SearchResult, default: Settings, evaluate: ModelEvaluator) -> SearchResult:
+    """``chosen`` with each process- and communicator-wide knob put back to ``default``'s value
+    (left to the backend) wherever the predicted iteration stays within :data:`TIE_TOLERANCE` of
+    ``chosen``'s; one knob at a time, process knobs first, in name order.
+
+    Args:
+        chosen: an optimizer's best settings.
+        default: every knob at the backend's default.
+        evaluate: an evaluator of the same workload and model.
+    Returns:
+        The result with those knobs at their defaults, its evaluation, its evaluation count
+        including these, and ``extra["left_to_backend"]`` naming them (absent when none).
+    """
+    limit = chosen.evaluation.iteration_s * (1 + TIE_TOLERANCE)
+    settings, evaluation, left = chosen.settings, chosen.evaluation, []
+    knobs = [("process", None, k) for k in sorted(settings.process)] + [
+        ("communicator", role, k) for role in sorted(settings.communicators) for k in sorted(settings.communicators[role])]
+    for scope, role, name in knobs:
+        if scope == "process":
+            if name not in default.process or settings.process[name] == default.process[name]:
+                continue
+            trial = replace(settings, process={**settings.process, name: default.process[name]})
+        else:
+            want = default.communicators.get(role, {}).get(name, default.process.get(name))
+            if want is None or settings.communicators[role][name] == want:
+                continue
+            trial = replace(settings, communicators={**settings.communicators, role: {**settings.communicators[role], name: want}})
+        ev = evaluate(trial)
+        if ev.iteration_s <= limit:
+            settings, evaluation = trial, ev
+            left.append(name if scope == "process" else f"{name}@{role}")
+    if not left:
+        return chosen
+    return replace(chosen, settings=settings, evaluation=evaluation, evaluations=chosen.evaluations + evaluate.evaluations,
+                   extra={**chosen.extra, "left_to_backend": left})
 
 
 def compare(workload: Workload, model: CostModel, space: KnobSpace, names: list[str] | None = None,
