@@ -359,6 +359,18 @@ def run_summary(meta: dict[str, Any], df: pd.DataFrame, model: dict[str, Any] | 
     return out
 
 
+def fit_warnings(warnings: list[str] | tuple[str, ...]) -> list[str]:
+    """A fit's warnings (points its held-out figures leave out, measurements it refused), one line
+    each, as ``profile``, ``fit`` and ``show`` print them.
+
+    Args:
+        warnings: the fit's warning lines.
+    Returns:
+        Console lines.
+    """
+    return [f"[yellow]warning[/] {escape(str(w))}" for w in warnings]
+
+
 def model_tables(model: dict[str, Any]) -> list[Any]:
     """A model.yaml's measured accuracy: held-out MAPE, the ranking figures the search relies on,
     and warnings about measurements the fit refused.
@@ -391,8 +403,7 @@ def model_tables(model: dict[str, Any]) -> list[Any]:
             r.add_row(escape(str(row["shape"])), escape(str(row.get("collective", ""))), f"{row['spearman']:.2f}",
                       f"{row['best_gap']:.1%}", str(row["points"]))
         out.append(r)
-    for warning in acc.get("warnings", []):
-        out.append(f"[yellow]warning[/] {escape(str(warning))}")
+    out += fit_warnings(acc.get("warnings", []))
     return out
 
 

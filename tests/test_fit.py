@@ -14,7 +14,7 @@ from lagom_tune.profile.store import open_run
 from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Collective, Gemm
 
-from conftest import ROOT
+from conftest import ROOT, cli
 
 STANDIN = ROOT / "tests" / "data"
 
@@ -296,3 +296,16 @@ def test_the_mape_a_fit_prints_is_the_one_model_yaml_records(tiny_run, tmp_path)
     shutil.copytree(tiny_run, run)
     result = fit_run(open_run(run))
     assert result.mape == yaml.safe_load((run / "model.yaml").read_text())["accuracy"]["mape"]
+
+
+def test_profile_prints_the_warnings_show_prints(tmp_path):
+    """A workload of one GEMM shape: a fold holding every GEMM point cannot be fitted, and its points
+    are in no held-out figure; `fit` and `show` said so, `profile` printed the MAPE alone (an audit,
+    2026-12-04)."""
+    wl = tmp_path / "one.yaml"
+    wl.write_text("name: one\ngroups:\n- name: layer\n  repeat: 4\n  compute:\n  - {name: g1, m: 4096, n: 4096, k: 4096, dtype: bf16}\n"
+                  "  comm:\n  - {name: ag, op: all_gather, nbytes: 100000000, group: dp_shard, ranks: 8}\n")
+    r = cli("profile", "--backend", "sim", "--workload", wl, "--out", tmp_path / "run", check=True)
+    said = " ".join(r.stdout.split())
+    assert "warning fold" in said and "could not be fitted from the other folds' points" in said, said
+    assert "in no held-out figure" in " ".join(cli("show", tmp_path / "run", check=True).stdout.split())

@@ -35,7 +35,7 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
     coll = pts[pts["kind"] == "collective"]
     over = pts[pts["kind"] == "overlap"]
     if gemm.empty or coll.empty:
-        raise UserError("the profile has no GEMM or no collective measurements to fit")
+        raise UserError("the points hold no GEMM or no collective measurement to fit")
     compute = {}
     for t, rows in gemm.groupby("threads"):
         feats = np.array([[gemm_features(gemm_of_row(r))[n] for n in GEMM_FEATURES] for _, r in rows.iterrows()])
@@ -178,7 +178,8 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
             try:
                 model = _fit(train, device, simulated, v)
             except UserError as e:
-                held[v].failed.append(f"fold {f + 1} of {folds} could not be fitted ({e}): its {len(test)} points are in no held-out figure")
+                held[v].failed.append(f"fold {f + 1} of {folds} could not be fitted from the other folds' points ({e}): its "
+                                      f"{len(test)} points are in no held-out figure")
                 continue
             held[v].add(model, test)
         tick(f + 1, folds + 1)

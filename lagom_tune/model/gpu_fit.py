@@ -160,9 +160,9 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: st
     sms, hbm = int(device["sms"]), float(device["hbm_GBps"]) * 1e9
     pts = consistent_baselines(pts)
     if pts[pts["kind"] == "gemm"].empty or pts[pts["kind"] == "collective"].empty:
-        raise UserError("the profile has no GEMM or no collective measurements to fit")
+        raise UserError("the points hold no GEMM or no collective measurement to fit")
     if pts[pts["kind"] == "overlap"].empty:  # a profile written before `profile` refused such workloads
-        raise UserError("the profile has no overlapped GEMM and collective measurements: the contention model has "
+        raise UserError("the points hold no overlapped GEMM and collective measurements: the contention model has "
                         "nothing to be fitted from")
     comm = fit_comm(alone_comm_rows(pts), warm=warm)
     over = contention_points(pts)
