@@ -12,8 +12,8 @@ from typing import Any
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace, Settings
 from lagom_tune.model.contention import CostModel, load_model, stale_reason
-from lagom_tune.plan.schema import SEARCH_OPTIONS, CollectiveRule, Plan, knob_space_for
-from lagom_tune.precision import ms_round
+from lagom_tune.plan.schema import MAX_ITERATION_MS, SEARCH_OPTIONS, CollectiveRule, Plan, knob_space_for
+from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.profile.store import open_run
 from lagom_tune.search.replay import validate
 from lagom_tune.search.run import SearchOutcome, option_names, search
@@ -161,6 +161,17 @@ def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
 RECORDED_OPTIONS = tuple(SEARCH_OPTIONS)  # into the plan's search record
 
 
+def _check_recordable(workload: Workload, outcome: SearchOutcome) -> None:
+    """Refuse (UserError) a workload whose predicted iteration is longer than a plan records
+    (``plan.schema.MAX_ITERATION_MS``), naming the workload rather than the plan's field (an audit,
+    2026-12-04: 60 groups repeated 10^6 times passed ``profile`` and failed in the written plan)."""
+    slowest = max(r.evaluation.iteration_s for r in (outcome.default, outcome.autoccl, outcome.chosen)) * 1e3
+    if slowest > MAX_ITERATION_MS:
+        raise UserError(f"workload {workload.name!r}: its iteration is predicted at {ms_text(slowest)} ms ({slowest / 3.6e6:.1f} h), "
+                        f"longer than a plan records ({ms_text(MAX_ITERATION_MS)} ms, about a day): lower its groups' repeat "
+                        "or its exposed_ms (`search --compare` prints the predictions without a plan)")
+
+
 def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0, **options: Any) -> tuple[Plan, SearchOutcome]:
     """Read a profiled run folder (workload, fingerprint, fitted model), search it, make the plan.
 
@@ -175,6 +186,7 @@ def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0
     """
     inputs = load_search_inputs(run_dir)
     outcome = search(inputs.workload, inputs.model, inputs.space, optimizer, **options)
+    _check_recordable(inputs.workload, outcome)
     plan = build_plan(inputs, outcome)
     # what reproduces the search: its options of the optimizer that ran (a seed, a trial budget), and min_gain
     taken = option_names(optimizer) | {"min_gain"}

@@ -402,3 +402,17 @@ def test_a_row_of_another_label_is_named_as_written(tiny_run, tmp_path):
     r = cli("show", run)
     assert_one_line_error(r, "simulated of point")
     assert "is True, but the run's is False" in r.stderr and "np." not in r.stderr, r.stderr
+
+
+def test_a_workload_too_long_for_a_plan_is_named_not_the_plans_field(tmp_path):
+    """A workload whose iteration is predicted past what a plan records (about a day) passed
+    `profile` and then failed on `<out>.predicted.iteration_ms.default`, a field of a file the user
+    never wrote (an audit, 2026-12-04). The workload is named, and --compare still prints."""
+    wl = tmp_path / "long.yaml"
+    wl.write_text("name: long\ngroups:\n- name: layer\n  repeat: 1000000\n  compute:\n"
+                  "  - {name: g, m: 65536, n: 65536, k: 16384, dtype: bf16}\n  - {name: h, m: 8192, n: 8192, k: 8192, dtype: bf16}\n"
+                  "  comm:\n  - {name: ar, op: all_reduce, nbytes: 100000000, ranks: 8}\n")
+    cli("profile", "--backend", "sim", "--workload", wl, "--out", tmp_path / "run", check=True)
+    assert_one_line_error(cli("search", tmp_path / "run", "--out", tmp_path / "p.yaml"), "workload 'long': its iteration is predicted at")
+    assert not (tmp_path / "p.yaml").exists()
+    assert cli("search", tmp_path / "run", "--compare").returncode == 0
