@@ -81,6 +81,14 @@ def _number(low: float, high: float | None = None, *, below: bool = False):
     return parse
 
 
+def _path(text: str) -> Path:
+    """A parser for a path option or argument: ``""`` is refused (``Path("")`` is the current folder,
+    so ``--out ""`` profiled into it, and other verbs named ``.`` for what the user left empty)."""
+    if not text.strip():
+        raise typer.BadParameter(f"{text!r} is empty: give a file or folder")
+    return Path(text)
+
+
 def _print_version(value: bool) -> None:
     if value:
         print(f"lagom-tune {__version__}")
@@ -129,7 +137,7 @@ def profile(
     noise: Optional[float] = typer.Option(None, parser=_number(0.0, MAX_NOISE), help=f"sim: multiplicative noise (sigma) from 0 to {MAX_NOISE}, "
                                          "e.g. 0.02 (default 0)."),
     seed: Optional[int] = typer.Option(None, min=0, help="sim: noise seed (default 0)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Run folder to create or resume."),
+    out: Path = typer.Option(..., "--out", "-o", parser=_path, help="Run folder to create or resume."),
     repeats: int = typer.Option(7, min=1, max=1000, help="Timed repeats per point (every one is kept)."),
     parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | tp=8,dp=2 | ep=8 | ddp=2 (a Table 2 preset fixes its own)."),
     seq: Optional[int] = typer.Option(None, min=1, max=MAX_SEQ, help="Sequence length for presets."),
@@ -172,7 +180,7 @@ def profile(
 
 
 @app.command()
-def fit(run_dir: Path = typer.Argument(..., help="A run folder with measurements.")) -> None:
+def fit(run_dir: Path = typer.Argument(..., parser=_path, help="A run folder with measurements.")) -> None:
     """Refit RUN_DIR/model.yaml from its measurements, measuring nothing (any machine, GPU or not)."""
     from lagom_tune.model.fit import fit_run  # local: fitting imports torch; other verbs start without it
 
@@ -191,9 +199,9 @@ def fit(run_dir: Path = typer.Argument(..., help="A run folder with measurements
 @app.command()
 def search(
     ctx: typer.Context,
-    run_dir: Path = typer.Argument(..., help="A profiled run folder."),
+    run_dir: Path = typer.Argument(..., parser=_path, help="A profiled run folder."),
     optimizer: str = typer.Option("lagom", help="lagom, optuna, autoccl, default or exhaustive."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Plan YAML to write."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", parser=_path, help="Plan YAML to write."),
     compare: bool = typer.Option(False, "--compare", help="Run every optimizer and print them side by side."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     n_trials: int = typer.Option(200, min=SEARCH_OPTIONS["n_trials"][1], max=SEARCH_OPTIONS["n_trials"][2], help="Optuna trial budget."),
@@ -283,10 +291,10 @@ class _CommandAfterDashes(typer.core.TyperCommand):
 @app.command(cls=_CommandAfterDashes, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def apply(
     ctx: typer.Context,
-    plan_file: Path = typer.Argument(..., metavar="PLAN", help="Plan YAML from `lagom-tune search`."),
+    plan_file: Path = typer.Argument(..., metavar="PLAN", parser=_path, help="Plan YAML from `lagom-tune search`."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the plan, build the NCCL tuner plugin and print what would be set; run nothing."),
     print_env: bool = typer.Option(False, "--print-env", help="Print shell export lines (for Slurm and other launchers)."),
-    applied: Optional[Path] = typer.Option(None, help="Where to write applied.json (default: beside the plan; applied.HOST.json for a plan of several nodes)."),
+    applied: Optional[Path] = typer.Option(None, parser=_path, help="Where to write applied.json (default: beside the plan; applied.HOST.json for a plan of several nodes)."),
 ) -> None:
     """Run `-- CMD [ARGS...]` with the plan in effect in every Python rank it starts; exit with its code.
 
@@ -407,8 +415,8 @@ def show(
 
 @app.command()
 def report(
-    target: Path = typer.Argument(..., help="A run folder or a plan YAML."),
-    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write."),
+    target: Path = typer.Argument(..., parser=_path, help="A run folder or a plan YAML."),
+    out: Path = typer.Option(Path("report.html"), "--out", "-o", parser=_path, help="HTML file to write."),
 ) -> None:
     """One self-contained HTML page: fit pictures, accuracy, and for a plan a before/after timeline."""
     render.wrote(write_report(target, out))
@@ -453,8 +461,8 @@ def _print_workload(w: Workload, as_json: bool) -> None:
 
 @workload_app.command("import")
 def workload_import(
-    trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (export_chrome_trace, record_shapes=True)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Workload YAML to write."),
+    trace: Path = typer.Argument(..., parser=_path, help="torch.profiler Chrome trace (export_chrome_trace, record_shapes=True)."),
+    out: Path = typer.Option(..., "--out", "-o", parser=_path, help="Workload YAML to write."),
     name: Optional[str] = typer.Option(None, help="Workload name (default: the trace's file name)."),
     ranks: Optional[int] = typer.Option(None, min=2, help="World size of the collectives (default: from the trace)."),
     gpus_per_node: int = typer.Option(GPUS_PER_NODE, min=1, help="Ranks per node of the traced job: the nodes each "

@@ -58,6 +58,12 @@ def test_bad_workload_file(tmp_path):
     # named a flag never passed when a run's fingerprint held it (search --validate; an audit, 2026-12-04)
     (["profile", "--backend", "sim", "--workload", "phi-2-fsdp16", "--ib-gbps", "7", "--out", "x"],
      "ib_gbps 7 (--ib-gbps, or a run's fingerprint.ib_gbps): the simulated InfiniBand rates are 100, 400 Gb/s"),
+    # an empty path was the current folder: `profile --out ""` profiled into it (an audit, 2026-12-04)
+    (["profile", "--backend", "sim", "--workload", "phi-2-fsdp16", "--out", ""], "'--out' / '-o': '' is empty"),
+    (["search", "runs/x", "--out", ""], "'--out' / '-o': '' is empty"),
+    (["fit", ""], "'' is empty: give a file or folder"),
+    (["report", "plans/demo-cpu.yaml", "--out", " "], "' ' is empty"),
+    (["apply", "plans/demo-cpu.yaml", "--applied", "", "--", "true"], "'--applied': '' is empty"),
 ])
 def test_bad_flags_and_arguments(args, fragment):
     assert_one_line_error(cli(*args), fragment)
