@@ -383,7 +383,7 @@ def show(
             if as_json:  # each record says it is simulated, as search --compare --json's do
                 print(table.assign(simulated=bool(meta.get("simulated", False))).to_json(orient="records", indent=1))
             else:
-                render.console.print(render.frame_table(table, f"collectives{render.simulated_tag(meta.get('simulated', False))}"))
+                render.print_whole(render.frame_table(table, f"collectives{render.simulated_tag(meta.get('simulated', False))}"))
             return
         problems = run_problems(health, model, df, path)
         if as_json:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import pandas as pd
 from rich.console import Console
+from rich.measure import Measurement
 from rich.markup import escape
 from rich.table import Table
 
@@ -19,11 +21,16 @@ from lagom_tune.search import TIE_TOLERANCE
 from lagom_tune.search.result import SearchResult
 from lagom_tune.workload.spec import Collective, Gemm, Workload
 
-# Wide enough for the comparison tables when output goes to a file or CI log; lines printed there
-# are never hard-wrapped (a wrapped path or message breaks whoever reads the log).
-console = Console(width=None if sys.stdout.isatty() else 140, soft_wrap=not sys.stdout.isatty())
+# Wide enough for the comparison tables when output goes to a file or CI log (unless COLUMNS says
+# otherwise); lines printed there are never hard-wrapped (a wrapped path or message breaks whoever
+# reads the log).
+def _width(stream) -> int | None:
+    return None if stream.isatty() or os.environ.get("COLUMNS", "").isdigit() else 140
+
+
+console = Console(width=_width(sys.stdout), soft_wrap=not sys.stdout.isatty())
 # What `apply` says while the user's command runs: on stderr, so the command's stdout is its own.
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140, soft_wrap=not sys.stderr.isatty())
+err_console = Console(stderr=True, width=_width(sys.stderr), soft_wrap=not sys.stderr.isatty())
 
 
 def simulated_tag(simulated: bool) -> str:
@@ -304,8 +311,24 @@ def compare_table(rows: list[dict[str, Any]], simulated: bool, skipped: dict[str
     return t
 
 
+def print_whole(table: Table) -> None:
+    """Print ``table`` on :data:`console`, as wide as its cells need when the output is not a
+    terminal (a file or a pipe has no width to fit; numbers there are read, compared and diffed
+    one row to a line, as nccl-tests' are).
+
+    Args:
+        table: the table.
+    """
+    if console.is_terminal:
+        console.print(table)
+        return
+    width = max(console.width, Measurement.get(console, console.options.update_width(10 ** 4), table).maximum)
+    Console(width=width, soft_wrap=True, file=console.file).print(table)
+
+
 def frame_table(df: pd.DataFrame, title: str) -> Table:
-    """A data frame as a rich table (numbers right-aligned).
+    """A data frame as a rich table (numbers right-aligned); a cell too wide for the console folds
+    onto more lines rather than ending in "…" (`show --collectives` cut sizes to ``4362240…``).
 
     Args:
         df: the frame.
@@ -315,7 +338,7 @@ def frame_table(df: pd.DataFrame, title: str) -> Table:
     """
     t = Table(title=title, title_justify="left")
     for col in df.columns:
-        t.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
+        t.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left", overflow="fold")
     for row in df.itertuples(index=False):
         t.add_row(*(escape(str(x)) for x in row))
     return t

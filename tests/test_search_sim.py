@@ -1,6 +1,8 @@
 """Search acceptance on simulated runs of the paper's workloads (every number here is SIMULATED)."""
 
 
+import json
+
 import pytest
 import yaml
 
@@ -178,8 +180,6 @@ def test_multi_objective_writes_a_pareto_front(phi2, tmp_path):
 
 def test_compare_shows_the_per_collective_settings_that_differ(phi2):
     """--compare once showed only process-wide settings, so lagom and default looked identical."""
-    import json
-
     rows = {r["optimizer"]: r for r in json.loads(cli("search", phi2[0], "--compare", "--json", "--n-trials", "20", check=True).stdout)}
     assert rows["default"]["changes"] == {}
     lagom = rows["lagom"]
@@ -227,3 +227,13 @@ def test_a_process_wide_knob_that_gains_stays_in_the_plan(phi2, tmp_path):
     cli("search", phi2[0], "--out", tmp_path / "p.yaml", "--min-gain", "0", check=True)
     d = yaml.safe_load((tmp_path / "p.yaml").read_text())
     assert d["process"].get("buffsize") == 8 << 20 and "left_to_backend" not in d["search"], d
+
+
+def test_show_collectives_piped_keeps_every_digit_one_row_a_line(phi2):
+    """Piped, `show RUN --collectives` fitted its 14 columns into 140 characters and cut sizes to
+    ``4362240…`` and ops to ``reduce_…`` (an audit, 2026-12-04): a file has no width to fit."""
+    shown = cli("show", phi2[0], "--collectives", check=True).stdout
+    records = json.loads(cli("show", phi2[0], "--collectives", "--json", check=True).stdout)
+    rows = [line for line in shown.splitlines() if line.startswith("│")]
+    assert "…" not in shown and len(rows) == len(records), (len(rows), len(records))
+    assert all(str(r["size_B"]) in line and r["op"] in line for r, line in zip(records, rows))
