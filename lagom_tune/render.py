@@ -242,7 +242,32 @@ def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
         ratio = "same settings" if same and name != "default" else f"{vbase / ms:.3f}×" if vbase and ms else ""
         rows.append((f"{kind} {name} (replay)", ms_text(ms), ratio))
     caption = "the plan keeps the defaults: both replays ran the same settings, so their difference is noise" if same else ""
+    shortfall = replay_shortfall(plan)
+    if shortfall:
+        caption = f"[yellow]warning[/] {shortfall}"
     return rows, caption
+
+
+def replay_shortfall(plan: Plan) -> str:
+    """What to say when a plan's own replay gained less than half the speed-up its model predicted
+    ("" when it gained that much, kept the defaults or was not replayed): a plan written and shown
+    with no remark replayed 0.999x on the noiseless simulator for 1.061x predicted (an audit,
+    2026-12-04).
+
+    Args:
+        plan: the plan.
+    Returns:
+        One line, or "".
+    """
+    replay, predicted = plan.validated.get("iteration_ms", {}), plan.predicted.get("iteration_ms", {})
+    if plan.validated.get("same_settings") or not all(replay.get(k) and predicted.get(k) for k in ("default", "plan")):
+        return ""
+    said, got = predicted["default"] / predicted["plan"], replay["default"] / replay["plan"]
+    if said <= 1 or got - 1 >= (said - 1) / 2:
+        return ""
+    kind = "simulated" if plan.validated.get("simulated") else "measured"
+    return (f"the {kind} replay ran the plan {got:.3f}× the defaults' speed where the model predicted {said:.3f}×: "
+            "the replay does not bear the predicted gain out (it may be within the model's error on this workload)")
 
 
 def flat_settings(s: Any) -> dict[str, Any]:

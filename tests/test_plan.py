@@ -1,4 +1,5 @@
 import copy
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -6,6 +7,7 @@ import yaml
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import Plan, load_plan
+from lagom_tune.render import replay_rows, replay_shortfall
 
 from conftest import ROOT, RULES_PLAN
 
@@ -198,3 +200,16 @@ def test_a_process_knob_the_search_left_at_the_default_is_not_pinned():
     assert plan.communicators == {"dp_replicate": {"chunk_bytes": 1 << 20}}
     assert plan.collectives == chosen.collectives  # rules are made per role, by collective_rules
     assert changed_settings(Settings({"threads": 512}, {"dp_replicate": {"bucket_cap_mb": 25}}), default) == Settings()
+
+
+def test_a_replay_that_does_not_bear_the_prediction_out_is_said():
+    """A plan predicted 1.061x faster replayed 0.999x on the noiseless simulator and was written and
+    shown with no remark (an audit, 2026-12-04); a replay near the prediction says nothing."""
+    plan = load_plan(ROOT / "plans" / "sim-a40-nvlink-phi-2-tp8-dp2.yaml")  # predicted 1.074x, replayed 1.064x
+    assert replay_shortfall(plan) == "" and "warning" not in replay_rows(plan)[1]
+    flat = replace(plan, validated={**plan.validated, "iteration_ms": {"default": 700.0, "plan": 700.7}, "speedup": 0.999})
+    said = replay_shortfall(flat)
+    assert "ran the plan 0.999× the defaults' speed where the model predicted 1.074×" in said, said
+    assert said in replay_rows(flat)[1]
+    half = replace(plan, validated={**plan.validated, "iteration_ms": {"default": 700.0, "plan": 674.0}, "speedup": 1.0386})
+    assert replay_shortfall(half) == ""  # 3.9% of a predicted 7.4%: more than half of it
