@@ -206,6 +206,22 @@ def test_the_commands_exit_code_passes_through(tmp_path):
     assert r.returncode == 128 + 9, r.returncode  # as a shell says it (was 247: -9 passed to sys.exit)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="apply adopts a killed command's orphans through Linux's prctl")
+def test_what_a_command_killed_from_outside_left_running_is_ended(tmp_path):
+    """torchrun SIGKILLed from outside (the OOM killer) left its workers training, reparented to init,
+    though apply's exit said the command had ended (an audit, 2026-12-04): apply now adopts them
+    and ends them."""
+    plan, pid_file = BASE.save(tmp_path / "p.yaml"), tmp_path / "worker.pid"
+    script = (f"import os, pathlib, signal, subprocess, sys; w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+              f"pathlib.Path({str(pid_file)!r}).write_text(str(w.pid)); os.kill(os.getpid(), signal.SIGKILL)")
+    r = cli("apply", plan, "--", sys.executable, "-c", script)
+    assert r.returncode == 128 + 9, (r.returncode, r.stderr)
+    worker = int(pid_file.read_text())
+    stat = Path(f"/proc/{worker}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", "the worker outlived apply"
+    assert "ended the 1 process(es) it left running" in " ".join(r.stderr.split()), r.stderr
+
+
 def apply_started(tmp_path, before: str, after: str, **popen) -> subprocess.Popen:
     """`lagom-tune apply` of a gloo plan to `python -c "{before}; <touch a marker>; {after}"`,
     returned once the command has touched the marker (it runs, its signal handlers set)."""

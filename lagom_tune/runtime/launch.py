@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import errno
 import functools
 import importlib
@@ -20,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -445,9 +447,12 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
                 on_warning(line)
         env = {**os.environ, **planned}
         try:
-            code = _run(cmd, env)
+            code, ended = _run(cmd, env)
         except OSError as e:  # found and executable (check_command), yet the system cannot start it
             raise UserError(_exec_failure(cmd[0], e)) from None
+        if ended and on_warning:
+            on_warning(f"the command died from signal {code - 128}; ended the {ended} process(es) it left running "
+                       "(torchrun's workers outlive a killed torchrun)")
         ranks, unwritten = rank_reports(applied_dir), ""
     if ranks:  # none reported (the command failed before any rank started): the last run's record stays
         try:
@@ -496,17 +501,66 @@ def _exec_failure(program: str, e: OSError) -> str:
 
 
 STOP_GRACE_S = 30  # after a stop signal, how long the command may take to end before it is killed
+ORPHAN_GRACE_S = 5  # how long processes a killed command left running have, after SIGTERM, before SIGKILL
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphans below this process are reparented to it, not to init
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> int:
+def _adopt_orphans() -> bool:
+    """Make this process the reaper of the command's orphans (Linux): torchrun killed from outside
+    (the OOM killer, ``kill -9``) leaves its workers running, and reparented to init nothing links
+    them to the command any more. Returns whether it took."""
+    if not sys.platform.startswith("linux"):
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return False
+
+
+def _end_orphans() -> int:
+    """End what the command left running once it died from a signal: SIGTERM to every process
+    below this one, :data:`ORPHAN_GRACE_S` to exit, then SIGKILL; each reaped. Returns how many."""
+    left = _descendants(os.getpid())
+    if not left:
+        return 0
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (ORPHAN_GRACE_S if sig == signal.SIGTERM else STOP_GRACE_S)
+        while _reap_children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _descendants(os.getpid()):
+            break
+    return len(left)
+
+
+def _reap_children() -> bool:
+    """Reap this process's exited children; return whether any child is still running."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
     """Run the command and return its exit status as a shell reports it (killed by signal N:
     128 + N). A stop signal sent to lagom-tune alone (SIGTERM, SIGHUP, and SIGINT sent by a process:
     ``kill -INT``, ``timeout -s INT``) is passed on to it; Ctrl-C, which the terminal sends its
-    whole process group, is not sent twice. Then it has :data:`STOP_GRACE_S` to end."""
+    whole process group, is not sent twice. Then it has :data:`STOP_GRACE_S` to end. A command that
+    died from a signal (sent by whoever: the OOM killer, ``kill -9``) has the processes it left
+    running ended (:func:`_end_orphans`; on Linux, where this process adopts them).
+
+    Returns:
+        The exit status, and how many processes the command left running were ended.
+    """
     # SIGINT blocked from before the command starts, the command started with the mask lagom-tune
     # had: one sent between the two stays pending for _wait to read its sender (blocked only in
     # _wait, one landing in that instant was taken as a terminal's, never passed on, and the
     # command killed 30 s later)
+    adopted = _adopt_orphans()
     restore = None
     if _reads_sigint_sender():
         restore = functools.partial(signal.pthread_sigmask, signal.SIG_SETMASK, signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}))
@@ -520,7 +574,8 @@ def _run(cmd: list[str], env: dict[str, str]) -> int:
         code = _wait(proc)
     except KeyboardInterrupt as e:
         code = _wait_grace(proc, e)
-    return code if code >= 0 else 128 - code
+    ended = _end_orphans() if code < 0 and adopted else 0
+    return (code if code >= 0 else 128 - code), ended
 
 
 def _wait_grace(proc: subprocess.Popen, stop: KeyboardInterrupt) -> int:
