@@ -81,9 +81,12 @@ def _number(low: float, high: float | None = None, *, below: bool = False):
     return parse
 
 
-def _path(text: str) -> Path:
+def _path(text: str | Path) -> Path:
     """A parser for a path option or argument: ``""`` is refused (``Path("")`` is the current folder,
-    so ``--out ""`` profiled into it, and other verbs named ``.`` for what the user left empty)."""
+    so ``--out ""`` profiled into it, and other verbs named ``.`` for what the user left empty). A
+    default (already a Path) passes as it is."""
+    if isinstance(text, Path):
+        return text
     if not text.strip():
         raise typer.BadParameter(f"{text!r} is empty: give a file or folder")
     return Path(text)
@@ -397,6 +400,8 @@ def show(
         w = resolve_workload(target)
         _print_workload(w, as_json)
         return
+    if not path.exists() and not path.suffix and len(path.parts) == 1:  # a name, not a path: what `workload show` says of it
+        raise UserError(f"file not found: {target}, nor a preset (see `lagom-tune workload list`) or a run folder")
     data = read_yaml(path, "file")
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind == "lagom-plan":

@@ -49,6 +49,7 @@ def test_bad_workload_file(tmp_path):
     (["profile", "--ranks", "100000", "--out", "x"], "--ranks 100000 exceeds the"),
     (["search", "not-a-run-folder", "--out", "p.yaml"], "run folder not found"),
     (["show", "missing.yaml"], "file not found"),
+    (["show", "phi2"], "file not found: phi2, nor a preset (see `lagom-tune workload list`)"),  # `workload show phi2` said so; show did not
     (["show", "/dev/null"], "/dev/null is not a regular file"),  # was "file not found"
     (["profile", "--workload", "", "--out", "x"], "--workload is empty"),  # was ". is a folder"
     # empty values took the defaults silently; --ib-gbps was accepted and recorded as nothing on one node

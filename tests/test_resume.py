@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from conftest import BIN, ROOT, cli
+from test_cli_errors import assert_one_line_error
 
 pytestmark = pytest.mark.slow
 
@@ -219,3 +220,15 @@ def test_a_resume_refuses_rows_of_points_this_profile_does_not_measure(tiny_run,
     r = cli("profile", "--workload", tiny_run.parent / "tiny.yaml", "--ranks", 2, "--repeats", 3, "--out", run)
     assert r.returncode == 2 and "point(s) this profile does not measure" in r.stderr, r.stderr
     assert (run / "measurements.csv").read_bytes() == before
+
+
+def test_a_folder_of_another_workload_names_what_it_holds(tmp_path):
+    """`profile --out` into another workload's folder said "another workload or backend" without
+    saying which (an audit, 2026-12-04); it names both."""
+    for name in ("first", "second"):
+        (tmp_path / f"{name}.yaml").write_text(
+            f"name: {name}\ngroups:\n- name: layer\n  compute:\n  - {{name: g, m: 1024, n: 1024, k: 1024, dtype: bf16}}\n"
+            "  comm:\n  - {name: ar, op: all_reduce, nbytes: 1000000, ranks: 8}\n" + ("  repeat: 2\n" if name == "second" else ""))
+    cli("profile", "--backend", "sim", "--workload", tmp_path / "first.yaml", "--out", tmp_path / "run", check=True)
+    assert_one_line_error(cli("profile", "--backend", "sim", "--workload", tmp_path / "second.yaml", "--out", tmp_path / "run"),
+                          "holds a profile of workload 'first' on the sim backend, not of 'second' on sim")

@@ -1,10 +1,11 @@
 """`fit` and `search --validate` on a real gloo run folder: the verbs that reuse what a profile measured."""
 
 import shutil
+import subprocess
 
 import yaml
 
-from conftest import cli
+from conftest import BIN, cli
 
 
 def test_fit_refits_a_run_folder_and_measures_nothing(tiny_run, tmp_path):
@@ -144,3 +145,11 @@ def test_a_gloo_replay_runs_the_plans_chunks_and_threads():
         calls[chunk] = fake.sizes
     assert sum(calls[0]) == sum(calls[1 << 18]) and len(calls[1 << 18]) > len(calls[0])
     assert max(calls[1 << 18]) <= 1 << 18
+
+
+def test_report_without_out_writes_report_html_here(tiny_run, tmp_path):
+    """`--out`'s default passed through the empty-path check as a Path and `report RUN` ended in an
+    internal error (2026-12-04, before it was committed): the default is report.html in the
+    current folder."""
+    r = subprocess.run([str(BIN / "lagom-tune"), "report", str(tiny_run)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and (tmp_path / "report.html").is_file(), r.stderr

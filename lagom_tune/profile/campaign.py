@@ -31,7 +31,9 @@ def _resume_state(run: RunFolder, workload: Workload, backend: Backend, fingerpr
         return None, set()
     meta = run.read_meta()
     if meta.get("workload_digest") != workload.digest or meta["fingerprint"].get("backend") != backend.name:
-        raise UserError(f"{run.path} holds a profile of another workload or backend; choose a new --out")
+        held = (meta.get("workload") or {}).get("name", "?") if isinstance(meta.get("workload"), dict) else "?"
+        raise UserError(f"{run.path} holds a profile of workload {held!r} on the {meta['fingerprint'].get('backend')} backend, "
+                        f"not of {workload.name!r} on {backend.name}; choose a new --out")
     changed = backend_info(backend.name).setup_change(meta["fingerprint"], fingerprint)
     if changed:  # its points and these would be one profile of two setups
         raise UserError(f"{run.path} was profiled on another setup ({changed}); resume it on the same one, or choose a new --out")

@@ -168,7 +168,8 @@ def check_threads(threads: int, ranks_per_node: int, cores: int) -> None:
     of ``threads`` threads each on ``cores`` cores (``registry.max_threads_per_rank``)."""
     if threads > max_threads_per_rank(cores, ranks_per_node):
         per = f"{threads} threads per rank" + (f" x {ranks_per_node} ranks on this node" if ranks_per_node > 1 else "")
-        raise UserError(f"the plan asks for {per} but this machine has {cores} cores")
+        raise UserError(f"the plan asks for {per} but this process may run on {cores} core{'s' if cores != 1 else ''} "
+                        "(its CPU affinity: a container's or a job's share of the machine)")
 
 
 def check_roles(plan: Plan) -> None:
