@@ -506,21 +506,22 @@ ORPHAN_GRACE_S = 5  # how long processes a killed command left running have, aft
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphans below this process are reparented to it, not to init
 
 
-def _adopt_orphans() -> bool:
-    """Make this process the reaper of the command's orphans (Linux): torchrun killed from outside
-    (the OOM killer, ``kill -9``) leaves its workers running, and reparented to init nothing links
-    them to the command any more. Returns whether it took."""
+def _adopt_orphans(on: bool = True) -> bool:
+    """Make this process the reaper of the command's orphans (Linux; ``on`` False: no longer):
+    torchrun killed from outside (the OOM killer, ``kill -9``) leaves its workers running, and
+    reparented to init nothing links them to the command any more. Returns whether it took."""
     if not sys.platform.startswith("linux"):
         return False
     with contextlib.suppress(OSError, AttributeError):
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
     return False
 
 
-def _end_orphans() -> int:
+def _end_orphans(spare: set[int]) -> int:
     """End what the command left running once it died from a signal: SIGTERM to every process
-    below this one, :data:`ORPHAN_GRACE_S` to exit, then SIGKILL; each reaped. Returns how many."""
-    left = _descendants(os.getpid())
+    below this one but ``spare`` (those below it before the command started), :data:`ORPHAN_GRACE_S`
+    to exit, then SIGKILL; each reaped. Returns how many."""
+    left = [pid for pid in _descendants(os.getpid()) if pid not in spare]
     if not left:
         return 0
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -528,22 +529,23 @@ def _end_orphans() -> int:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + (ORPHAN_GRACE_S if sig == signal.SIGTERM else STOP_GRACE_S)
-        while _reap_children() and time.monotonic() < deadline:
+        while _reap(left) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not _descendants(os.getpid()):
+        if not set(_descendants(os.getpid())) - spare:
             break
     return len(left)
 
 
-def _reap_children() -> bool:
-    """Reap this process's exited children; return whether any child is still running."""
-    while True:
+def _reap(pids: list[int]) -> bool:
+    """Reap those of ``pids`` that are this process's exited children (the others are gone, or
+    their own parents' to reap); return whether any of them still runs."""
+    running = False
+    for pid in pids:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        if pid == 0:
-            return True
+            running |= os.waitpid(pid, os.WNOHANG)[0] == 0
+        except ChildProcessError:  # not (or no longer) a child here: alive while it is still listed in /proc
+            running |= Path(f"/proc/{pid}").exists()
+    return running
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
@@ -561,7 +563,7 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
     # had: one sent between the two stays pending for _wait to read its sender (blocked only in
     # _wait, one landing in that instant was taken as a terminal's, never passed on, and the
     # command killed 30 s later)
-    adopted = _adopt_orphans()
+    adopted, spare = _adopt_orphans(), set(_descendants(os.getpid()))
     restore = None
     if _reads_sigint_sender():
         restore = functools.partial(signal.pthread_sigmask, signal.SIG_SETMASK, signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}))
@@ -570,12 +572,18 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
     except BaseException:
         if restore is not None:
             restore()
+        if adopted:
+            _adopt_orphans(False)
         raise
     try:
-        code = _wait(proc)
-    except KeyboardInterrupt as e:
-        code = _wait_grace(proc, e)
-    ended = _end_orphans() if code < 0 and adopted else 0
+        try:
+            code = _wait(proc)
+        except KeyboardInterrupt as e:
+            code = _wait_grace(proc, e)
+        ended = _end_orphans(spare) if code < 0 and adopted else 0
+    finally:  # only while the command runs: a caller in-process (a test run) keeps its own orphans' fate
+        if adopted:
+            _adopt_orphans(False)
     return (code if code >= 0 else 128 - code), ended
 
 
