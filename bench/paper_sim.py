@@ -31,7 +31,7 @@ from lagom_tune.search.replay import validate
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search import DEFAULT_MIN_GAIN
-from lagom_tune.search.run import run_optimizer, search
+from lagom_tune.search.run import deployed as deploy, run_optimizer
 from lagom_tune.search.space import default_settings, variables
 from lagom_tune.workload.presets import TABLE2, build_preset
 from lagom_tune.workload.spec import Workload
@@ -116,7 +116,7 @@ def run_one(cluster: str, name: str, trials: int, work: Path) -> dict:
     d = res["default"].evaluation.iteration_s
     # What `search` deploys: Lagom's settings only when predicted more than DEFAULT_MIN_GAIN faster,
     # its process-wide knobs that gain under search.TIE_TOLERANCE left to NCCL.
-    deployed = search(w, fit.model, space, "lagom", DEFAULT_MIN_GAIN).chosen
+    deployed = deploy(res["lagom"], res["default"], ModelEvaluator(w, fit.model, space), DEFAULT_MIN_GAIN)
     # Replayed on the ground truth itself: the profile's noise would move each ratio by ~3%.
     replay = validate(w, {**fp, "noise": 0.0}, {"default": res["default"].settings, "autoccl": res["autoccl"].settings,
                                                 "lagom": res["lagom"].settings, "plan": deployed.settings}, 1)

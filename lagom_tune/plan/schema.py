@@ -16,8 +16,8 @@ from lagom_tune import validate as v
 from lagom_tune.artifact_io import read_yaml, write_yaml
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
-from lagom_tune.precision import ROUNDING_REL
 from lagom_tune.knobs import KnobSpace, Settings
+from lagom_tune.precision import ROUNDING_REL
 from lagom_tune.workload.spec import OPS, Workload
 
 SCHEMA_VERSION = 1

@@ -524,14 +524,14 @@ def _end_orphans(spare: set[int]) -> int:
     left = [pid for pid in _descendants(os.getpid()) if pid not in spare]
     if not left:
         return 0
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig, grace in ((signal.SIGTERM, ORPHAN_GRACE_S), (signal.SIGKILL, STOP_GRACE_S)):
         for pid in left:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + (ORPHAN_GRACE_S if sig == signal.SIGTERM else STOP_GRACE_S)
-        while _reap(left) and time.monotonic() < deadline:
+        deadline = time.monotonic() + grace
+        while (running := _reap(left)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not set(_descendants(os.getpid())) - spare:
+        if not running:
             break
     return len(left)
 

@@ -18,7 +18,7 @@ from lagom_tune.search.result import SearchResult
 from lagom_tune.search.space import variables
 from lagom_tune.workload.spec import Workload
 
-__all__ = ["OPTIMIZERS", "check_options", "check_storage_apart", "compare", "leave_ties_to_the_backend", "option_names",
+__all__ = ["OPTIMIZERS", "check_options", "check_storage_apart", "compare", "deployed", "leave_ties_to_the_backend", "option_names",
            "run_optimizer", "search", "taken_options"]
 
 # Every optimizer has one lifecycle: ``fn(evaluator, variables, **its keyword-only options)`` returns
@@ -127,18 +127,34 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
     check_options(names, options)
     results = {name: run_optimizer(name, ModelEvaluator(workload, model, space), vars_, options) for name in names}
     bound = min(r.evaluation.bound_s for r in results.values())
-    chosen, default = results[optimizer], results["default"]
-    if chosen.settings.key != default.settings.key:
-        chosen = leave_ties_to_the_backend(chosen, default.settings, ModelEvaluator(workload, model, space))
+    chosen = deployed(results[optimizer], results["default"], ModelEvaluator(workload, model, space), min_gain)
+    return SearchOutcome(chosen, results["default"], results["autoccl"], bound)
+
+
+def deployed(best: SearchResult, default: SearchResult, evaluate: ModelEvaluator, min_gain: float) -> SearchResult:
+    """What a plan deploys of an optimizer's ``best``: its wide knobs that gain too little left to
+    the backend (:func:`leave_ties_to_the_backend`), and then the defaults unless it is still
+    predicted faster than them by more than ``min_gain``.
+
+    Args:
+        best: the optimizer's result.
+        default: the default optimizer's result (every knob at the backend's default).
+        evaluate: an evaluator of the same workload and model.
+        min_gain: the predicted gain (a fraction) below which the defaults are kept.
+    Returns:
+        The result to deploy; ``extra["kept_default"]`` says why when it is the defaults.
+    """
+    if best.settings.key == default.settings.key:
+        return best
+    chosen = leave_ties_to_the_backend(best, default.settings, evaluate)
     gain = default.evaluation.iteration_s / chosen.evaluation.iteration_s - 1
-    if gain <= min_gain and chosen.settings.key != default.settings.key:
-        # as many decimals as keep the gain below the threshold it missed ("2.0% faster, not more than 2%" was 1.98%)
-        places = next((d for d in range(1, 5) if round(gain * 100, d) < min_gain * 100), 4)
-        why = (f"{optimizer}'s best was predicted slower than the defaults" if gain < 0 else
-               f"{optimizer}'s best was predicted {gain:.{places}%} faster, not more than --min-gain {min_gain * 100:g}%")
-        chosen = replace(chosen, settings=default.settings, evaluation=default.evaluation,
-                         extra={**chosen.extra, "kept_default": why})
-    return SearchOutcome(chosen, default, results["autoccl"], bound)
+    if gain > min_gain:
+        return chosen
+    # as many decimals as keep the gain below the threshold it missed ("2.0% faster, not more than 2%" was 1.98%)
+    places = next((d for d in range(1, 5) if round(gain * 100, d) < min_gain * 100), 4)
+    why = (f"{best.optimizer}'s best was predicted slower than the defaults" if gain < 0 else
+           f"{best.optimizer}'s best was predicted {gain:.{places}%} faster, not more than --min-gain {min_gain * 100:g}%")
+    return replace(chosen, settings=default.settings, evaluation=default.evaluation, extra={**chosen.extra, "kept_default": why})
 
 
 def leave_ties_to_the_backend(chosen: SearchResult, default: Settings, evaluate: ModelEvaluator) -> SearchResult:
