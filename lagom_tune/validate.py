@@ -34,6 +34,23 @@ def mapping(value: Any, path: str) -> dict:
     return value
 
 
+def document(value: Any, path: str, what: str) -> dict:
+    """``value`` if it is a mapping, as the top level of every file lagom-tune reads is.
+
+    Args:
+        value: the loaded file.
+        path: the file, for the error.
+        what: what the file should be ("plan file"), for the error.
+    Returns:
+        The dict.
+    Raises:
+        UserError: saying the file is not one (a text file, a YAML list).
+    """
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: not a {what}: its top level is a {type(value).__name__}, not a YAML mapping")
+    return value
+
+
 def named(value: Any, path: str) -> dict[str, Any]:
     """``value`` if it is a mapping keyed by names: YAML reads a key ``2:`` as a number, which no
     role or communicator is called.

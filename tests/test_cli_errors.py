@@ -24,6 +24,15 @@ def test_garbled_plan(tmp_path):
     assert_one_line_error(cli("apply", p, "--", "true"), "not valid YAML")
 
 
+def test_a_text_file_given_for_a_plan_or_workload_says_it_is_not_one(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    for argv in (("report", notes), ("apply", notes, "--", "true")):
+        assert_one_line_error(cli(*argv), "not a plan file: its top level is a str, not a YAML mapping")
+    assert_one_line_error(cli("show", notes), "not a plan, workload or run folder")
+    assert_one_line_error(cli("profile", "--workload", notes, "--out", tmp_path / "run"), "not a workload file: its top level is a str")
+
+
 def test_plan_with_value_outside_the_domain(tmp_path):
     p = tmp_path / "p.yaml"
     p.write_text("kind: lagom-plan\nschema_version: 1\ntarget: {backend: gloo, world_size: 2}\nprocess: {threads: 3}\n")

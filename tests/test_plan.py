@@ -126,7 +126,7 @@ def test_garbled_yaml_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="not valid YAML"):
         load_plan(p)
     p.write_text(yaml.safe_dump(["a", "list"]))
-    with pytest.raises(UserError, match="expected a mapping"):
+    with pytest.raises(UserError, match="not a plan file: its top level is a list, not a YAML mapping"):
         load_plan(p)
     p.write_text(BASE.save(tmp_path / "ok.yaml").read_text().replace("process: {threads: 1}", "process: {threads: 1, threads: 4}"))
     with pytest.raises(UserError, match=r"key 'threads' is given twice in one mapping \(line \d+\)"):  # PyYAML kept the last

@@ -235,7 +235,7 @@ def model_from_dict(d: Any, path: str = "model", expected: ModelExpectation | No
             family: a GPU model asked for a CPU run's knobs; another GPU; another simulated label),
             or a bad field.
     """
-    d = v.known_keys(v.mapping(d, path), MODEL_SECTIONS, path)
+    d = v.known_keys(v.document(d, path, "model file"), MODEL_SECTIONS, path)
     v.schema_version(d, path, SCHEMA_VERSION)
     family = v.one_of(v.field(d, "family", path, str), FAMILIES, f"{path}.family")
     simulated = v.field(d, "simulated", path, bool, False)

@@ -137,7 +137,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "plan") -> "Plan":
-        d = v.mapping(data, path)
+        d = v.document(data, path, "plan file")
         kind = d.get("kind")
         if kind != KIND:
             raise UserError(f"{path}.kind: expected {KIND!r}, got {kind!r} (is this a plan file?)")

@@ -171,7 +171,7 @@ class Workload:
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "workload") -> "Workload":
-        d = v.mapping(data, path)
+        d = v.document(data, path, "workload file")
         v.schema_version(d, path, SCHEMA_VERSION, default=SCHEMA_VERSION)
         v.known_keys(d, WORKLOAD_FIELDS, path)
         kind = d.get("kind", KIND)  # optional in hand-written workloads; another artifact's is refused
