@@ -286,7 +286,10 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
     overlapped with its math and re-reads, combined as a 4-norm, took every simulated cell to at most
     4.4% (that cell 7.4 -> 4.3%, Adam) but the real H200 runs' leave-one-shape-out 4.3/5.3/9.6% ->
     5.4/6.9/10.3% (L-BFGS from four starts: 14.1/6.9/10.4%); the sum under the same fitter reads
-    5.7/5.7/9.5%: the enumeration above fits the real shapes better."""
+    5.7/5.7/9.5%: the enumeration above fits the real shapes better. On 2026-12-04 (24), a partial
+    wave's math counted in proportion (``max(1, ctas / sms)`` waves, as a persistent kernel runs)
+    instead of as a full wave: real H200 4.3/5.3/8.6%, but the simulated A40 MoE cells 3.2 -> 11.5%
+    and 7.4 -> 10.2% (their tiles run in whole waves)."""
 
     def features(g: Gemm, tile: tuple[int, int], split: int) -> list[float]:
         return [math.ceil(kernel_ctas(g, tile, split) / sms) * cta_kflop(g, tile, split), min_traffic(g) / hbm,
