@@ -88,3 +88,30 @@ def test_a_simulated_plan_is_not_applied_in_a_rank():
     out, err = _probe(ROOT / "plans" / "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml")
     assert "plan NOT applied" in err and "simulated cluster" in err
     assert out["hooked"] is False
+
+
+def test_the_plans_threads_stand_when_the_script_sets_its_own(tmp_path):
+    """A script's own torch.set_num_threads came after the plan's and won, while apply reported the
+    plan's count applied: the plan's count stands in the rank, and the record says what it replaced;
+    a process forked from the rank (a DataLoader worker sets one thread) keeps its own."""
+    script = textwrap.dedent("""\
+        import os, torch
+        torch.set_num_threads(2)
+        seen = {"rank": torch.get_num_threads()}
+        r, w = os.pipe()
+        if os.fork() == 0:
+            torch.set_num_threads(3)
+            os.write(w, str(torch.get_num_threads()).encode())
+            os._exit(0)
+        os.wait()
+        seen["forked"] = int(os.read(r, 8))
+        print(json.dumps(seen))
+    """)
+    env = {**os.environ, "RANK": "0", "LAGOM_TUNE_PLAN": str(BASE.save(tmp_path / "gloo.yaml")),
+           "PYTHONPATH": os.pathsep.join([str(SITE_DIR), str(ROOT)])}
+    env.pop("LAGOM_TUNE_APPLIED_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", "import json\n" + script], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"rank": 1, "forked": 3}  # BASE's plan: one thread
+    assert "] applied threads=1 (torch.set_num_threads, replacing the script's torch.set_num_threads(2))" in proc.stderr

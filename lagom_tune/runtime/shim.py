@@ -204,13 +204,25 @@ class Shim:
         self.pending.pop(setting, None)
         self.flush()
 
+    def amend(self, setting: str, note: str) -> None:
+        """Add ``note`` to the latest record of ``setting`` (once per note) and log the record again."""
+        r = next((r for r in reversed(self.records) if r["setting"] == setting), None)
+        if r is None or note in r["how"]:
+            return
+        r["how"] += f", {note}"
+        if self.is_rank:
+            sys.stderr.write(self._line(r))
+        self.flush()
+
+    def _line(self, r: dict[str, Any]) -> str:
+        return f"[lagom-tune rank {self.rank}] {'applied' if r['applied'] else 'NOT applied'} {r['setting']}={r['value']} ({r['how']})\n"
+
     def flush(self) -> None:
         """Log new records to stderr and rewrite this rank's file (silent outside ranks)."""
         if not self.is_rank:
             return
         for r in self.records[self.logged:]:
-            verb = "applied" if r["applied"] else "NOT applied"
-            sys.stderr.write(f"[lagom-tune rank {self.rank}] {verb} {r['setting']}={r['value']} ({r['how']})\n")
+            sys.stderr.write(self._line(r))
         self.logged = len(self.records)
         for c in self.communicators[self.logged_communicators:]:
             sys.stderr.write(f"[lagom-tune rank {self.rank}] {c.line()}\n")
@@ -258,9 +270,25 @@ class Shim:
 
     def on_torch(self, torch) -> None:
         threads = self.plan.settings.process.get("threads")
-        if threads is not None:
-            torch.set_num_threads(int(threads))
-            self.record("threads", int(threads), torch.get_num_threads() == int(threads), "torch.set_num_threads")
+        if threads is None:
+            return
+        planned, original, shim, rank_pid = int(threads), torch.set_num_threads, self, os.getpid()
+        original(planned)
+        self.record("threads", planned, torch.get_num_threads() == planned, "torch.set_num_threads")
+        if self.helper:  # a DataLoader worker sets its own (one thread): the rank's plan is not its to keep
+            return
+
+        def set_num_threads(n):
+            # the plan's count stands in the rank, as its DDP buckets do (a forked worker's call passes)
+            original(n)  # what torch refuses (0 threads) it still refuses
+            if os.getpid() != rank_pid or n == planned:
+                return
+            original(planned)
+            shim.amend("threads", f"replacing the script's torch.set_num_threads({n!r})")
+
+        set_num_threads.__wrapped__ = original
+        set_num_threads.__doc__ = original.__doc__
+        torch.set_num_threads = set_num_threads
 
     def on_ddp(self, module) -> None:
         role = self.plan.settings.communicators.get(self.ddp_role, {})
