@@ -17,7 +17,7 @@ import pandas as pd
 from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.registry import usable_cores
 from lagom_tune.backends.base import BackendOptions, get_backend
-from lagom_tune.model.fit import fit_run, new_shape_mape
+from lagom_tune.model.fit import fit_device, fit_run, new_shape_mape
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.workload.presets import build_preset
 
@@ -40,8 +40,7 @@ def main() -> None:
             b = get_backend("sim", BackendOptions(hardware=cluster, noise=args.noise))
             run = run_profile(w, b, Path(tmp) / f"{cluster}-{name}", repeats=3)
             fit = fit_run(run)
-            fp = run.read_meta()["fingerprint"]
-            mape = {**fit.mape, "gemm_new_shape": new_shape_mape(run.measurements(), device={"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]})}
+            mape = {**fit.mape, "gemm_new_shape": new_shape_mape(run.measurements(), device=fit_device(run.read_meta()["fingerprint"]))}
             rows.append({"backend": f"sim {cluster} (SIMULATED, {args.noise:.0%} noise)", "workload": name,
                          "rows": len(run.measurements()), **{q: mape.get(q) for q in QUANTITIES}})
             print(rows[-1], flush=True)

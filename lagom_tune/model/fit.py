@@ -316,6 +316,19 @@ def new_shape_mape(df: pd.DataFrame, *, device: dict[str, Any] | None = None, fo
     return float(np.mean(errors)) if errors else float("nan")
 
 
+def fit_device(fingerprint: dict[str, Any]) -> dict[str, Any] | None:
+    """What :func:`fit_model` takes as ``device`` for a profile of this fingerprint: the GPU's SMs
+    and HBM bandwidth, or None (the CPU family) for a backend that is no GPU's or is not known.
+
+    Args:
+        fingerprint: a run folder's ``meta.yaml`` fingerprint.
+    Returns:
+        ``{"sms": ..., "hbm_GBps": ...}`` or None.
+    """
+    info = backend_info(fingerprint["backend"]) if fingerprint.get("backend") in backend_names() else None
+    return {"sms": fingerprint["sms"], "hbm_GBps": fingerprint["hbm_GBps"]} if info is not None and info.gpu_model else None
+
+
 def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResult:
     """Fit the run folder's measurements and write ``model.yaml`` (and the fit's plots) beside them.
 
@@ -328,10 +341,7 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     df = run.measurements()
     meta = run.read_meta()
     simulated = bool(meta.get("simulated", False))
-    fp = meta["fingerprint"]
-    # The GPU family needs the device; a fingerprint without a (known) backend fits the CPU family.
-    info = backend_info(fp["backend"]) if fp.get("backend") in backend_names() else None
-    device = {"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]} if info is not None and info.gpu_model else None
+    device = fit_device(meta["fingerprint"])
     # numpy's overflow and invalid-value warnings are not printed: a model they leave non-finite is refused below
     with np.errstate(all="ignore"):
         result = fit_model(df, device=device, simulated=simulated, progress=progress)
