@@ -430,12 +430,10 @@ def report(
 @workload_app.command("list")
 def workload_list(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Every preset and built-in workload, with a one-line description."""
-    from rich.table import Table
-
     if as_json:
         print(json.dumps([{"name": name, "description": p.description} for name, p in PRESETS.items()], indent=1))
         return
-    t = Table(title="workload presets", title_justify="left")
+    t = render.Table(title="workload presets", title_justify="left")
     t.add_column("name")
     t.add_column("description")
     for name, p in PRESETS.items():

@@ -10,7 +10,7 @@ import pandas as pd
 from rich.console import Console
 from rich.measure import Measurement
 from rich.markup import escape
-from rich.table import Table
+import rich.table
 
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.plan.schema import Plan
@@ -23,9 +23,24 @@ from lagom_tune.workload.spec import Collective, Gemm, Workload
 
 # Wide enough for the comparison tables when output goes to a file or CI log (unless COLUMNS says
 # otherwise); lines printed there are never hard-wrapped (a wrapped path or message breaks whoever
-# reads the log).
+# reads the log). COLUMNS below MIN_WIDTH counts as MIN_WIDTH: at 0 nothing at all was printed,
+# warnings included, and the verb still exited 0.
+MIN_WIDTH = 40
+
+
 def _width(stream) -> int | None:
-    return None if stream.isatty() or os.environ.get("COLUMNS", "").isdigit() else 140
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit():
+        return max(int(columns), MIN_WIDTH)
+    return None if stream.isatty() else 140
+
+
+class Table(rich.table.Table):
+    """A rich table whose cells fold onto more lines rather than end in "…": at 80 columns a cut
+    setting (``buffsize=8…``) or GEMM shape (``1x10240x2560x…``) read as a different one."""
+
+    def add_column(self, *args, overflow: str = "fold", **kwargs) -> None:
+        super().add_column(*args, overflow=overflow, **kwargs)
 
 
 console = Console(width=_width(sys.stdout), soft_wrap=not sys.stdout.isatty())
@@ -180,7 +195,11 @@ def plan_summary(plan: Plan) -> list[Any]:
     out: list[Any] = [plan_table(plan), prediction_table(plan)]
     front = plan.search.get("pareto")
     if front:
-        t = Table(title=f"Pareto front of --multi-objective ({len(front)} points; the plan holds the fastest){simulated_tag(plan.simulated)}",
+        if plan.search.get("kept_default"):  # the deployment rule, not the front, decided
+            held = "the plan keeps the defaults instead, below"
+        else:
+            held = "the plan holds the fastest" + (", less the knobs left to the backend" if plan.search.get("left_to_backend") else "")
+        t = Table(title=f"Pareto front of --multi-objective ({len(front)} points; {held}){simulated_tag(plan.simulated)}",
                   title_justify="left")
         t.add_column("iteration ms", justify="right")
         t.add_column("SMs for communication", justify="right")
@@ -352,8 +371,8 @@ def print_whole(table: Table) -> None:
 
 
 def frame_table(df: pd.DataFrame, title: str) -> Table:
-    """A data frame as a rich table (numbers right-aligned); a cell too wide for the console folds
-    onto more lines rather than ending in "…" (`show --collectives` cut sizes to ``4362240…``).
+    """A data frame as a rich table (numbers right-aligned; a cell too wide for the console folds,
+    as every :class:`Table`'s: `show --collectives` cut sizes to ``4362240…``).
 
     Args:
         df: the frame.
@@ -363,7 +382,7 @@ def frame_table(df: pd.DataFrame, title: str) -> Table:
     """
     t = Table(title=title, title_justify="left")
     for col in df.columns:
-        t.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left", overflow="fold")
+        t.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
     for row in df.itertuples(index=False):
         t.add_row(*(escape(str(x)) for x in row))
     return t

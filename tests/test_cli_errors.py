@@ -85,6 +85,17 @@ def test_help_on_every_verb():
         assert r.returncode == 0 and "Usage" in r.stdout
 
 
+def test_a_zero_or_narrow_terminal_width_still_prints_every_cell_whole():
+    """COLUMNS=0 printed nothing at all (warnings included) and exited 0; at 80 columns cells ended
+    in "…" (``buffsize=8…``, ``1x10240x2560x…``): a narrow table folds its cells instead."""
+    from lagom_tune.workload.presets import PRESETS
+
+    shown = cli("workload", "list", env={"COLUMNS": "0"}, check=True).stdout
+    assert "workload presets" in shown and "…" not in shown
+    names = "".join(line.split("│")[1].strip() for line in shown.splitlines() if line.startswith("│"))  # folded pieces rejoined
+    assert all(name in names for name in PRESETS), names
+
+
 def test_lines_printed_to_a_pipe_are_never_hard_wrapped():
     """A log reader greps whole lines: a long path must not split a message (seen on a GPU host)."""
     import subprocess

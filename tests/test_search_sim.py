@@ -176,6 +176,11 @@ def test_multi_objective_writes_a_pareto_front(phi2, tmp_path):
     assert sms == sorted(sms, reverse=True)  # faster plans take more SMs for communication
     shown = cli("show", plan, check=True).stdout  # stored and shown: it was stored only
     assert f"Pareto front of --multi-objective ({len(front)} points" in shown and ms_text(front[-1]['iteration_ms']) in shown
+    # the heading says what the plan holds: the front's fastest, or (the deployment rule) the defaults
+    kept = yaml.safe_load(plan.read_text())["search"].get("kept_default")
+    assert ("the plan keeps the defaults instead" in shown) == bool(kept) and ("the plan holds the fastest" in shown) != bool(kept)
+    cli("search", phi2[0], "--optimizer", "optuna", "--multi-objective", "--n-trials", "60", "--min-gain", "0.5", "--out", plan, check=True)
+    assert "points; the plan keeps the defaults instead, below)" in cli("show", plan, check=True).stdout
 
 
 def test_compare_shows_the_per_collective_settings_that_differ(phi2):
