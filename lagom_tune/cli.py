@@ -497,12 +497,50 @@ def _verb(argv: list[str]) -> str:
     return next((a for a in argv if not a.startswith("-")), "")
 
 
+class _StdoutUntilClosed:
+    """``sys.stdout`` until its reader goes away (``| head -1``), then nowhere: the verb finishes its
+    work and exits with its own code (click ended it with exit 1 and no word, the files written)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_nowhere()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_nowhere()
+
+    def _to_nowhere(self) -> None:
+        # the descriptor itself, so that what the stream still buffers (flushed at exit) goes there too
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: one-line errors (exit 2 for bad input, 1 for runtime failures).
 
     Args:
         argv: the arguments (default: ``sys.argv[1:]``).
     """
+    stdout, sys.stdout = sys.stdout, _StdoutUntilClosed(sys.stdout)
+    try:
+        _main(argv)
+    finally:
+        sys.stdout = stdout
+
+
+def _main(argv: list[str] | None) -> None:
     if threading.current_thread() is threading.main_thread():
         raise_on_stop_signals()
     try:

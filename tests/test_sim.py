@@ -2,6 +2,7 @@
 against published observations: tests/test_sim_observations.py)."""
 
 import shutil
+import subprocess
 
 import pytest
 import yaml
@@ -14,7 +15,7 @@ from lagom_tune.search.replay import validate
 from lagom_tune.search.space import default_settings, variables
 from lagom_tune.workload.presets import build_preset
 
-from conftest import cli
+from conftest import BIN, ROOT, cli
 
 def test_simulated_noise_is_deterministic_for_a_seed(tmp_path):
     w = build_preset("olmoe-1b-7b-ep8")
@@ -246,3 +247,13 @@ def test_a_collective_size_that_is_anothers_eighth_is_measured_once():
                          OverlapGroup("b", (Gemm("y", 4096, 4096, 4096, "bf16"),), (Collective("c2", "all_reduce", 1 << 20, ranks=8),))))
     keys = [p.key for p in get_backend("sim", BackendOptions()).plan_points(w)]
     assert len(keys) == len(set(keys)) and any("all_reduce:1048576:" in k for k in keys)
+
+
+def test_output_cut_by_its_reader_ends_the_verb_quietly_with_its_own_code(llama_sim):
+    """`| head -1` closed the pipe: click ended the verb with exit 1 and not a word (a profile or
+    search had still written every file); the rest of the output now goes nowhere."""
+    proc = subprocess.Popen([str(BIN / "lagom-tune"), "show", str(llama_sim), "--collectives", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout.read(1) == b"["
+    proc.stdout.close()  # the reader goes away long before the ~100 KB are written
+    assert proc.wait(timeout=120) == 0 and proc.stderr.read() == b""
