@@ -21,7 +21,7 @@ from lagom_tune import __version__, render
 from lagom_tune.artifact_io import check_writable, read_yaml
 from lagom_tune.backends.base import MAX_NOISE, BackendOptions, get_backend
 from lagom_tune.backends.registry import backend_help, backend_info
-from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_signals, stop_signal
+from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_signals, stop_signal, stopping
 from lagom_tune.model.contention import read_model_file, run_problems
 from lagom_tune.plan.schema import FILE_MARK as PLAN_FILE_MARK, SEARCH_OPTIONS, Plan, load_plan
 from lagom_tune.profile.campaign import run_profile
@@ -488,6 +488,7 @@ def _interrupted(e: BaseException | None, argv: list[str] | None) -> None:
     argv = argv or []
     verb = _verb(argv)
     resumes = verb == "profile" or (verb == "search" and any(a.split("=")[0] == "--storage" for a in argv))
+    stopping()
     print(f"lagom-tune: interrupted{by}" + ("; rerun the same command to resume" if resumes else ""), file=sys.stderr)
     sys.exit(128 + signum)
 

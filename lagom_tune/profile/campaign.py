@@ -10,7 +10,7 @@ from typing import Any, Callable
 from lagom_tune import __version__
 from lagom_tune.backends.base import Backend, Point, check_memory
 from lagom_tune.backends.registry import backend_info
-from lagom_tune.errors import UserError
+from lagom_tune.errors import UserError, stops_deferred
 from lagom_tune.measurements import collective_columns, gemm_columns, identity_columns
 from lagom_tune.profile.store import RunFolder
 from lagom_tune.workload.spec import Workload
@@ -148,11 +148,14 @@ class _Recorder:
             self.progress(self.total - self.todo, self.total, "resuming" if self.todo < self.total else "measuring")
 
     def flush(self) -> None:
-        """Append the buffered rows to the CSV, then update ``meta.yaml``."""
-        if self.buffer:
-            self.run.append_rows(self.buffer)
-            self.buffer.clear()
-            self.write_meta(complete=self.finished == self.todo)
+        """Append the buffered rows to the CSV, then update ``meta.yaml``: whole, however many stop
+        signals arrive meanwhile (a burst of Ctrl-Cs cut one between the two, the rows then written
+        twice or ``meta.yaml`` left behind the CSV)."""
+        with stops_deferred():
+            if self.buffer:
+                self.run.append_rows(self.buffer)
+                self.buffer.clear()
+                self.write_meta(complete=self.finished == self.todo)
         self.last_flush = time.monotonic()
 
     def sink(self, point: Point, rows: list[dict]) -> None:
@@ -206,5 +209,6 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
         finally:
             recorder.flush()  # what was measured is kept, whatever ended the run
     finally:
-        release()
+        with stops_deferred():
+            release()
     return run
