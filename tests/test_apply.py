@@ -193,6 +193,8 @@ def test_the_commands_exit_code_passes_through(tmp_path):
     assert r.returncode == 130 and "interrupted" not in r.stderr, r.stderr  # the command's 130, not a Ctrl-C to lagom-tune
     r = cli("apply", plan, "--", "no-such-program-xyz")
     assert r.returncode == 2 and r.stderr.strip() == "lagom-tune: error: command not found: no-such-program-xyz", r.stderr
+    r = cli("apply", plan, "--", tmp_path)  # it is there: "command not found" named the wrong problem
+    assert r.returncode == 2 and r.stderr.strip() == f"lagom-tune: error: command is a directory, not a program: {tmp_path}", r.stderr
     # an executable file the system cannot start ended in "internal error: OSError: Exec format error",
     # and one whose #! interpreter is missing was "command not found" though it is there
     for name, text, said in (("noshebang", "echo hi\n", "not a program this system can start (a script needs a #! line)"),

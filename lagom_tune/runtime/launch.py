@@ -487,6 +487,8 @@ def check_command(program: str) -> None:
     """
     found = shutil.which(program)
     if found is None:
+        if os.sep in program and os.path.isdir(program):
+            raise UserError(f"command is a directory, not a program: {program}")
         if os.sep in program and os.path.isfile(program):
             raise UserError(f"command not executable: {program}")
         raise UserError(f"command not found: {program}")
