@@ -103,6 +103,8 @@ def _set_rule(d: dict, **match) -> None:
     (lambda d: d["validated"].update(repeats="abc"), "validated.repeats: expected int"),
     # shown as "measured default (replay)" beside a method that said "simulated replay"
     (lambda d: d["validated"].update(simulated=False), "validated.simulated: the replay is said to be measured, but the plan's target is a simulated"),
+    # show --json then carried "predicted": {"simulated": false} for a simulated plan's predictions
+    (lambda d: d["predicted"].update(simulated=False), "predicted.simulated: False, but the plan's target is a simulated cluster"),
     # report printed the stored 3.5, show the ratio of the times
     (lambda d: d["validated"].update(speedup=3.5), r"validated.speedup: 3.5, but its replay times give"),
     # shown as a 58.8x speed-up, far below what no setting can beat

@@ -319,9 +319,12 @@ ROUNDING_RATIO = 0.001  # a speed-up written to 4 decimals from two recorded tim
 
 def _check_times(predicted: dict[str, Any], validated: dict[str, Any] | None, simulated: bool, path: str) -> None:
     """Refuse (UserError) times that contradict the plan or each other, which ``show`` and
-    ``report`` would print as they are: a predicted time below the contention-free bound, a replay
-    of a simulated plan said to be measured (or the other way round), a stored replay speed-up that
-    is not the ratio of its replay times."""
+    ``report`` would print as they are: predictions or a replay of a simulated plan said to be
+    measured (or the other way round), a predicted time below the contention-free bound, a stored
+    replay speed-up that is not the ratio of its replay times."""
+    if predicted.get("simulated", simulated) != simulated:  # written by every search since the label was added
+        raise UserError(f"{path}.predicted.simulated: {predicted['simulated']}, but the plan's target is "
+                        f"{'a simulated cluster' if simulated else 'real hardware'}")
     bound = predicted.get("bound_ms")
     for name, ms in predicted.get("iteration_ms", {}).items():
         if bound is not None and ms < bound * (1 - ROUNDING_REL):
