@@ -1,12 +1,14 @@
 """The measurement row's schema (lagom_tune/measurements.py) against rows that real runs wrote: a
 short sim profile, the gloo profile of the tiny workload, and the H200 profiles in tests/data."""
 
+import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from lagom_tune import measurements as m
+from lagom_tune.errors import UserError
 from lagom_tune.profile.store import RunFolder, row_settings
 from lagom_tune.workload.spec import Gemm
 
@@ -193,3 +195,21 @@ def test_meta_yaml_is_the_same_text_with_its_workload_dumped_once(tmp_path):
     import yaml
 
     assert yaml.safe_load(run.meta_path.read_text())["workload"]["name"] == "cpu-demo"  # a new workload is dumped anew
+
+
+def test_two_csvs_joined_or_a_word_among_numbers_is_named_where_it_is(sim_csv, tmp_path):
+    """Two profiles' files joined (a header repeated mid-file) read as "column 'm' holds non-numeric
+    values", with nothing to say where or why."""
+    run = tmp_path / "run"
+    shutil.copytree(sim_csv.parent, run)
+    lines = (run / "measurements.csv").read_text().splitlines(keepends=True)
+    (run / "measurements.csv").write_text("".join(lines[:11] + lines[:1] + lines[11:]))
+    with pytest.raises(UserError, match=r"row 11 after the header repeats the header \(two files joined\?\); keep the first"):
+        RunFolder(run).measurements()
+    header = lines[0].rstrip("\n").split(",")
+    cells = lines[5].rstrip("\n").split(",")
+    cells[header.index("time_us")] = "fast"
+    lines[5] = ",".join(cells) + "\n"
+    (run / "measurements.csv").write_text("".join(lines))
+    with pytest.raises(UserError, match=r"column 'time_us' holds non-numeric values \('fast', row 5 after the header\)"):
+        RunFolder(run).measurements()

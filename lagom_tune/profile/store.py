@@ -226,7 +226,11 @@ class RunFolder:
             if col in df.columns and not pd.api.types.is_numeric_dtype(df[col]):
                 converted = pd.to_numeric(df[col], errors="coerce")
                 if converted.isna().sum() > df[col].isna().sum():
-                    raise UserError(f"{self.csv_path}: column {col!r} holds non-numeric values")
+                    bad = df.index[converted.isna() & df[col].notna()][0]
+                    row = f"row {int(bad) + 1} after the header"
+                    if df.loc[bad, "point"] == "point":  # two profiles' files joined, each with its header
+                        raise UserError(f"{self.csv_path}: {row} repeats the header (two files joined?); keep the first")
+                    raise UserError(f"{self.csv_path}: column {col!r} holds non-numeric values ({df.loc[bad, col]!r}, {row})")
                 df[col] = converted
         for col in COUNT_COLUMNS:
             if col in df.columns:
