@@ -111,6 +111,7 @@ def test_optuna_finds_the_optimum_of_a_small_space_and_resumes(demo, tmp_path):
     again = optuna_search(ModelEvaluator(demo, TRUE), vars_, n_trials=20, storage=storage, study_name="s",
                           on_trial=lambda done, total: progress.append(done))
     assert first.extra["trials"] == 10 and again.extra["trials"] == 20
+    assert again.evaluations >= 20  # the study's 20 trials, not the 10 this session ran
     assert progress[0] == 10 and progress[-1] == 20 and progress == sorted(progress)
     assert again.evaluation.iteration_s == pytest.approx(best.evaluation.iteration_s)
     done = optuna_search(ModelEvaluator(demo, TRUE), vars_, n_trials=20, storage=storage, study_name="s")

@@ -141,7 +141,9 @@ def optuna_search(evaluate: ModelEvaluator, vars_: list[Var], *, n_trials: int =
     best = Settings.from_assignment({v.key: _value_of(params, v) for v in vars_}, vars_)
     if seeded is not None and not multi_objective and seeded.evaluation.iteration_s < evaluate(best).iteration_s:
         best = seeded.settings  # a budget too small to reach its own seed (--n-trials 1) returned the defaults, slower
-    return SearchResult("optuna", best, evaluate(best), evaluate.evaluations - start, time.perf_counter() - t0, extra)
+    # the answer stands on every trial of the study: a resumed one's earlier sessions' count too (a
+    # study resumed to 30 trials was recorded as 15 evaluations, this session's)
+    return SearchResult("optuna", best, evaluate(best), evaluate.evaluations - start + done, time.perf_counter() - t0, extra)
 
 
 def _param_name(v: Var, domain: tuple) -> str:
