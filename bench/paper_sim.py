@@ -109,7 +109,8 @@ def split_spread(cluster: str, name: str, work: Path) -> list[dict]:
     it) under each of :data:`SPLIT_SEEDS`, one row per seed."""
     run = RunFolder(work / f"{cluster}-{name}")
     df, device = run.measurements(), fit_device(run.read_meta()["fingerprint"])
-    return [{"cluster": cluster, "workload": name, "seed": seed, **fit_model(df, device=device, simulated=True, seed=seed).mape}
+    return [{"cluster": cluster, "workload": name, "simulated": True, "seed": seed,
+             **fit_model(df, device=device, simulated=True, seed=seed).mape}
             for seed in SPLIT_SEEDS]
 
 
@@ -198,7 +199,7 @@ def main() -> None:
 def spread_table(splits: pd.DataFrame) -> pd.DataFrame:
     """Per cell of ``splits`` (:func:`split_spread`'s rows), each quantity's held-out MAPE over the
     seeds as "lowest–highest (mean)"."""
-    quantities = [c for c in splits.columns if c not in ("cluster", "workload", "seed")]
+    quantities = [c for c in splits.columns if c not in ("cluster", "workload", "simulated", "seed")]
     cells = splits.groupby(["cluster", "workload"], sort=False)[quantities]
     return cells.agg(lambda v: f"{v.min():.3f}–{v.max():.3f} ({v.mean():.3f})").reset_index()
 
