@@ -2,7 +2,6 @@
 and a stop asked for by a signal."""
 
 import signal
-import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -46,6 +45,7 @@ class Interrupted(KeyboardInterrupt):
 
 _received: list[int] = []
 _stopping = [False]  # set by stopping()
+_deferring: dict = {"depth": 0, "pending": None}  # stops_deferred blocks open, and the stop they hold back
 
 
 def stop_signal() -> int:
@@ -59,12 +59,16 @@ def raise_on_stop_signals() -> None:
 
     def stop(signum: int, _frame) -> None:
         _received.append(signum)  # typer returns an interrupt as exit code 130, whatever stopped it
-        if not _stopping[0]:
+        if _deferring["depth"]:
+            _deferring["pending"] = signum
+        elif not _stopping[0]:
             raise Interrupted(signum)
 
     def interrupt(signum: int, _frame) -> None:
         _received.append(signum)
-        if not _stopping[0]:
+        if _deferring["depth"]:
+            _deferring["pending"] = signum
+        elif not _stopping[0]:
             raise KeyboardInterrupt
 
     _stopping[0] = False
@@ -77,18 +81,23 @@ def raise_on_stop_signals() -> None:
 
 @contextmanager
 def stops_deferred() -> Iterator[None]:
-    """Hold back SIGINT and :data:`STOP_SIGNALS` while the block runs (in the main thread), then
-    take them as they came: the last rows of an interrupted profile are written whole, however many
-    more Ctrl-Cs follow the first (a burst of them cut the final write short: 43 points shown
-    measured, 14 kept)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *STOP_SIGNALS})
+    """Hold back the stops :func:`raise_on_stop_signals` raises while the block runs, then raise the
+    last one as it would have been: the last rows of an interrupted profile are written whole,
+    however many more Ctrl-Cs follow the first (a burst of them cut the final write short: 43
+    points shown measured, 14 kept). Held in the handlers, not the signal mask: a process with
+    other threads (torch's, a queue's) has the signal delivered to one of them, and Python runs
+    the handler in the main thread all the same."""
+    _deferring["depth"] += 1
     try:
         yield
+    except BaseException:
+        _deferring["pending"] = None  # the block's own exception goes first; the stop was noted
+        raise
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        _deferring["depth"] -= 1
+    if not _deferring["depth"] and _deferring["pending"] is not None:  # an outer block raises it, when nested
+        signum, _deferring["pending"] = _deferring["pending"], None
+        raise KeyboardInterrupt() if signum == signal.SIGINT else Interrupted(signum)
 
 
 def stopping() -> None:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import settings
 
 
+from lagom_tune import errors
 from lagom_tune.workload.presets import Arch, gpt_ddp
 
 # The fuzz tests draw the same examples on every run (a gate must not fail by the luck of the draw);
@@ -39,6 +40,14 @@ def no_rank_pid_leak(monkeypatch):
     itself for a rank's helper."""
     monkeypatch.setenv("LAGOM_TUNE_RANK_PID", "")  # records what to restore (delenv of an unset one records nothing)
     monkeypatch.delenv("LAGOM_TUNE_RANK_PID")
+
+
+@pytest.fixture(autouse=True)
+def stops_raise_again(monkeypatch):
+    """A CLI run in this process that reported an interrupt says the process is stopping
+    (errors.stopping): further Ctrl-Cs are then only noted; each test starts and ends with them
+    raising, so the suite itself can still be stopped."""
+    monkeypatch.setattr(errors, "_stopping", [False])
 
 
 @pytest.fixture

@@ -4,13 +4,15 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pandas as pd
 import pytest
 import yaml
 
-from lagom_tune.errors import stops_deferred
+from lagom_tune import errors
+from lagom_tune.errors import STOP_SIGNALS, Interrupted, raise_on_stop_signals, stops_deferred
 
 from conftest import BIN, ROOT, cli
 from test_cli_errors import assert_one_line_error
@@ -237,18 +239,26 @@ def test_a_folder_of_another_workload_names_what_it_holds(tmp_path):
                           "holds a profile of workload 'first' on the sim backend, not of 'second' on sim")
 
 
-def test_a_stop_signal_waits_for_the_block_that_writes_rows():
-    """What stops_deferred holds back arrives once the block ends, not in the middle of it."""
-    got = []
-    old = signal.signal(signal.SIGINT, lambda *a: got.append("stop"))
+def test_a_stop_signal_waits_for_the_block_that_writes_rows(monkeypatch):
+    """What stops_deferred holds back is raised once the block ends, not in the middle of it, also
+    when another thread (torch's, a queue's) is the one the signal is delivered to."""
+    monkeypatch.setattr(errors, "_received", [])  # the stop noted here is no later test's
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, *STOP_SIGNALS)}
+    other = threading.Thread(target=time.sleep, args=(0.5,))  # SIGTERM unblocked there too
     try:
-        with stops_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)
-            assert got == []
-        assert got == ["stop"]
+        raise_on_stop_signals()
+        other.start()
+        ran = []
+        with pytest.raises(Interrupted):
+            with stops_deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                ran.append("the rest of the block")
+        assert ran == ["the rest of the block"]
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        other.join()
 
 
 def test_a_burst_of_ctrl_cs_keeps_every_point_meta_yaml_counts(tmp_path):
