@@ -44,8 +44,13 @@ class Interrupted(KeyboardInterrupt):
 
 
 _received: list[int] = []
-_stopping = [False]  # set by stopping()
-_deferring: dict = {"depth": 0, "pending": None}  # stops_deferred blocks open, and the stop they hold back
+# stopping: set by stopping(); depth: stops_deferred blocks open; pending: the stop they hold back
+_stops: dict = {"stopping": False, "depth": 0, "pending": None}
+
+
+def _stop_exception(signum: int) -> KeyboardInterrupt:
+    """What a stop by ``signum`` raises: Ctrl-C's KeyboardInterrupt, else :class:`Interrupted`."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Interrupted(signum)
 
 
 def stop_signal() -> int:
@@ -59,24 +64,16 @@ def raise_on_stop_signals() -> None:
 
     def stop(signum: int, _frame) -> None:
         _received.append(signum)  # typer returns an interrupt as exit code 130, whatever stopped it
-        if _deferring["depth"]:
-            _deferring["pending"] = signum
-        elif not _stopping[0]:
-            raise Interrupted(signum)
+        if _stops["depth"]:
+            _stops["pending"] = signum
+        elif not _stops["stopping"]:
+            raise _stop_exception(signum)
 
-    def interrupt(signum: int, _frame) -> None:
-        _received.append(signum)
-        if _deferring["depth"]:
-            _deferring["pending"] = signum
-        elif not _stopping[0]:
-            raise KeyboardInterrupt
-
-    _stopping[0] = False
-
+    _stops["stopping"] = False
     for s in STOP_SIGNALS:
         signal.signal(s, stop)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # a job started with SIGINT ignored keeps ignoring it
-        signal.signal(signal.SIGINT, interrupt)
+        signal.signal(signal.SIGINT, stop)
 
 
 @contextmanager
@@ -87,23 +84,23 @@ def stops_deferred() -> Iterator[None]:
     points shown measured, 14 kept). Held in the handlers, not the signal mask: a process with
     other threads (torch's, a queue's) has the signal delivered to one of them, and Python runs
     the handler in the main thread all the same."""
-    _deferring["depth"] += 1
+    _stops["depth"] += 1
     try:
         yield
     except BaseException:
-        _deferring["pending"] = None  # the block's own exception goes first; the stop was noted
+        _stops["pending"] = None  # the block's own exception goes first; the stop was noted
         raise
     finally:
-        _deferring["depth"] -= 1
-    if not _deferring["depth"] and _deferring["pending"] is not None:  # an outer block raises it, when nested
-        signum, _deferring["pending"] = _deferring["pending"], None
-        raise KeyboardInterrupt() if signum == signal.SIGINT else Interrupted(signum)
+        _stops["depth"] -= 1
+    if not _stops["depth"] and _stops["pending"] is not None:  # an outer block raises it, when nested
+        signum, _stops["pending"] = _stops["pending"], None
+        raise _stop_exception(signum)
 
 
 def stopping() -> None:
     """Say the process is ending on a stop it has reported: more stops are noted, not raised (one
     arriving as the interpreter exits was raised inside an atexit callback, a traceback printed)."""
-    _stopping[0] = True
+    _stops["stopping"] = True
 
 
 @contextmanager
@@ -116,6 +113,5 @@ def interrupts_kept() -> Iterator[None]:
         yield
     except Exception:
         if len(_received) > seen:
-            signum = _received[-1]
-            raise (KeyboardInterrupt() if signum == signal.SIGINT else Interrupted(signum)) from None
+            raise _stop_exception(_received[-1]) from None
         raise

@@ -47,7 +47,7 @@ def stops_raise_again(monkeypatch):
     """A CLI run in this process that reported an interrupt says the process is stopping
     (errors.stopping): further Ctrl-Cs are then only noted; each test starts and ends with them
     raising, so the suite itself can still be stopped."""
-    monkeypatch.setattr(errors, "_stopping", [False])
+    monkeypatch.setattr(errors, "_stops", {"stopping": False, "depth": 0, "pending": None})
 
 
 @pytest.fixture

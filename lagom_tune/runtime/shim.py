@@ -11,6 +11,7 @@ their own files and never pass for the rank).
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.abc
 import importlib.util
 import inspect
@@ -278,6 +279,7 @@ class Shim:
         if self.helper:  # a DataLoader worker sets its own (one thread): the rank's plan is not its to keep
             return
 
+        @functools.wraps(original)
         def set_num_threads(n):
             # the plan's count stands in the rank, as its DDP buckets do (a forked worker's call passes)
             original(n)  # what torch refuses (0 threads) it still refuses
@@ -286,8 +288,6 @@ class Shim:
             original(planned)
             shim.amend("threads", f"replacing the script's torch.set_num_threads({n!r})")
 
-        set_num_threads.__wrapped__ = original
-        set_num_threads.__doc__ = original.__doc__
         torch.set_num_threads = set_num_threads
 
     def on_ddp(self, module) -> None:
