@@ -289,7 +289,14 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
     5.7/5.7/9.5%: the enumeration above fits the real shapes better. On 2026-12-04 (24), a partial
     wave's math counted in proportion (``max(1, ctas / sms)`` waves, as a persistent kernel runs)
     instead of as a full wave: real H200 4.3/5.3/8.6%, but the simulated A40 MoE cells 3.2 -> 11.5%
-    and 7.4 -> 10.2% (their tiles run in whole waves)."""
+    and 7.4 -> 10.2% (their tiles run in whole waves). On 2026-12-04 (25), math and memory combined
+    as the longer plus ``gamma`` of the shorter (a soft roofline, linear given which is longer; fitted
+    from seven starts of that assignment by arithmetic intensity), ``gamma`` among 1, 0.75, 0.5 and
+    0.25 chosen by leave-one-shape-out within the training shapes: simulated A40 OLMoE NVLink/PCIe
+    7.4/7.5 -> 3.9/4.2% and DeepSeek 3.2/3.4 -> 4.1/4.3%, but the real H200 runs' leave-one-shape-out
+    of the regression 4.3/3.9/4.5 -> 5.0/5.9/4.x% (a fixed ``gamma`` of 0.5 or 0.75 worse still on
+    them), and each fit 3-7x slower: real GEMMs add their math and memory, the simulated tiles
+    overlap them, and shapes that tell the two apart are few."""
 
     def features(g: Gemm, tile: tuple[int, int], split: int) -> list[float]:
         return [math.ceil(kernel_ctas(g, tile, split) / sms) * cta_kflop(g, tile, split), min_traffic(g) / hbm,
