@@ -15,7 +15,6 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from lagom_tune import __version__, render
 from lagom_tune.artifact_io import check_writable, read_yaml
@@ -119,14 +118,6 @@ def _take_verbose(argv: list[str]) -> list[str]:
     return head + argv[cut:]
 
 
-def _progress(transient: bool = False) -> Progress:
-    """A progress bar; ``transient``: gone once done (it only says the work goes on), so off where
-    output is not a terminal (there it would leave nothing but a blank line)."""
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("eta"), TimeRemainingColumn(), console=render.console, transient=transient,
-                    disable=transient and not render.console.is_terminal)
-
-
 @app.command()
 def profile(
     workload: str = typer.Option("cpu-demo", "--workload", "-w", help="Preset name (see `workload list`) or workload YAML file."),
@@ -167,7 +158,7 @@ def profile(
     if not b.writer:  # another rank of a torchrun job: measure, and leave the run folder to rank 0
         run_profile(w, b, out, repeats=repeats)
         return
-    with _progress() as bar:
+    with render.progress() as bar:
         task = bar.add_task(f"profile {w.name} on {backend}{' (simulated)' if b.simulated else ''}", total=None)
         note = b.fingerprint().get("hardware_note")
         if note:
@@ -188,7 +179,7 @@ def fit(run_dir: Path = typer.Argument(..., parser=_path, help="A run folder wit
     from lagom_tune.model.fit import fit_run  # local: fitting imports torch; other verbs start without it
 
     run = open_run(run_dir)
-    with _progress() as bar:
+    with render.progress() as bar:
         task = bar.add_task("fit model (k-fold)", total=None)
         fit_run(run, progress=lambda done, total: bar.update(task, completed=done, total=total))
     for item in render.model_tables(read_yaml(run.model_path, "model file")):
@@ -247,7 +238,7 @@ def search(
             raise UserError(f"{flags}: not taken by --optimizer {optimizer} (it would be ignored); "
                             f"taken by {', '.join(n for n in OPTIMIZERS if set(ignored) <= option_names(n))}")
 
-    bar = _progress(transient=True)  # the plan's table says what the trials found
+    bar = render.progress(transient=True)  # the plan's table says what the trials found
     trials = bar.add_task("optuna trials", total=n_trials, visible=False)
 
     def on_trial(done: int, total: int) -> None:

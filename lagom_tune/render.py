@@ -10,6 +10,7 @@ import pandas as pd
 from rich.console import Console
 from rich.measure import Measurement
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 import rich.table
 
 from lagom_tune.backends.registry import backend_info
@@ -46,6 +47,33 @@ class Table(rich.table.Table):
 console = Console(width=_width(sys.stdout), soft_wrap=not sys.stdout.isatty())
 # What `apply` says while the user's command runs: on stderr, so the command's stdout is its own.
 err_console = Console(stderr=True, width=_width(sys.stderr), soft_wrap=not sys.stderr.isatty())
+
+
+class Bar(Progress):
+    """A progress bar on :data:`console` that leaves nothing behind when its work fails: the
+    one-line error says what happened (piped, a stale "fit model 0/?" line came before it)."""
+
+    def __exit__(self, exc_type, exc_val, exc_tb) -> None:
+        if exc_type is None:
+            super().__exit__(exc_type, exc_val, exc_tb)
+            return
+        # stopped transient, the live display writes no last frame (a terminal's is erased); and
+        # not Progress.stop, which ends a piped bar with a blank line
+        self.live.transient = True
+        self.live.stop()
+
+
+def progress(transient: bool = False) -> Bar:
+    """A progress bar.
+
+    Args:
+        transient: gone once done (it only says the work goes on), so off where output is not a
+            terminal (there it would leave nothing but a blank line).
+    Returns:
+        The bar, to use as a context manager.
+    """
+    return Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
+               TimeRemainingColumn(), console=console, transient=transient, disable=transient and not console.is_terminal)
 
 
 def simulated_tag(simulated: bool) -> str:

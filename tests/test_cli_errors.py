@@ -173,7 +173,7 @@ def test_a_workload_of_other_ranks_than_gloo_spawns_is_refused_before_measuring(
     assert not (tmp_path / "run").exists()
 
 
-def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path):
+def test_a_fit_that_cannot_predict_its_points_writes_no_model_and_prints_only_the_error(tiny_run, tmp_path):
     import shutil
 
     import pandas as pd
@@ -192,7 +192,9 @@ def test_a_fit_that_cannot_predict_its_points_writes_no_model(tiny_run, tmp_path
     from lagom_tune.workload.spec import Workload
     meta["workload_digest"] = Workload.from_dict(meta["workload"]).digest  # as profiled (an edited workload is refused)
     (run / "meta.yaml").write_text(yaml.safe_dump(meta))
-    assert_one_line_error(cli("fit", run), "the model has no fit for all_reduce")
+    r = cli("fit", run)
+    assert_one_line_error(r, "the model has no fit for all_reduce")
+    assert r.stdout == ""  # its progress bar leaves no stale "0/?" line (nor a blank one) before the error
     assert not (run / "model.yaml").exists()
 
 
