@@ -62,6 +62,7 @@ def test_a_sim_profile_writes_the_schema(sim_csv):
     over = df[df["kind"] == "overlap"]
     assert over[list(m.TIMED_COLUMNS)].notna().all().all() and (over["baseline"] == m.PAIRED).all()
     assert df["simulated"].all() and (df["backend"] == "sim").all()
+    assert_whole_numbers_written_whole(sim_csv)
 
 
 def test_a_gloo_profile_writes_the_schema(tiny_run):
@@ -70,6 +71,7 @@ def test_a_gloo_profile_writes_the_schema(tiny_run):
                                 *m.COLLECTIVE_COLUMNS, "chunk_bytes", *m.BANDWIDTH_COLUMNS, "comm_us", "window_us",
                                 "n_compute", *m.ALONE_COLUMNS, "baseline"]
     assert not df["simulated"].any() and (df["backend"] == "gloo").all()
+    assert_whole_numbers_written_whole(tiny_run / "measurements.csv")
     # its alone times are measured right before each pair too: without the mark the GPU fit's
     # rebaselining took gloo's pairs for legacy rows, and slowdown.png plotted other slowdowns
     assert (df[df["kind"] == "overlap"]["baseline"] == m.PAIRED).all()
@@ -177,6 +179,15 @@ def test_rows_are_appended_and_a_file_that_cannot_take_an_append_is_rewritten(tm
     df = run.measurements()
     assert list(df["point"]) == ["g1", "g1", "g2", "g2", "c1", "c1", "g3", "g3"] and run.health().ok
     assert list(df["m"].iloc[[0, 2, 6]]) == [64, 128, 256] and df["nbytes"].iloc[4] == 1024
+    run.append_rows(rows("g4", "gemm", m=512) + rows("c3", "collective", op="all_reduce", nbytes=2048))  # one flush, both kinds
+    assert_whole_numbers_written_whole(run.csv_path)
+
+
+def assert_whole_numbers_written_whole(csv: Path) -> None:
+    """Counts and settings read "4096", never "4096.0", in every row, whichever rows shared a flush."""
+    text = pd.read_csv(csv, dtype=str)
+    cells = text[[c for c in m.WHOLE_COLUMNS if c in text.columns]].stack()
+    assert not cells.empty and not cells.str.contains(".", regex=False).any(), cells[cells.str.contains(".", regex=False)].head()
 
 
 def test_meta_yaml_is_the_same_text_with_its_workload_dumped_once(tmp_path):

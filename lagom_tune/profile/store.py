@@ -24,7 +24,7 @@ from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError, interrupts_kept
 from lagom_tune.measurements import (
     COUNT_COLUMNS, DESCRIBING_COLUMNS, KIND_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS, ROW_KINDS,
-    SETTING_COLUMNS, TIMED_COLUMNS,
+    SETTING_COLUMNS, TIMED_COLUMNS, WHOLE_COLUMNS,
 )
 from lagom_tune.workload.spec import Workload, gemm_of_key
 
@@ -405,7 +405,7 @@ class RunFolder:
         header = self._header()
         if header is not None and set(new.columns) <= set(header):
             buf = io.StringIO()
-            new.reindex(columns=header).to_csv(buf, index=False, header=False)
+            _as_written(new.reindex(columns=header)).to_csv(buf, index=False, header=False)
             with open(self.csv_path, "a") as f:
                 f.write(buf.getvalue())
                 f.flush()
@@ -431,8 +431,20 @@ class RunFolder:
 
     def _write(self, df: pd.DataFrame) -> None:
         buf = io.StringIO()
-        df.to_csv(buf, index=False)
+        _as_written(df).to_csv(buf, index=False)
         atomic_write_text(self.csv_path, buf.getvalue())
+
+
+def _as_written(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its :data:`WHOLE_COLUMNS` as whole numbers where every value filled is one (an
+    empty cell stays empty)."""
+    out = df.copy()
+    for col in WHOLE_COLUMNS:
+        if col in out.columns and pd.api.types.is_numeric_dtype(out[col]) and not pd.api.types.is_bool_dtype(out[col]):
+            filled = out[col].dropna()
+            if (filled % 1 == 0).all():
+                out[col] = out[col].astype("Int64")
+    return out
 
 
 def _key_contradiction(row: dict[str, Any], shapes: set[str], instruments: frozenset[str]) -> str | None:
