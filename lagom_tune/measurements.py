@@ -50,8 +50,8 @@ KIND_COLUMNS = {
     "overlap": GEMM_COLUMNS[:-1] + COLLECTIVE_COLUMNS + ALONE_COLUMNS + ("n_compute",),
 }
 COUNT_COLUMNS = ("m", "n", "k", "batch", "nbytes", "ranks", "n_compute")  # whole numbers of at least 1, where filled
-# ... and the columns of whole numbers, written as such ("4096", not "4096.0": a flush whose rows
-# leave a column empty in some made pandas write floats, so one file mixed the two)
+# ... and the columns of whole numbers, written as such ("4096", not "4096.0": pandas writes a
+# column with an empty cell as floats, so flushes with and without one mixed the two in a file)
 WHOLE_COLUMNS = COUNT_COLUMNS + ("flops", "repeat", "inner", "channels", "threads", "buffsize", "chunk_bytes", "nodes")
 TEXT_COLUMNS = ("point", "kind", "backend", "simulated", "gemm", "dtype", "op", "algo", "proto", "baseline", "timing")
 NUMERIC_COLUMNS = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS)  # numbers where filled (checked on read)

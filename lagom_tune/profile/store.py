@@ -438,13 +438,10 @@ class RunFolder:
 def _as_written(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with its :data:`WHOLE_COLUMNS` as whole numbers where every value filled is one (an
     empty cell stays empty)."""
-    out = df.copy()
-    for col in WHOLE_COLUMNS:
-        if col in out.columns and pd.api.types.is_numeric_dtype(out[col]) and not pd.api.types.is_bool_dtype(out[col]):
-            filled = out[col].dropna()
-            if (filled % 1 == 0).all():
-                out[col] = out[col].astype("Int64")
-    return out
+    whole = {c: df[c].astype("Int64") for c in WHOLE_COLUMNS
+             if c in df.columns and pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])
+             and (df[c].dropna() % 1 == 0).all()}
+    return df.assign(**whole)
 
 
 def _key_contradiction(row: dict[str, Any], shapes: set[str], instruments: frozenset[str]) -> str | None:
