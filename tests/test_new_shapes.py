@@ -51,11 +51,33 @@ def test_moe_shapes_on_simulated_a40s_from_the_others(name):
     """The MoE presets' small and split-K shapes (m, n or k of 64, deep k): one 128x128 tile for
     every shape missed them by 14-15% on average; each shape as the cheapest candidate kernel,
     6.0%; with 64-wide tiles for 64-wide outputs (in the simulated library and among the
-    candidates) and the residuals of the shapes near each, 3.8% and 2.7% (SIMULATED, noiseless)."""
+    candidates) and the residuals of the shapes near each, 3.8% and 2.7% (SIMULATED, noiseless);
+    4.0% and 2.7% with the regression restarted from each leave-one-out fit's kernels (2026-12-04)."""
     sim, c = SimCluster(CLUSTERS["a40-nvlink"]), CLUSTERS["a40-nvlink"]
     alone = {g.shape_key: sim.gemm_time(g) for grp in build_preset(name).groups for g in grp.compute}
     error = leave_one_shape_out(alone, c.sms, c.hbm)
     assert error <= 0.05, error
+
+
+# One fold of the simulated A40 NVLink OLMoE profile (2% noise, seed 0): the GEMM times alone (us)
+# its fit saw, without the shapes that fold held out.
+OLMOE_FOLD_US = {"1x2048x2048x4096": 504.481, "1x4096x2048x2048": 485.356, "1x4096x2048x64": 42.368, "1x4096x64x2048": 38.699,
+                 "1x6144x2048x4096": 1225.918, "1x64x2048x4096": 38.513, "32x128x2048x2048": 576.315, "32x2048x128x2048": 570.506,
+                 "8x2048x1024x4096": 1688.177, "8x2048x2048x4096": 3086.759, "8x4096x1024x2048": 1554.879,
+                 "8x4096x2048x1024": 1498.699, "8x4096x2048x2048": 2963.819}
+
+
+def test_the_regression_does_not_stop_at_the_first_kernel_choices_that_settle():
+    """Alternating from Eq. 4's tiles alone, these shapes settle on math at 1/20 of the A40's peak
+    with re-reads carrying the compute, and the attention GEMM held out (k = 128) comes out 48% slow
+    (SIMULATED); restarted from each leave-one-out fit's kernels, the fit finds the terms that explain
+    its own shapes better (their mean error 6.4% -> 3.0%) and that shape within 2%."""
+    sim, c = SimCluster(CLUSTERS["a40-nvlink"]), CLUSTERS["a40-nvlink"]
+    alone = {f"{k}:bf16": t / 1e6 for k, t in OLMOE_FOLD_US.items()}
+    held = gemm_of_key("32x2048x2048x128:bf16")
+    shapes = {k: gemm_of_key(k) for k in alone} | {held.shape_key: held}
+    r = _fit_new_shapes(alone, shapes, c.sms, c.hbm, FORM_WAVES)
+    assert abs(r.seconds(held, c.sms, c.hbm) / sim.gemm_time(held) - 1) <= 0.05
 
 
 def test_a_64_wide_output_may_run_64_wide_tiles():
