@@ -312,12 +312,15 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
                 extra_traffic(g, tile, split) / hbm]
 
     options = [np.array([features(g, t, s) for t, s in kernels(g, sms)]) for g in gemms]
-    best = _alternate(options, y, [0] * len(gemms))  # kernels() lists the 128x128 tile unsplit first
+    first = [0] * len(gemms)  # kernels() lists the 128x128 tile unsplit first
+    best, tried = _alternate(options, y, first), {tuple(first)}
     for out in range(len(gemms) if len(gemms) > 2 else 0):
         others = [i for i in range(len(gemms)) if i != out]
         _, coef = _alternate([options[i] for i in others], y[others], [0] * len(others))
         start = _kernel_error(options, coef, y)[1]
-        best = min(best, _alternate(options, y, start), key=lambda b: b[0])
+        if tuple(start) not in tried:  # most leave-one-out fits agree on every kernel
+            tried.add(tuple(start))
+            best = min(best, _alternate(options, y, start), key=lambda b: b[0])
     launch, math_s, memory, more = (float(c) for c in best[1])
     regression = ShapeRegression(math_s, launch_s=launch, d_per_min_byte=memory, d_per_reread_byte=more, kernel_choice=True,
                                  narrow_tiles=True)
