@@ -267,8 +267,9 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
     that fold's own training shapes the other folds' terms fitted 3.5% against its 6.1%. With the
     restarts: that cell 7.4/7.5% (NVLink/PCIe) -> 4.7/4.7%, no simulated cell worse by more than
     0.02 points (the 32 cells' mean 2.1 -> 1.9%; the noiseless A40 OLMoE shapes' leave-one-shape-out
-    3.8 -> 4.0%), the real H200 runs' leave-one-shape-out unchanged (4.3/3.9/4.5%). Tried beside it: single-shape kernel swaps accepted while they lower the error
-    (4.6/4.3%, but the real runs 4.8/4.1/4.5% and four times the fitting time).
+    3.8 -> 4.0%), the real H200 runs' leave-one-shape-out unchanged (4.3/3.9/4.5%; 4.8/9.2/5.0% with
+    each shape's transpose held out too). Tried beside it: single-shape kernel swaps accepted while
+    they lower the error (4.6/4.3%, but the real runs 4.8/4.1/4.5% and four times the fitting time).
 
     Tried on 2026-12-01 against the one held-out cell above 5% (simulated A40 NVLink olmoe GEMM
     points, 8.0%: in one fold the math term falls to 1/20 of the A40's tensor-core peak), not kept:
@@ -314,7 +315,7 @@ def _kernel_regression(gemms: list[Gemm], y: np.ndarray, sms: int, hbm: float) -
     options = [np.array([features(g, t, s) for t, s in kernels(g, sms)]) for g in gemms]
     first = [0] * len(gemms)  # kernels() lists the 128x128 tile unsplit first
     best, tried = _alternate(options, y, first), {tuple(first)}
-    for out in range(len(gemms) if len(gemms) > 2 else 0):
+    for out in range(len(gemms) if len(gemms) > 2 else 0):  # of two shapes, a fit of one tells nothing
         others = [i for i in range(len(gemms)) if i != out]
         _, coef = _alternate([options[i] for i in others], y[others], [0] * len(others))
         start = _kernel_error(options, coef, y)[1]
