@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/lagom-tune profile --workload cpu-demo --backend gloo --ranks 2 --out runs/demo-cpu
 	$(BIN)/lagom-tune search runs/demo-cpu --optimizer lagom --out runs/demo-cpu/plan.yaml
-	$(BIN)/python bench/cpu_e2e.py --plan runs/demo-cpu/plan.yaml --rounds 6 --steps 8 --out runs/demo-cpu/e2e.md
+	$(BIN)/lagom-tune trial runs/demo-cpu/plan.yaml --rounds 6 --warmup 2 -- $(BIN)/torchrun --standalone --nproc-per-node 2 examples/train_gpt.py --steps 8
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

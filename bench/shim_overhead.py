@@ -21,10 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from compare import CI_LEVEL, ratio_interval
-
 from lagom_tune.backends.registry import usable_cores
-from lagom_tune.interleave import interleaved
+from lagom_tune.comparison import CI_LEVEL, interleaved, ratio_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -29,6 +29,7 @@ from lagom_tune.profile.summary import collective_summary
 from lagom_tune.report import write_report
 from lagom_tune.runtime import launch
 from lagom_tune.runtime.shim import check_no_plan_in_effect
+from lagom_tune.runtime.trial import MAX_ROUNDS, run_trial
 from lagom_tune.search import DEFAULT_MIN_GAIN
 from lagom_tune.workload.presets import GPUS_PER_NODE, MAX_MBS, MAX_SEQ, PRESETS, resolve_workload
 from lagom_tune.workload.spec import FILE_MARK as WORKLOAD_FILE_MARK, Workload
@@ -282,6 +283,31 @@ class _CommandAfterDashes(typer.core.TyperCommand):
         return super().parse_args(ctx, args)
 
 
+def _command(ctx: typer.Context, verb: str, plan_file: Path, paths: dict[str, Optional[Path]]) -> list[str]:
+    """The command given after ``--`` to a verb of :class:`_CommandAfterDashes`.
+
+    Args:
+        ctx: the verb's context.
+        verb: its name, for the message.
+        plan_file: the PLAN argument.
+        paths: the verb's path options by flag: one that took ``--`` as its value swallowed it.
+    Returns:
+        The command (empty when none was given).
+    Raises:
+        UserError: the plan or part of the command on the wrong side of ``--``.
+    """
+    cmd = list(ctx.args)
+    if ctx.meta.get("after_dashes", 0) > len(cmd):  # PLAN itself was taken from after "--"
+        raise UserError(f"put the plan before `--` (`lagom-tune {verb} PLAN [OPTIONS] -- CMD ...`); {str(plan_file)!r} "
+                        "came after it")
+    before = cmd[:len(cmd) - ctx.meta.get("after_dashes", 0)]
+    swallowed = next((flag for flag, value in paths.items() if str(value) == "--"), None)
+    if before or swallowed:  # without "--" the command's own options were taken as the verb's
+        taken = f"got {shlex.join(before)!r} before it" if before else f"{swallowed} took it as its path"
+        raise UserError(f"put the command after `--` (`lagom-tune {verb} PLAN [OPTIONS] -- CMD ...`); {taken}")
+    return cmd
+
+
 @app.command(cls=_CommandAfterDashes, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def apply(
     ctx: typer.Context,
@@ -295,14 +321,7 @@ def apply(
     NCCL plans' per-collective rules reach NCCL through lagom-tune's own tuner plugin, built with
     the system C compiler on first use (`NCCL_TUNER_PLUGIN`, `LAGOM_TUNE_TUNER_RULES`).
     """
-    cmd = list(ctx.args)
-    if ctx.meta.get("after_dashes", 0) > len(cmd):  # PLAN itself was taken from after "--"
-        raise UserError(f"put the plan before `--` (`lagom-tune apply PLAN [OPTIONS] -- CMD ...`); {str(plan_file)!r} "
-                        "came after it")
-    before = cmd[:len(cmd) - ctx.meta.get("after_dashes", 0)]
-    if before or str(applied) == "--":  # without "--" the command's own options were taken as apply's
-        taken = f"got {shlex.join(before)!r} before it" if before else "--applied took it as its path"
-        raise UserError(f"put the command after `--` (`lagom-tune apply PLAN [OPTIONS] -- CMD ...`); {taken}")
+    cmd = _command(ctx, "apply", plan_file, {"--applied": applied})
     if print_env and (dry_run or cmd):  # it prints settings for a job started elsewhere: it runs and checks nothing here
         raise UserError(f"--print-env takes no {'--dry-run' if dry_run else 'command'}: it prints export lines for a job "
                         "you start yourself (eval them, then launch)")
@@ -354,6 +373,37 @@ def apply(
     for m in missed:
         out.print(f"[yellow]not applied[/] {escape(m)}")
     sys.exit(result.exit_code)  # not typer.Exit: typer returns an interrupt as Exit(130), and this 130 is the command's
+
+
+@app.command(cls=_CommandAfterDashes, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def trial(
+    ctx: typer.Context,
+    plan_file: Path = typer.Argument(..., metavar="PLAN", parser=_path, help="Plan YAML from `lagom-tune search`."),
+    rounds: int = typer.Option(4, min=1, max=MAX_ROUNDS, help="Rounds; each runs the command with the defaults and with the plan, "
+                               "in turn first (an even number runs each first equally often)."),
+    warmup: int = typer.Option(3, min=0, max=1_000_000, help="Optimizer steps of each run left out before the timing starts."),
+    out: Optional[Path] = typer.Option(None, parser=_path, help="The trial record (default: trial.json beside the plan; "
+                                       "trial.HOST.json for a plan of several nodes)."),
+) -> None:
+    """Run `-- CMD [ARGS...]` with the defaults and with the plan, interleaved, and measure the speed-up.
+
+    Each run is timed by its own optimizer steps (torch.optim's step hook in every Python process
+    it starts; the script is not changed): the slowest rank's mean step after --warmup. The plan's
+    runs are what `apply` runs. Every run is recorded as it ends.
+    """
+    cmd = _command(ctx, "trial", plan_file, {"--out": out})
+    plan = load_plan(plan_file)
+    out_console = render.err_console  # the command's stdout stays its own, as under apply
+
+    def say(line: str, style: str = "dim") -> None:
+        out_console.print(f"[lagom-tune] {line}", style=style, highlight=False, markup=False)
+
+    runs, reading, path = run_trial(plan, plan_file, cmd, rounds, warmup, out,
+                                    on_run=lambda run: say(render.trial_run_line(run, rounds), "bold"),
+                                    on_warning=lambda line: say(line, "yellow"), on_note=lambda n: say(f"check: {n}"))
+    for item in render.trial_summary(runs, reading):
+        out_console.print(item)
+    say(f"recorded in {path}")
 
 
 @app.command()

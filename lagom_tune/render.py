@@ -14,10 +14,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import rich.table
 
 from lagom_tune.backends.registry import backend_info
+from lagom_tune.comparison import CI_LEVEL
 from lagom_tune.plan.schema import Plan
 from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.runtime.launch import describe, export_lines
 from lagom_tune.runtime.nccl import RULES_ENV, communicator_configs
+from lagom_tune.runtime.trial import TrialReading, TrialRun
 from lagom_tune.search import TIE_TOLERANCE
 from lagom_tune.search.result import SearchResult
 from lagom_tune.workload.spec import Collective, Gemm, Workload
@@ -528,3 +530,36 @@ def deployment_lines(plan: Plan, env: dict[str, str], tuner: Any = None) -> list
             out.append("[bold]rules that need the plugin[/] (CTA bounds alone cannot set them):")
             out += [f"  {escape(describe(r))}" for r in tuner.needs_plugin]
     return out
+
+
+def trial_run_line(run: TrialRun, rounds: int) -> str:
+    """One line for a trial run once it ends.
+
+    Args:
+        run: the run.
+        rounds: the trial's rounds.
+    Returns:
+        The line.
+    """
+    return (f"round {run.round}/{rounds} {run.arm:7s} {ms_text(run.step_ms)} ms a step "
+            f"(mean after the warm-up, slowest of {run.ranks} process(es), {run.steps} steps)")
+
+
+def trial_summary(runs: list[TrialRun], reading: TrialReading) -> list[Any]:
+    """What ``trial`` prints at the end: each arm's step times and the speed-up with its interval.
+
+    Args:
+        runs: the trial's runs.
+        reading: their reading.
+    Returns:
+        A table and the verdict's line.
+    """
+    t = Table(title="trial: your command's step time (measured)", title_justify="left")
+    for col in ("settings", "runs", "median step ms", "fastest", "slowest"):
+        t.add_column(col, justify="left" if col == "settings" else "right")
+    for arm, ms in reading.step_ms.items():
+        low, high = reading.spread_ms[arm]
+        t.add_row(arm, str(sum(r.arm == arm for r in runs)), ms_text(ms), ms_text(low), ms_text(high))
+    line = (f"speed-up (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, "
+            f"{CI_LEVEL:.0%} interval {reading.low:.3f}–{reading.high:.3f}×: [bold]{escape(reading.verdict)}[/]")
+    return [t, line]

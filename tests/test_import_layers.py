@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the measurement row's columns.
     ("base", ("lagom_tune", "lagom_tune.errors", "lagom_tune.validate", "lagom_tune.artifact_io",
               "lagom_tune.knobs", "lagom_tune.timeline", "lagom_tune.measurements",
-              "lagom_tune.interleave")),
+              "lagom_tune.comparison")),
     ("workload", ("lagom_tune.workload",)),
     ("backends", ("lagom_tune.backends",)),
     ("profile", ("lagom_tune.profile",)),

@@ -37,7 +37,7 @@ PROBE = textwrap.dedent("""\
         knob_space_for(name)
     print(json.dumps({
         "shim": "lagom_tune.runtime.shim" in sys.modules,
-        "hooked": any(type(f).__name__ == "_AfterImport" for f in sys.meta_path),
+        "hooked": any(type(f).__name__ == "AfterImport" for f in sys.meta_path),
         "heavy": sorted(m for m in %r if m in sys.modules),
     }))
 """ % (HEAVY,))

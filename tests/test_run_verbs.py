@@ -53,11 +53,7 @@ def test_search_validate_replays_default_and_plan_on_real_gloo_ranks(tiny_run, t
 
 
 def test_the_demo_verdict_follows_the_interval():
-    import sys
-
-    sys.path.insert(0, str(__import__("conftest").ROOT / "bench"))
-    from compare import ratio_interval
-    from cpu_e2e import verdict
+    from lagom_tune.comparison import ratio_interval, verdict
 
     g, low, high = ratio_interval([1.10, 1.12, 1.09, 1.11, 1.10])
     assert 1.09 < low <= g <= high < 1.12 and verdict(low, high, False) == "the plan is faster"
@@ -68,7 +64,7 @@ def test_the_demo_verdict_follows_the_interval():
 
 
 def test_compared_arms_take_turns_running_first():
-    from lagom_tune.interleave import interleaved
+    from lagom_tune.comparison import interleaved
 
     runs = list(interleaved(("default", "plan"), 4))
     assert [arm for _, arm in runs] == ["default", "plan", "plan", "default"] * 2

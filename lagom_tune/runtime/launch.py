@@ -352,9 +352,21 @@ def plan_environment(plan: Plan, plan_path: Path, applied_dir: str | None, base:
     for name, value in plan.settings.process.items():
         if space[name].env:  # e.g. OMP_NUM_THREADS (which also stops torchrun forcing 1), NCCL_NTHREADS
             env[space[name].env] = str(value)
-    user = base.get("PYTHONPATH")  # kept as it is: an empty entry ("a:" or "a::b") is the working folder
-    env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR)] + ([user] if user else []))
+    env["PYTHONPATH"] = site_pythonpath(base)
     return env
+
+
+def site_pythonpath(base: Mapping[str, str]) -> str:
+    """``PYTHONPATH`` with the runtime's ``sitecustomize`` folder first, so every Python process a
+    command starts loads it (the shim where a plan is set, the step clock where a trial times steps).
+
+    Args:
+        base: the current environment (its ``PYTHONPATH`` is kept after the folder).
+    Returns:
+        The value.
+    """
+    user = base.get("PYTHONPATH")  # kept as it is: an empty entry ("a:" or "a::b") is the working folder
+    return os.pathsep.join([str(SITE_DIR)] + ([user] if user else []))
 
 
 def deployment_warnings(plan: Plan, env: dict[str, str], base: dict[str, str], tuner: TunerDeployment | None) -> list[str]:
@@ -405,7 +417,7 @@ class ApplyResult:
 APPLIED_MARK = r'\A\{\s*"ranks": '  # how an applied record begins (the only file `--applied` may replace)
 
 
-def _files_among(cmd: list[str]) -> list[str]:
+def files_among(cmd: list[str]) -> list[str]:
     """The command's arguments that name existing files (the script it runs, its config): never an applied record."""
     out = []
     for arg in cmd:
@@ -418,7 +430,8 @@ def _files_among(cmd: list[str]) -> list[str]:
 
 
 def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None = None,
-          on_warning: Callable[[str], None] | None = None, on_note: Callable[[str], None] | None = None) -> ApplyResult:
+          on_warning: Callable[[str], None] | None = None, on_note: Callable[[str], None] | None = None,
+          extra_env: Mapping[str, str] | None = None) -> ApplyResult:
     """Run ``cmd`` with the plan in effect; return its exit code and what each rank applied.
 
     Args:
@@ -428,6 +441,7 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
         on_warning: called with each one-line note on what will not reach NCCL (no compiler, ...).
         on_note: called with each check made against the machine, or that could not be made (a
             world size no launcher on the command line tells).
+        extra_env: variables for this run besides the plan's (a trial's step clock).
     Returns:
         The command's exit code, where the report went, and each rank's records.
     """
@@ -436,7 +450,7 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
     check_command(cmd[0])
     # checked before the run, not after it: a record that cannot be written must not end a long job with an error
     applied_json = check_writable(applied_json or default_applied_path(plan, plan_path), "--applied record",
-                                  [plan_path, *_files_among(cmd)], replaces=APPLIED_MARK)
+                                  [plan_path, *files_among(cmd)], replaces=APPLIED_MARK)
     for note in check_fit(plan, cmd, dict(os.environ)):
         if on_note:
             on_note(note)
@@ -446,9 +460,9 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
         for line in deployment_warnings(plan, planned, dict(os.environ), tuner):
             if on_warning:
                 on_warning(line)
-        env = {**os.environ, **planned}
+        env = {**os.environ, **planned, **(extra_env or {})}
         try:
-            code, ended = _run(cmd, env)
+            code, ended = run_command(cmd, env)
         except OSError as e:  # found and executable (check_command), yet the system cannot start it
             raise UserError(_exec_failure(cmd[0], e)) from None
         if ended and on_warning:
@@ -466,9 +480,7 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
 
 
 def default_applied_path(plan: Plan, plan_path: Path) -> Path:
-    """Where `apply` records what each rank applied: ``applied.json`` beside the plan, or for a
-    plan of several nodes ``applied.HOST.json`` (each node runs its own `apply`, which sees only its
-    own ranks: on a shared file system one file was each node's in turn, the last one's left).
+    """Where `apply` records what each rank applied: :func:`record_path`'s ``applied.json``.
 
     Args:
         plan: the plan.
@@ -476,7 +488,22 @@ def default_applied_path(plan: Plan, plan_path: Path) -> Path:
     Returns:
         The record's path.
     """
-    return plan_path.with_name(f"applied.{socket.gethostname()}.json" if plan.nodes > 1 else "applied.json")
+    return record_path(plan, plan_path, "applied")
+
+
+def record_path(plan: Plan, plan_path: Path, stem: str) -> Path:
+    """Where a record of running the plan goes: ``STEM.json`` beside the plan, or for a plan of
+    several nodes ``STEM.HOST.json`` (each node runs its own `apply`, which sees only its own
+    ranks: on a shared file system one file was each node's in turn, the last one's left).
+
+    Args:
+        plan: the plan.
+        plan_path: its file.
+        stem: what the record is (``applied``, ``trial``).
+    Returns:
+        The record's path.
+    """
+    return plan_path.with_name(f"{stem}.{socket.gethostname()}.json" if plan.nodes > 1 else f"{stem}.json")
 
 
 def check_command(program: str) -> None:
@@ -550,7 +577,7 @@ def _reap(pids: list[int]) -> bool:
     return running
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
+def run_command(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
     """Run the command and return its exit status as a shell reports it (killed by signal N:
     128 + N). A stop signal sent to lagom-tune alone (SIGTERM, SIGHUP, and SIGINT sent by a process:
     ``kill -INT``, ``timeout -s INT``) is passed on to it; Ctrl-C, which the terminal sends its
@@ -627,7 +654,7 @@ def _wait(proc: subprocess.Popen, deadline: float | None = None) -> int | None:
             return proc.wait(timeout=left())
         except subprocess.TimeoutExpired:
             return None
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # already, the first time (_run)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # already, the first time (run_command)
     try:
         while (code := proc.poll()) is None:
             if left() == 0.0:

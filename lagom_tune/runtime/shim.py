@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib.abc
-import importlib.util
 import inspect
 import json
 import os
@@ -32,6 +30,7 @@ from lagom_tune.backends.registry import (
 )
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
+from lagom_tune.runtime.after_import import when_imported
 from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, match_role, plan_roles
 from lagom_tune.workload.bucketing import DDP_DEFAULT_CAP_MB
 from lagom_tune.workload.spec import mesh_dim_of
@@ -89,44 +88,6 @@ class CommunicatorRecord:
             parts.append("applied " + ", ".join(f"{k}={v}" for k, v in self.applied.items()))
         parts += [f"NOT applied {k}: {why}" for k, why in self.not_applied.items()]
         return "; ".join(parts)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callbacks[name](module)`` right after ``name`` is first imported."""
-
-    def __init__(self, callbacks: dict[str, Callable[[Any], None]]):
-        self.callbacks = callbacks
-
-    def find_spec(self, name, path, target=None):
-        callback = self.callbacks.get(name)
-        if callback is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None:
-            return spec
-        self.callbacks.pop(name)
-        real = spec.loader
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec):
-                return real.create_module(spec)
-
-            def exec_module(self, module):
-                real.exec_module(module)
-                callback(module)
-
-            def __getattr__(self, attr):  # the rest is the real loader's: importlib.resources, pkgutil.get_data ...
-                return getattr(real, attr)
-
-        spec.loader = Loader()
-        return spec
 
 
 @dataclass(frozen=True)
@@ -863,12 +824,7 @@ def install(plan_path: str, applied_dir: str | None = None) -> Shim:
         os.environ[RANK_PID_ENV] = str(os.getpid())
     hooks = _chain(shim.appliers())
     shim.late = C10D_MODULE in sys.modules
-    for name, hook in list(hooks.items()):
-        if name in sys.modules:  # already imported (an explicit install() late in a script)
-            hook(sys.modules[name])
-            hooks.pop(name)
-    if hooks:
-        sys.meta_path.insert(0, _AfterImport(hooks))
+    when_imported(hooks)  # at once for modules already imported (an explicit install() late in a script)
     atexit.register(shim.at_exit)
     return shim
 

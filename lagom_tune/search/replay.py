@@ -8,7 +8,7 @@ from typing import Any
 from lagom_tune.backends.base import BackendOptions, Point, check_memory
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
-from lagom_tune.interleave import interleaved
+from lagom_tune.comparison import interleaved
 from lagom_tune.knobs import Settings, settings_items
 from lagom_tune.precision import ms_round
 from lagom_tune.workload.spec import Workload
@@ -27,7 +27,7 @@ def backend_from_fingerprint(fp: dict[str, Any]):
     info = backend_info(fp["backend"])
     if not info.replays_locally:
         raise UserError(f"--validate replays on the profiling backend, which for {info.name} means your cluster: "
-                        "measure the plan there with `lagom-tune apply plan.yaml -- torchrun ...`")
+                        "measure the plan there with `lagom-tune trial plan.yaml -- torchrun ... train.py`")
     # Each backend reads the options it needs (the simulator ignores ``ranks``: it sizes itself from the workload).
     return info.create(BackendOptions(
         ranks=int(fp.get("ranks", 2)), hardware=fp.get("cluster"),
@@ -37,7 +37,7 @@ def backend_from_fingerprint(fp: dict[str, Any]):
 
 def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[str, Settings], repeats: int) -> dict[str, Any]:
     """Iteration time of each candidate, ``repeats`` rounds interleaved, each in the reverse order
-    of the one before (d, p, p, d, ...: :mod:`lagom_tune.interleave`).
+    of the one before (d, p, p, d, ...: :mod:`lagom_tune.comparison`).
 
     Args:
         workload: the workload to replay (whole iterations).

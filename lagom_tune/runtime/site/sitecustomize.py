@@ -1,4 +1,4 @@
-"""Loaded by every Python process that `lagom-tune apply` starts (this folder is put first on PYTHONPATH)."""
+"""Loaded by every Python process that `lagom-tune apply` or `trial` starts (this folder is put first on PYTHONPATH)."""
 
 import os
 import sys
@@ -29,5 +29,18 @@ def _chain_next_sitecustomize() -> None:
         spec.loader.exec_module(module)
 
 
+def _lagom_tune_step_clock() -> None:
+    if not os.environ.get("LAGOM_TUNE_STEPS_DIR"):
+        return
+    try:
+        # local, as above: only processes of a `lagom-tune trial` run time their optimizer steps
+        from lagom_tune.runtime.steps import install_step_clock
+
+        install_step_clock(os.environ["LAGOM_TUNE_STEPS_DIR"])
+    except Exception as e:  # never break the user's program
+        sys.stderr.write(f"[lagom-tune] step times NOT recorded in pid {os.getpid()}: {type(e).__name__}: {e}\n")
+
+
 _lagom_tune_shim()
+_lagom_tune_step_clock()
 _chain_next_sitecustomize()

@@ -1,0 +1,215 @@
+"""``lagom-tune trial``: your training run with its default settings and with the plan, in
+interleaved rounds, each run timed by its own optimizer steps; the plan's speed-up, measured.
+
+Both arms run the same command with the step clock in every Python process
+(``runtime/steps.py``); the plan's arm runs it as ``apply`` does. A run's step time is its slowest
+rank's mean step after the warm-up steps. The rounds are read as the geometric mean of the
+per-round default / plan ratios with a bootstrap interval (``comparison``). Every run is added to
+the trial record (``trial.json`` beside the plan) as soon as it ends, so an interrupted trial
+keeps the rounds it finished.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from lagom_tune.artifact_io import atomic_write_text, check_writable
+from lagom_tune.comparison import CI_LEVEL, interleaved, ratio_interval, verdict
+from lagom_tune.errors import RunError, UserError
+from lagom_tune.plan.schema import Plan
+from lagom_tune.precision import ms_round
+from lagom_tune.runtime.launch import apply, check_command, check_fit, files_among, record_path, run_command, site_pythonpath
+from lagom_tune.runtime.shim import check_no_plan_in_effect
+from lagom_tune.runtime.steps import STEPS_ENV, read_steps, step_seconds
+
+ARMS = ("default", "plan")
+MAX_ROUNDS = 100
+KIND = "lagom-trial"
+SCHEMA_VERSION = 1
+FILE_MARK = r'\A\{\s*"kind": "lagom-trial"'  # how a trial record begins (the only file --out may replace)
+
+
+@dataclass(frozen=True)
+class TrialRun:
+    """One run of the command.
+
+    Attributes:
+        round: the round, from 1.
+        arm: ``default`` or ``plan``.
+        step_ms: the slowest rank's mean step time after the warm-up.
+        steps: optimizer steps that rank made.
+        ranks: processes that stepped an optimizer.
+    """
+
+    round: int
+    arm: str
+    step_ms: float
+    steps: int
+    ranks: int
+
+    @classmethod
+    def of(cls, round: int, arm: str, steps: dict[str, list[float]], warmup: int, where: str) -> TrialRun:
+        """A run from its processes' step times (:func:`timed_run`).
+
+        Args:
+            round, arm: which run it was.
+            steps: each rank's step end times.
+            warmup: steps left out before the timing starts.
+            where: the run, for the error ("round 1, default run").
+        Raises:
+            UserError: no process stepped an optimizer, or too few steps to time.
+        """
+        if not steps:
+            raise UserError(f"{where}: no process stepped an optimizer; `trial` times a run by torch.optim's step hook, "
+                            "so the command must train with a torch.optim optimizer in Python processes it starts")
+        timed = {rank: step_seconds(times, warmup) for rank, times in steps.items()}
+        slowest = max(timed, key=timed.get)
+        return cls(round, arm, ms_round(timed[slowest] * 1e3), len(steps[slowest]), len(steps))
+
+
+@dataclass(frozen=True)
+class TrialReading:
+    """What the rounds say.
+
+    Attributes:
+        step_ms: each arm's median step time over its runs.
+        spread_ms: each arm's fastest and slowest run.
+        speedup: the geometric mean of the per-round default / plan ratios.
+        low, high: its bootstrap interval at ``comparison.CI_LEVEL``.
+        verdict: the plain reading (``comparison.verdict``).
+    """
+
+    step_ms: dict[str, float]
+    spread_ms: dict[str, tuple[float, float]]
+    speedup: float
+    low: float
+    high: float
+    verdict: str
+
+
+def read_trial(runs: list[TrialRun], same_settings: bool) -> TrialReading:
+    """Read the rounds that ran both arms.
+
+    Args:
+        runs: the trial's runs, in the order they ran.
+        same_settings: whether the plan keeps the defaults (both arms run the same settings).
+    Returns:
+        The reading.
+    Raises:
+        UserError: no round ran both arms.
+    """
+    by_round: dict[int, dict[str, float]] = {}
+    for r in runs:
+        by_round.setdefault(r.round, {})[r.arm] = r.step_ms
+    ratios = [arms["default"] / arms["plan"] for arms in by_round.values() if len(arms) == len(ARMS)]
+    if not ratios:
+        raise UserError("no round ran both the defaults and the plan: nothing to compare")
+    times = {arm: [r.step_ms for r in runs if r.arm == arm] for arm in ARMS}
+    speedup, low, high = ratio_interval(ratios)
+    return TrialReading({arm: statistics.median(t) for arm, t in times.items()}, {arm: (min(t), max(t)) for arm, t in times.items()},
+                        speedup, low, high, verdict(low, high, same_settings))
+
+
+def sets_nothing(plan: Plan) -> bool:
+    """Whether the plan keeps every default (so both arms of a trial run the same settings).
+
+    Args:
+        plan: the plan.
+    Returns:
+        True when it sets no process, communicator or collective setting.
+    """
+    return not (plan.settings.process or plan.settings.communicators or plan.rules)
+
+
+def timed_run(cmd: list[str], plan: Plan | None = None, plan_path: Path | None = None,
+              on_warning: Callable[[str], None] | None = None) -> tuple[int, dict[str, list[float]]]:
+    """Run ``cmd`` once with the step clock in every Python process: under the plan as ``apply``
+    runs it, or with nothing set (the defaults) when ``plan`` is None.
+
+    Args:
+        cmd: the command.
+        plan, plan_path: the plan and its file, or None.
+        on_warning: called with each line on what of the plan will not reach the command.
+    Returns:
+        The command's exit status, and each rank's step end times (``steps.read_steps``).
+    """
+    with tempfile.TemporaryDirectory(prefix="lagom-steps-") as folder:
+        if plan is not None:
+            code = apply(plan, plan_path, cmd, on_warning=on_warning, extra_env={STEPS_ENV: folder}).exit_code
+        else:
+            code = run_command(cmd, {**os.environ, "PYTHONPATH": site_pythonpath(os.environ), STEPS_ENV: folder})[0]
+        return code, read_steps(folder)
+
+
+def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: int, out: Path | None = None,
+              on_run: Callable[[TrialRun], None] | None = None, on_warning: Callable[[str], None] | None = None,
+              on_note: Callable[[str], None] | None = None) -> tuple[list[TrialRun], TrialReading, Path]:
+    """Run ``cmd`` ``rounds`` times with the defaults and with the plan, interleaved, each round in
+    the reverse order of the one before; record every run as it ends.
+
+    Args:
+        plan, plan_path: the plan and its file.
+        cmd: the training command (e.g. torchrun and its arguments), unchanged.
+        rounds: rounds (1 to :data:`MAX_ROUNDS`; an even number runs each arm first equally often).
+        warmup: optimizer steps of each run left out before the timing starts.
+        out: the trial record (default: ``trial.json`` beside the plan; ``launch.record_path``).
+        on_run: called with each run once it is recorded.
+        on_warning: called once with each line on what of the plan will not reach the command.
+        on_note: called with each check made against the machine before the first run.
+    Returns:
+        The runs, their reading, and where they were recorded.
+    Raises:
+        UserError: bad arguments, a plan that does not fit the machine, a run in which no process
+            stepped an optimizer (or too few steps to time).
+        RunError: a run that failed (its exit status said); the runs before it stay recorded.
+    """
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise UserError(f"--rounds: expected 1 to {MAX_ROUNDS}, got {rounds}")
+    if warmup < 0:
+        raise UserError(f"--warmup: expected at least 0 steps, got {warmup}")
+    if not cmd:
+        raise UserError("nothing to run: give the command after `--`, e.g. `lagom-tune trial plan.yaml -- torchrun ...`")
+    check_no_plan_in_effect(os.environ, "trial")  # the default arm would run it too
+    plan.refuse_if_simulated()
+    check_command(cmd[0])
+    out = check_writable(out or record_path(plan, plan_path, "trial"), "trial record", [plan_path, *files_among(cmd)],
+                         replaces=FILE_MARK)
+    for note in check_fit(plan, cmd, dict(os.environ)):  # before the first run, not at the plan's first turn
+        if on_note:
+            on_note(note)
+    warned: set[str] = set()
+
+    def warn_once(line: str) -> None:
+        if line not in warned and on_warning:
+            warned.add(line)
+            on_warning(line)
+
+    same = sets_nothing(plan)
+    record = {"kind": KIND, "schema_version": SCHEMA_VERSION, "plan": str(plan_path.resolve()), "command": shlex.join(cmd),
+              "date": datetime.date.today().isoformat(), "host": platform.node(), "rounds": rounds, "warmup": warmup,
+              "same_settings": same, "runs": []}
+    runs: list[TrialRun] = []
+    for r, arm in interleaved(ARMS, rounds):
+        code, steps = timed_run(cmd, plan if arm == "plan" else None, plan_path, warn_once)
+        where = f"round {r + 1}, {arm} run"
+        if code != 0:
+            raise RunError(f"{where}: the command exited with status {code}", f"{len(runs)} earlier run(s) are in {out}" if runs else "")
+        runs.append(TrialRun.of(r + 1, arm, steps, warmup, where))
+        record["runs"] = [asdict(run) for run in runs]
+        atomic_write_text(out, json.dumps(record, indent=1))
+        if on_run:
+            on_run(runs[-1])
+    reading = read_trial(runs, same)
+    record["reading"] = {**asdict(reading), "ci_level": CI_LEVEL}
+    atomic_write_text(out, json.dumps(record, indent=1))
+    return runs, reading, out
+

@@ -1,0 +1,141 @@
+"""`lagom-tune trial`: the user's command with the defaults and with the plan, interleaved, timed by
+the step clock (torch.optim's step hook in every process; the script unchanged)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from lagom_tune.errors import UserError
+from lagom_tune.runtime.launch import site_pythonpath
+from lagom_tune.runtime.steps import STEPS_ENV, read_steps, step_seconds
+from lagom_tune.runtime.trial import TrialRun, read_trial
+
+from conftest import ROOT, cli
+from test_plan import BASE
+
+# A training loop that never heard of lagom-tune: two optimizers (the second stepped every other
+# iteration), a step that takes STEP_S, or FAST_S where OMP_NUM_THREADS is 1 (which BASE's
+# threads=1 sets under the plan), and an exit status from FAIL_WITH_THREADS when given.
+SCRIPT = textwrap.dedent("""\
+    import os, sys, time, torch
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads == os.environ.get("FAIL_WITH_THREADS", "never"):
+        sys.exit(3)
+    m = torch.nn.Linear(4, 4)
+    first, second = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.Adam(m.parameters())
+    for i in range(int(os.environ.get("STEPS", "10"))):
+        first.zero_grad()
+        m(torch.ones(2, 4)).sum().backward()
+        time.sleep(0.02 if threads == "1" else 0.05)
+        first.step()
+        if i % 2:
+            second.step()
+""")
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def clean_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RANK", "LAGOM_TUNE_PLAN")}
+    return {**env, **extra}
+
+
+def test_the_step_clock_times_an_unchanged_script_by_its_most_stepped_optimizer(script, tmp_path):
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    env = clean_env(PYTHONPATH=site_pythonpath({}), **{STEPS_ENV: str(steps), "RANK": "3"})
+    subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=120)
+    times = read_steps(steps)
+    assert list(times) == ["3"] and len(times["3"]) == 10  # SGD's 10 steps, not Adam's 5
+    assert 0.045 <= step_seconds(times["3"], 2) < 0.2  # the loop's 50 ms a step, whatever the machine adds
+
+
+def test_the_step_clock_is_off_without_its_variable(script, tmp_path):
+    env = clean_env(PYTHONPATH=site_pythonpath({}), TMPDIR=str(tmp_path))
+    env.pop(STEPS_ENV, None)
+    subprocess.run([sys.executable, str(script)], env={**env, "STEPS": "2"}, check=True, timeout=120, cwd=tmp_path)
+    assert not list(tmp_path.rglob("steps-*.json"))
+
+
+def test_a_rank_is_read_from_its_longest_attempt_and_broken_files_are_skipped(tmp_path):
+    (tmp_path / "steps-0.11.json").write_text(json.dumps({"rank": "0", "pid": 11, "times": [0, 1, 2]}))
+    (tmp_path / "steps-0.12.json").write_text(json.dumps({"rank": "0", "pid": 12, "times": [0, 1, 2, 3, 4]}))
+    (tmp_path / "steps-1.13.json").write_text('{"rank": "1", "times": [0, 1')  # cut short: not ours to read
+    assert read_steps(tmp_path) == {"0": [0, 1, 2, 3, 4]}
+
+
+def test_a_step_time_needs_two_steps_after_the_warmup():
+    assert step_seconds([0.0, 1.0, 3.0, 6.0], 1) == pytest.approx(2.5)  # steps 3 and 4 took 2 s and 3 s
+    with pytest.raises(UserError, match=r"3 optimizer step\(s\) seen, too few to time any after --warmup 2: run at least 4"):
+        step_seconds([0.0, 1.0, 2.0], 2)
+
+
+def test_the_rounds_are_read_as_paired_ratios_with_an_interval():
+    runs = [TrialRun(1, "default", 110.0, 10, 2), TrialRun(1, "plan", 100.0, 10, 2),
+            TrialRun(2, "plan", 101.0, 10, 2), TrialRun(2, "default", 112.0, 10, 2),
+            TrialRun(3, "default", 109.0, 10, 2)]  # round 3 never ran the plan: left out of the ratios
+    reading = read_trial(runs, same_settings=False)
+    assert reading.speedup == pytest.approx(((110 / 100) * (112 / 101)) ** 0.5)
+    assert 1.0 < reading.low <= reading.speedup <= reading.high and reading.verdict == "the plan is faster"
+    assert reading.step_ms == {"default": 110.0, "plan": 100.5} and reading.spread_ms["default"] == (109.0, 112.0)
+    assert read_trial(runs, same_settings=True).verdict.startswith("same settings")
+    with pytest.raises(UserError, match="no round ran both"):
+        read_trial(runs[:1], False)
+
+
+def test_trial_measures_the_plan_against_the_defaults_and_records_every_run(script, tmp_path):
+    plan = BASE.save(tmp_path / "plan.yaml")  # threads=1: OMP_NUM_THREADS=1 under the plan, a 20 ms step
+    # RANK as torchrun sets it: the shim reports for ranks
+    r = cli("trial", plan, "--rounds", 2, "--warmup", 2, "--", sys.executable, script, env=clean_env(RANK="0"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    record = json.loads((tmp_path / "trial.json").read_text())
+    assert [(run["round"], run["arm"]) for run in record["runs"]] == [(1, "default"), (1, "plan"), (2, "plan"), (2, "default")]
+    assert record["kind"] == "lagom-trial" and record["warmup"] == 2 and not record["same_settings"]
+    assert all(run["ranks"] == 1 and run["steps"] == 10 for run in record["runs"])
+    assert record["reading"]["speedup"] > 1.5 and record["reading"]["verdict"] == "the plan is faster", record
+    assert "the plan is faster" in r.stderr and "round 2/2 default" in r.stderr
+    # the plan's runs are apply's: the rank's record of what it applied, as apply writes it
+    assert "threads" in json.dumps(json.loads((tmp_path / "applied.json").read_text())["ranks"]["0"]["records"])
+
+
+def test_a_failing_run_stops_the_trial_and_keeps_the_runs_before_it(script, tmp_path):
+    plan = BASE.save(tmp_path / "plan.yaml")
+    r = cli("trial", plan, "--rounds", 2, "--warmup", 1, "--", sys.executable, script, env=clean_env(FAIL_WITH_THREADS="1"))
+    assert r.returncode == 1 and "round 1, plan run: the command exited with status 3" in r.stderr, r.stderr
+    assert "1 earlier run(s) are in" in r.stderr and "Traceback" not in r.stderr
+    assert [run["arm"] for run in json.loads((tmp_path / "trial.json").read_text())["runs"]] == ["default"]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--", sys.executable, "-c", "pass"], "round 1, default run: no process stepped an optimizer"),
+    (["--warmup", "20", "--", sys.executable, "SCRIPT"], r"10 optimizer step\(s\) seen, too few to time any after --warmup 20"),
+    (["--rounds", "0", "--", sys.executable, "SCRIPT"], "--rounds"),
+    ([], "nothing to run"),
+    (["--out", "--", sys.executable, "SCRIPT"], "--out took it as its path"),
+    (["--out", "NOTES", "--", sys.executable, "SCRIPT"], "exists and is not a trial record lagom-tune wrote"),
+])
+def test_bad_trials_are_refused_in_one_line(script, tmp_path, args, said):
+    plan = BASE.save(tmp_path / "plan.yaml")
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}')
+    args = [str(script) if a == "SCRIPT" else str(notes) if a == "NOTES" else a for a in args]
+    r = cli("trial", plan, *args, env=clean_env())
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) >= 1 and __import__("re").search(said, r.stderr), r.stderr
+    assert notes.read_text() == '{"mine": 1}'
+
+
+def test_a_simulated_plan_is_never_trialled(script, tmp_path):
+    r = cli("trial", ROOT / "plans" / "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml", "--out", tmp_path / "t.json", "--",
+            sys.executable, script, env=clean_env())
+    assert r.returncode == 2 and "simulated cluster" in r.stderr, r.stderr
+    assert not (tmp_path / "t.json").exists()
