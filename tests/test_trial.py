@@ -139,3 +139,36 @@ def test_a_simulated_plan_is_never_trialled(script, tmp_path):
             sys.executable, script, env=clean_env())
     assert r.returncode == 2 and "simulated cluster" in r.stderr, r.stderr
     assert not (tmp_path / "t.json").exists()
+
+
+# On a GPU: each step's GEMMs timed by CUDA events in the script itself, the loss read back every
+# step (as training scripts log it); the clock's mean step must agree with the events' mean.
+GPU_SCRIPT = textwrap.dedent("""\
+    import json, sys, torch
+    a = torch.randn(8192, 8192, device="cuda", requires_grad=True)
+    opt = torch.optim.SGD([a], lr=1e-6)
+    spans = []
+    for _ in range(25):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss = (a @ a @ a).float().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        end.record()
+        loss.item()
+        spans.append(start.elapsed_time(end))
+    json.dump(spans, open(sys.argv[1], "w"))
+""")
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU (the clock's CPU side is tested above)")
+def test_on_a_gpu_the_step_clock_reads_the_gpus_step_time(tmp_path):
+    script, spans, steps = tmp_path / "gpu.py", tmp_path / "spans.json", tmp_path / "steps"
+    script.write_text(GPU_SCRIPT)
+    steps.mkdir()
+    env = clean_env(PYTHONPATH=site_pythonpath({}), **{STEPS_ENV: str(steps)})
+    subprocess.run([sys.executable, str(script), str(spans)], env=env, check=True, timeout=300)
+    (times,) = read_steps(steps).values()
+    gpu_ms = sum(json.loads(spans.read_text())[6:]) / 19  # the steps the clock times after --warmup 5
+    assert step_seconds(times, 5) * 1e3 == pytest.approx(gpu_ms, rel=0.15)
