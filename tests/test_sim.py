@@ -85,7 +85,9 @@ def test_unknown_hardware_is_a_user_error(tmp_path):
 def test_a_simulated_cluster_is_sized_to_the_workload_and_says_its_default(tmp_path):
     """phi-2-fsdp16 without --nodes was recorded as 8 ranks on one node, and its plan said world_size 8."""
     run = tmp_path / "run"
-    r = cli("profile", "--backend", "sim", "--hardware", "a40-nvlink", "--workload", "phi-2-fsdp16", "--out", run, check=True)
+    # 2 repeats: the sizing is the point here, not the fit
+    r = cli("profile", "--backend", "sim", "--hardware", "a40-nvlink", "--workload", "phi-2-fsdp16", "--out", run, "--repeats", 2,
+            check=True)
     fp = yaml.safe_load((run / "meta.yaml").read_text())["fingerprint"]
     assert (fp["nodes"], fp["ranks"]) == (2, 16) and "hardware_note" not in fp and "note" not in r.stdout
     plan = tmp_path / "plan.yaml"
@@ -95,7 +97,10 @@ def test_a_simulated_cluster_is_sized_to_the_workload_and_says_its_default(tmp_p
     assert few.returncode == 2 and "needs 2 nodes" in few.stderr and not (tmp_path / "few" / "measurements.csv").exists()
     many = cli("profile", "--backend", "sim", "--workload", "phi-2-fsdp16", "--nodes", "1000000", "--out", tmp_path / "many")
     assert many.returncode == 2 and "--nodes 1000000 is too many" in many.stderr
-    default = cli("profile", "--backend", "sim", "--workload", "cpu-demo", "--out", tmp_path / "d", check=True)
+    small = tmp_path / "small.yaml"  # two GEMMs and an all-reduce: 16 s to profile where cpu-demo's 17,728 points took 100
+    small.write_text("name: small\ngroups:\n- name: layer\n  repeat: 4\n  compute:\n  - {name: g1, m: 4096, n: 4096, k: 4096, dtype: bf16}\n"
+                     "  - {name: g2, m: 4096, n: 1024, k: 4096, dtype: bf16}\n  comm:\n  - {name: ar, op: all_reduce, nbytes: 100000000, ranks: 8}\n")
+    default = cli("profile", "--backend", "sim", "--workload", small, "--out", tmp_path / "d", "--repeats", 1, check=True)
     assert "--hardware not given: the default h100-nvlink" in default.stdout
     assert "h100" in cli("profile", "--help", check=True).stdout.replace("\n", " ")
 
