@@ -57,7 +57,7 @@ def measure_grid(plan_path: Path, steps: int, ranks: int) -> dict[int, float]:
         for cap in BUCKET_CAPS_MB:
             variant = dataclasses.replace(plan, settings=Settings(plan.settings.process, {role: {"bucket_cap_mb": cap}}))
             path = variant.save(Path(tmp) / f"cap{cap}.yaml")
-            code, steps_seen = timed_run(training(steps, ranks), variant, path)
+            code, steps_seen, _ = timed_run(training(steps, ranks), variant, path)
             if code:
                 sys.exit(f"the example failed under bucket_cap_mb={cap} (exit status {code})")
             out[cap] = TrialRun.of(1, "plan", steps_seen, WARMUP, f"bucket_cap_mb={cap}").step_ms

@@ -25,6 +25,8 @@ SCRIPT = textwrap.dedent("""\
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads == os.environ.get("FAIL_WITH_THREADS", "never"):
         sys.exit(3)
+    if threads == os.environ.get("HANG_WITH_THREADS", "never"):
+        time.sleep(120)
     m = torch.nn.Linear(4, 4)
     first, second = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.Adam(m.parameters())
     for i in range(int(os.environ.get("STEPS", "10"))):
@@ -113,6 +115,26 @@ def test_a_failing_run_stops_the_trial_and_keeps_the_runs_before_it(script, tmp_
     assert r.returncode == 1 and "round 1, plan run: the command exited with status 3" in r.stderr, r.stderr
     assert "1 earlier run(s) are in" in r.stderr and "Traceback" not in r.stderr
     assert [run["arm"] for run in json.loads((tmp_path / "trial.json").read_text())["runs"]] == ["default"]
+
+
+def test_a_stop_signal_ends_the_trial_and_its_command_keeping_the_runs_before_it(script, tmp_path):
+    import signal
+    import time
+
+    from conftest import BIN
+
+    plan = BASE.save(tmp_path / "plan.yaml")
+    proc = subprocess.Popen([str(BIN / "lagom-tune"), "trial", str(plan), "--warmup", "1", "--", sys.executable, str(script)],
+                            env=clean_env(HANG_WITH_THREADS="1"), stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    record = tmp_path / "trial.json"
+    deadline = time.monotonic() + 120
+    while not record.exists() and time.monotonic() < deadline:  # the default's run is recorded; the plan's hangs
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and "interrupted by SIGTERM" in err, err
+    assert [run["arm"] for run in json.loads(record.read_text())["runs"]] == ["default"]
 
 
 @pytest.mark.parametrize("args, said", [

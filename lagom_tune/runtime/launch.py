@@ -412,6 +412,7 @@ class ApplyResult:
     applied_json: Path
     ranks: dict[str, dict]
     unwritten: str = ""  # why applied_json could not be written after the run ("" when it was, or nothing was due)
+    stop: KeyboardInterrupt | None = None  # the stop signal passed on to the command while it ran, if one was
 
 
 APPLIED_MARK = r'\A\{\s*"ranks": '  # how an applied record begins (the only file `--applied` may replace)
@@ -462,7 +463,7 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
                 on_warning(line)
         env = {**os.environ, **planned, **(extra_env or {})}
         try:
-            code, ended = run_command(cmd, env)
+            code, ended, stop = run_command(cmd, env)
         except OSError as e:  # found and executable (check_command), yet the system cannot start it
             raise UserError(_exec_failure(cmd[0], e)) from None
         if ended and on_warning:
@@ -476,7 +477,7 @@ def apply(plan: Plan, plan_path: Path, cmd: list[str], applied_json: Path | None
             unwritten = str(e)
         except OSError as e:  # ... or the disk filled up
             unwritten = f"cannot write {applied_json}: {e.strerror or e}"
-    return ApplyResult(code, applied_json, ranks, unwritten)
+    return ApplyResult(code, applied_json, ranks, unwritten, stop)
 
 
 def default_applied_path(plan: Plan, plan_path: Path) -> Path:
@@ -577,7 +578,7 @@ def _reap(pids: list[int]) -> bool:
     return running
 
 
-def run_command(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
+def run_command(cmd: list[str], env: dict[str, str]) -> tuple[int, int, KeyboardInterrupt | None]:
     """Run the command and return its exit status as a shell reports it (killed by signal N:
     128 + N). A stop signal sent to lagom-tune alone (SIGTERM, SIGHUP, and SIGINT sent by a process:
     ``kill -INT``, ``timeout -s INT``) is passed on to it; Ctrl-C, which the terminal sends its
@@ -586,7 +587,8 @@ def run_command(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
     running ended (:func:`_end_orphans`; on Linux, where this process adopts them).
 
     Returns:
-        The exit status, and how many processes the command left running were ended.
+        The exit status, how many processes the command left running were ended, and the stop
+        that ended the wait (passed on as above), if one did.
     """
     # SIGINT blocked from before the command starts, the command started with the mask lagom-tune
     # had: one sent between the two stays pending for _wait to read its sender (blocked only in
@@ -605,15 +607,16 @@ def run_command(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
             _adopt_orphans(False)
         raise
     try:
+        stop = None
         try:
             code = _wait(proc)
         except KeyboardInterrupt as e:
-            code = _wait_grace(proc, e)
+            code, stop = _wait_grace(proc, e), e
         ended = _end_orphans(spare) if code < 0 and adopted else 0
     finally:  # only while the command runs: a caller in-process (a test run) keeps its own orphans' fate
         if adopted:
             _adopt_orphans(False)
-    return (code if code >= 0 else 128 - code), ended
+    return (code if code >= 0 else 128 - code), ended, stop
 
 
 def _wait_grace(proc: subprocess.Popen, stop: KeyboardInterrupt) -> int:

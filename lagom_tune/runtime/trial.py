@@ -131,7 +131,7 @@ def sets_nothing(plan: Plan) -> bool:
 
 
 def timed_run(cmd: list[str], plan: Plan | None = None, plan_path: Path | None = None,
-              on_warning: Callable[[str], None] | None = None) -> tuple[int, dict[str, list[float]]]:
+              on_warning: Callable[[str], None] | None = None) -> tuple[int, dict[str, list[float]], KeyboardInterrupt | None]:
     """Run ``cmd`` once with the step clock in every Python process: under the plan as ``apply``
     runs it, or with nothing set (the defaults) when ``plan`` is None.
 
@@ -140,14 +140,16 @@ def timed_run(cmd: list[str], plan: Plan | None = None, plan_path: Path | None =
         plan, plan_path: the plan and its file, or None.
         on_warning: called with each line on what of the plan will not reach the command.
     Returns:
-        The command's exit status, and each rank's step end times (``steps.read_steps``).
+        The command's exit status, each rank's step end times (``steps.read_steps``), and the stop
+        signal passed on to the command while it ran, if one was (``launch.run_command``).
     """
     with tempfile.TemporaryDirectory(prefix="lagom-steps-") as folder:
         if plan is not None:
-            code = apply(plan, plan_path, cmd, on_warning=on_warning, extra_env={STEPS_ENV: folder}).exit_code
+            result = apply(plan, plan_path, cmd, on_warning=on_warning, extra_env={STEPS_ENV: folder})
+            code, stop = result.exit_code, result.stop
         else:
-            code = run_command(cmd, {**os.environ, "PYTHONPATH": site_pythonpath(os.environ), STEPS_ENV: folder})[0]
-        return code, read_steps(folder)
+            code, _, stop = run_command(cmd, {**os.environ, "PYTHONPATH": site_pythonpath(os.environ), STEPS_ENV: folder})
+        return code, read_steps(folder), stop
 
 
 def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: int, out: Path | None = None,
@@ -171,6 +173,7 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
         UserError: bad arguments, a plan that does not fit the machine, a run in which no process
             stepped an optimizer (or too few steps to time).
         RunError: a run that failed (its exit status said); the runs before it stay recorded.
+        KeyboardInterrupt: a stop signal (passed on to the command, which then ended); so do they.
     """
     if not 1 <= rounds <= MAX_ROUNDS:
         raise UserError(f"--rounds: expected 1 to {MAX_ROUNDS}, got {rounds}")
@@ -199,8 +202,10 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
               "same_settings": same, "runs": []}
     runs: list[TrialRun] = []
     for r, arm in interleaved(ARMS, rounds):
-        code, steps = timed_run(cmd, plan if arm == "plan" else None, plan_path, warn_once)
+        code, steps, stop = timed_run(cmd, plan if arm == "plan" else None, plan_path, warn_once)
         where = f"round {r + 1}, {arm} run"
+        if stop is not None:  # the command had it too: the trial ends with the runs it finished recorded
+            raise stop
         if code != 0:
             raise RunError(f"{where}: the command exited with status {code}", f"{len(runs)} earlier run(s) are in {out}" if runs else "")
         runs.append(TrialRun.of(r + 1, arm, steps, warmup, where))
