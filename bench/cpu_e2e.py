@@ -78,11 +78,12 @@ def main() -> None:
 
     plan = load_plan(args.plan)
     with tempfile.TemporaryDirectory() as tmp:
-        runs, reading, _ = run_trial(plan, args.plan, training(args.steps, args.ranks), args.rounds, WARMUP, Path(tmp) / "trial.json",
+        record, _ = run_trial(plan, args.plan, training(args.steps, args.ranks), args.rounds, WARMUP, Path(tmp) / "trial.json",
                                      on_run=lambda r: print(f"round {r.round}/{args.rounds} {r.arm:8s} {r.step_ms:.2f} ms a step", flush=True),
                                      on_warning=lambda line: print(f"lagom-tune: {line}", flush=True))
-    default_of = {r.round: r.step_ms for r in runs if r.arm == "default"}
-    per_round = [default_of[r.round] / r.step_ms for r in runs if r.arm == "plan"]
+    reading = record.reading()
+    default_of = {r.round: r.step_ms for r in record.runs if r.arm == "default"}
+    per_round = [default_of[r.round] / r.step_ms for r in record.runs if r.arm == "plan"]
     lines = [
         "# CPU end to end: example training, default vs plan (measured)",
         "",

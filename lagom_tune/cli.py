@@ -29,7 +29,7 @@ from lagom_tune.profile.summary import collective_summary
 from lagom_tune.report import write_report
 from lagom_tune.runtime import launch
 from lagom_tune.runtime.shim import check_no_plan_in_effect
-from lagom_tune.runtime.trial import MAX_ROUNDS, run_trial
+from lagom_tune.runtime.trial import KIND as TRIAL_KIND, MAX_ROUNDS, TrialRecord, run_trial
 from lagom_tune.search import DEFAULT_MIN_GAIN
 from lagom_tune.workload.presets import GPUS_PER_NODE, MAX_MBS, MAX_SEQ, PRESETS, resolve_workload
 from lagom_tune.workload.spec import FILE_MARK as WORKLOAD_FILE_MARK, Workload
@@ -398,10 +398,10 @@ def trial(
     def say(line: str, style: str = "dim") -> None:
         out_console.print(f"[lagom-tune] {line}", style=style, highlight=False, markup=False)
 
-    runs, reading, path = run_trial(plan, plan_file, cmd, rounds, warmup, out,
-                                    on_run=lambda run: say(render.trial_run_line(run, rounds), "bold"),
-                                    on_warning=lambda line: say(line, "yellow"), on_note=lambda n: say(f"check: {n}"))
-    for item in render.trial_summary(runs, reading):
+    record, path = run_trial(plan, plan_file, cmd, rounds, warmup, out,
+                             on_run=lambda run: say(render.trial_run_line(run, rounds), "bold"),
+                             on_warning=lambda line: say(line, "yellow"), on_note=lambda n: say(f"check: {n}"))
+    for item in render.trial_summary(record):
         out_console.print(item)
     say(f"recorded in {path}")
 
@@ -445,7 +445,14 @@ def show(
         raise UserError(f"file not found: {target}, nor a preset (see `lagom-tune workload list`) or a run folder")
     data = read_yaml(path, "file")
     kind = data.get("kind") if isinstance(data, dict) else None
-    if kind == "lagom-plan":
+    if kind == TRIAL_KIND:
+        record = TrialRecord.from_dict(data, str(path))
+        if as_json:
+            print(json.dumps(record.to_dict(), indent=1))
+            return
+        for item in render.trial_summary(record):
+            render.console.print(item)
+    elif kind == "lagom-plan":
         plan = Plan.from_dict(data, str(path))
         if as_json:
             print(json.dumps(plan.to_dict(), indent=1))
@@ -456,7 +463,7 @@ def show(
         w = Workload.from_dict(data, str(path))
         _print_workload(w, as_json)
     else:
-        raise UserError(f"{path}: not a plan, workload or run folder (kind: {kind!r})")
+        raise UserError(f"{path}: not a plan, workload, trial record or run folder (kind: {kind!r})")
 
 
 @app.command()

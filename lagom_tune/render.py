@@ -19,7 +19,7 @@ from lagom_tune.plan.schema import Plan
 from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.runtime.launch import describe, export_lines
 from lagom_tune.runtime.nccl import RULES_ENV, communicator_configs
-from lagom_tune.runtime.trial import TrialReading, TrialRun
+from lagom_tune.runtime.trial import TrialRecord, TrialRun
 from lagom_tune.search import TIE_TOLERANCE
 from lagom_tune.search.result import SearchResult
 from lagom_tune.workload.spec import Collective, Gemm, Workload
@@ -545,21 +545,25 @@ def trial_run_line(run: TrialRun, rounds: int) -> str:
             f"(mean after the warm-up, slowest of {run.ranks} process(es), {run.steps} steps)")
 
 
-def trial_summary(runs: list[TrialRun], reading: TrialReading) -> list[Any]:
-    """What ``trial`` prints at the end: each arm's step times and the speed-up with its interval.
+def trial_summary(record: TrialRecord) -> list[Any]:
+    """What ``trial`` prints at the end, and ``show`` of a trial record: each arm's step times and
+    the speed-up with its interval (a trial stopped midway: the rounds it finished).
 
     Args:
-        runs: the trial's runs.
-        reading: their reading.
+        record: the trial.
     Returns:
-        A table and the verdict's line.
+        A table and the lines under it.
     """
-    t = Table(title="trial: your command's step time (measured)", title_justify="left")
+    reading = record.reading()
+    t = Table(title=f"trial: your command's step time (measured, {escape(record.host)}, {record.date})", title_justify="left")
     for col in ("settings", "runs", "median step ms", "fastest", "slowest"):
         t.add_column(col, justify="left" if col == "settings" else "right")
     for arm, ms in reading.step_ms.items():
         low, high = reading.spread_ms[arm]
-        t.add_row(arm, str(sum(r.arm == arm for r in runs)), ms_text(ms), ms_text(low), ms_text(high))
-    line = (f"speed-up (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, "
-            f"{CI_LEVEL:.0%} interval {reading.low:.3f}–{reading.high:.3f}×: [bold]{escape(reading.verdict)}[/]")
-    return [t, line]
+        t.add_row(arm, str(sum(r.arm == arm for r in record.runs)), ms_text(ms), ms_text(low), ms_text(high))
+    out: list[Any] = [t, f"speed-up (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, "
+                         f"{CI_LEVEL:.0%} interval {reading.low:.3f}–{reading.high:.3f}×: [bold]{escape(reading.verdict)}[/]"]
+    if not record.complete:
+        out.append(f"[yellow]stopped after {len(record.runs)} of {record.planned_runs} runs[/]: the reading is of the rounds that ran both")
+    out.append(f"command: {escape(record.command)} · warm-up {record.warmup} steps · plan {escape(record.plan)}")
+    return out

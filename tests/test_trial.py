@@ -107,6 +107,30 @@ def test_trial_measures_the_plan_against_the_defaults_and_records_every_run(scri
     assert "the plan is faster" in r.stderr and "round 2/2 default" in r.stderr
     # the plan's runs are apply's: the rank's record of what it applied, as apply writes it
     assert "threads" in json.dumps(json.loads((tmp_path / "applied.json").read_text())["ranks"]["0"]["records"])
+    shown = cli("show", tmp_path / "trial.json", check=True).stdout  # the record read back, its reading made again
+    assert "the plan is faster" in shown and f"{record['reading']['speedup']:.3f}×" in shown
+    assert json.loads(cli("show", tmp_path / "trial.json", "--json", check=True).stdout) == record
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda d: d["runs"][0].update(step_ms=-1.0), r"runs\[0\].step_ms: must be >= "),
+    (lambda d: d["runs"][1].update(arm="tuned"), r"runs\[1\].arm: 'tuned' is not one of default, plan"),
+    (lambda d: d.update(schema_version=9), "unknown version 9"),
+    (lambda d: d.update(wamrup=2), "did you mean 'warmup'"),
+    (lambda d: d.update(runs=d["runs"][:1]), "no round ran both the defaults and the plan"),
+])
+def test_a_trial_record_that_trial_did_not_write_is_refused_by_show(tmp_path, edit, said):
+    from lagom_tune.runtime.trial import TrialRecord
+
+    record = TrialRecord("/p.yaml", "python t.py", "2026-12-05", "vm", 1, 2, False,
+                         (TrialRun(1, "default", 110.0, 10, 1), TrialRun(1, "plan", 100.0, 10, 1)))
+    d = record.to_dict()
+    assert TrialRecord.from_dict(json.loads(json.dumps(d)), "t.json") == record
+    edit(d)
+    path = tmp_path / "trial.json"
+    path.write_text(json.dumps(d))
+    r = cli("show", path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and __import__("re").search(said, r.stderr), r.stderr
 
 
 def test_a_failing_run_stops_the_trial_and_keeps_the_runs_before_it(script, tmp_path):

@@ -18,10 +18,11 @@ import platform
 import shlex
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
+from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.comparison import CI_LEVEL, interleaved, ratio_interval, verdict
 from lagom_tune.errors import RunError, UserError
@@ -119,6 +120,85 @@ def read_trial(runs: list[TrialRun], same_settings: bool) -> TrialReading:
                         speedup, low, high, verdict(low, high, same_settings))
 
 
+@dataclass(frozen=True)
+class TrialRecord:
+    """A trial as ``trial.json`` holds it (written after every run; ``reading`` is added once the
+    rounds are done and is read again from the runs on load, never taken from the file).
+
+    Attributes:
+        plan: the plan file's absolute path.
+        command: the command, as a shell would read it.
+        date, host: when and where it ran.
+        rounds: rounds asked for.
+        warmup: steps left out of each run's timing.
+        same_settings: whether the plan keeps the defaults.
+        runs: the runs finished, in the order they ran.
+    """
+
+    plan: str
+    command: str
+    date: str
+    host: str
+    rounds: int
+    warmup: int
+    same_settings: bool
+    runs: tuple[TrialRun, ...] = ()
+
+    @property
+    def planned_runs(self) -> int:
+        """Runs of every round, every arm."""
+        return self.rounds * len(ARMS)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every run of every round was recorded."""
+        return len(self.runs) == self.planned_runs
+
+    def reading(self) -> TrialReading:
+        """What the runs say (:func:`read_trial`)."""
+        return read_trial(list(self.runs), self.same_settings)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": KIND, "schema_version": SCHEMA_VERSION, **asdict(self), "runs": [asdict(r) for r in self.runs]}
+        if self.complete:
+            d["reading"] = {**asdict(self.reading()), "ci_level": CI_LEVEL}
+        return d
+
+    def save(self, path: Path) -> None:
+        """Write the record atomically (a trial stopped midway leaves the last whole one)."""
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], path: str) -> TrialRecord:
+        """A loaded ``trial.json``, checked field by field.
+
+        Args:
+            d: the loaded file.
+            path: the file, for errors.
+        Returns:
+            The record.
+        Raises:
+            UserError: naming the first field that is not what ``trial`` writes.
+        """
+        v.known_keys(v.document(d, path, "trial record"), ("kind", "schema_version", *RECORD_FIELDS, "reading"), path)
+        v.one_of(d.get("kind"), (KIND,), f"{path}.kind")
+        v.schema_version(d, path, SCHEMA_VERSION)
+        runs = []
+        for i, run in enumerate(v.seq(v.field(d, "runs", path, list), f"{path}.runs")):
+            where = f"{path}.runs[{i}]"
+            run = v.known_keys(v.mapping(run, where), RUN_FIELDS, where)
+            runs.append(TrialRun(v.field(run, "round", where, int, minimum=1, maximum=MAX_ROUNDS), v.one_of(run.get("arm"), ARMS, f"{where}.arm"),
+                                 v.field(run, "step_ms", where, float, minimum=v.POSITIVE), v.field(run, "steps", where, int, minimum=2),
+                                 v.field(run, "ranks", where, int, minimum=1)))
+        return cls(v.field(d, "plan", path, str), v.field(d, "command", path, str), v.field(d, "date", path, str),
+                   v.field(d, "host", path, str), v.field(d, "rounds", path, int, minimum=1, maximum=MAX_ROUNDS),
+                   v.field(d, "warmup", path, int, minimum=0), v.field(d, "same_settings", path, bool), tuple(runs))
+
+
+RECORD_FIELDS = tuple(f.name for f in fields(TrialRecord))
+RUN_FIELDS = tuple(f.name for f in fields(TrialRun))
+
+
 def sets_nothing(plan: Plan) -> bool:
     """Whether the plan keeps every default (so both arms of a trial run the same settings).
 
@@ -154,7 +234,7 @@ def timed_run(cmd: list[str], plan: Plan | None = None, plan_path: Path | None =
 
 def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: int, out: Path | None = None,
               on_run: Callable[[TrialRun], None] | None = None, on_warning: Callable[[str], None] | None = None,
-              on_note: Callable[[str], None] | None = None) -> tuple[list[TrialRun], TrialReading, Path]:
+              on_note: Callable[[str], None] | None = None) -> tuple[TrialRecord, Path]:
     """Run ``cmd`` ``rounds`` times with the defaults and with the plan, interleaved, each round in
     the reverse order of the one before; record every run as it ends.
 
@@ -168,7 +248,7 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
         on_warning: called once with each line on what of the plan will not reach the command.
         on_note: called with each check made against the machine before the first run.
     Returns:
-        The runs, their reading, and where they were recorded.
+        The record (``reading()`` says what its runs show) and where it was written.
     Raises:
         UserError: bad arguments, a plan that does not fit the machine, a run in which no process
             stepped an optimizer (or too few steps to time).
@@ -196,25 +276,19 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
             warned.add(line)
             on_warning(line)
 
-    same = sets_nothing(plan)
-    record = {"kind": KIND, "schema_version": SCHEMA_VERSION, "plan": str(plan_path.resolve()), "command": shlex.join(cmd),
-              "date": datetime.date.today().isoformat(), "host": platform.node(), "rounds": rounds, "warmup": warmup,
-              "same_settings": same, "runs": []}
-    runs: list[TrialRun] = []
+    record = TrialRecord(str(plan_path.resolve()), shlex.join(cmd), datetime.date.today().isoformat(), platform.node(), rounds,
+                         warmup, sets_nothing(plan))
     for r, arm in interleaved(ARMS, rounds):
         code, steps, stop = timed_run(cmd, plan if arm == "plan" else None, plan_path, warn_once)
         where = f"round {r + 1}, {arm} run"
         if stop is not None:  # the command had it too: the trial ends with the runs it finished recorded
             raise stop
         if code != 0:
-            raise RunError(f"{where}: the command exited with status {code}", f"{len(runs)} earlier run(s) are in {out}" if runs else "")
-        runs.append(TrialRun.of(r + 1, arm, steps, warmup, where))
-        record["runs"] = [asdict(run) for run in runs]
-        atomic_write_text(out, json.dumps(record, indent=1))
+            raise RunError(f"{where}: the command exited with status {code}",
+                           f"{len(record.runs)} earlier run(s) are in {out}" if record.runs else "")
+        record = replace(record, runs=record.runs + (TrialRun.of(r + 1, arm, steps, warmup, where),))
+        record.save(out)
         if on_run:
-            on_run(runs[-1])
-    reading = read_trial(runs, same)
-    record["reading"] = {**asdict(reading), "ci_level": CI_LEVEL}
-    atomic_write_text(out, json.dumps(record, indent=1))
-    return runs, reading, out
+            on_run(record.runs[-1])
+    return record, out
 
