@@ -118,6 +118,9 @@ def test_trial_measures_the_plan_against_the_defaults_and_records_every_run(scri
     (lambda d: d.update(schema_version=9), "unknown version 9"),
     (lambda d: d.update(wamrup=2), "did you mean 'warmup'"),
     (lambda d: d.update(runs=d["runs"][:1]), "no round ran both the defaults and the plan"),
+    (lambda d: d["runs"][1].update(round=2), r"runs\[1\].round: must be <= 1"),  # a 1-round trial
+    (lambda d: d["runs"].append(dict(d["runs"][0])), r"runs\[2\]: round 1's default run is recorded twice"),
+    (lambda d: d["runs"][0].update(steps=3), r"runs\[0\].steps: must be >= 4"),  # warm-up 2: no step timed in 3
 ])
 def test_a_trial_record_that_trial_did_not_write_is_refused_by_show(tmp_path, edit, said):
     from lagom_tune.runtime.trial import TrialRecord

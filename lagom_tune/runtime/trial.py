@@ -183,16 +183,20 @@ class TrialRecord:
         v.known_keys(v.document(d, path, "trial record"), ("kind", "schema_version", *RECORD_FIELDS, "reading"), path)
         v.one_of(d.get("kind"), (KIND,), f"{path}.kind")
         v.schema_version(d, path, SCHEMA_VERSION)
-        runs = []
+        rounds = v.field(d, "rounds", path, int, minimum=1, maximum=MAX_ROUNDS)
+        warmup = v.field(d, "warmup", path, int, minimum=0)
+        runs: list[TrialRun] = []
         for i, run in enumerate(v.seq(v.field(d, "runs", path, list), f"{path}.runs")):
             where = f"{path}.runs[{i}]"
             run = v.known_keys(v.mapping(run, where), RUN_FIELDS, where)
-            runs.append(TrialRun(v.field(run, "round", where, int, minimum=1, maximum=MAX_ROUNDS), v.one_of(run.get("arm"), ARMS, f"{where}.arm"),
-                                 v.field(run, "step_ms", where, float, minimum=v.POSITIVE), v.field(run, "steps", where, int, minimum=2),
+            runs.append(TrialRun(v.field(run, "round", where, int, minimum=1, maximum=rounds), v.one_of(run.get("arm"), ARMS, f"{where}.arm"),
+                                 v.field(run, "step_ms", where, float, minimum=v.POSITIVE),
+                                 v.field(run, "steps", where, int, minimum=warmup + 2),  # fewer times no step (step_seconds)
                                  v.field(run, "ranks", where, int, minimum=1)))
+            if any((r.round, r.arm) == (runs[-1].round, runs[-1].arm) for r in runs[:-1]):
+                raise UserError(f"{where}: round {runs[-1].round}'s {runs[-1].arm} run is recorded twice")
         return cls(v.field(d, "plan", path, str), v.field(d, "command", path, str), v.field(d, "date", path, str),
-                   v.field(d, "host", path, str), v.field(d, "rounds", path, int, minimum=1, maximum=MAX_ROUNDS),
-                   v.field(d, "warmup", path, int, minimum=0), v.field(d, "same_settings", path, bool), tuple(runs))
+                   v.field(d, "host", path, str), rounds, warmup, v.field(d, "same_settings", path, bool), tuple(runs))
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(TrialRecord))
