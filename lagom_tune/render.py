@@ -563,6 +563,8 @@ def trial_summary(record: TrialRecord) -> list[Any]:
         t.add_row(arm, str(sum(r.arm == arm for r in record.runs)), ms_text(ms), ms_text(low), ms_text(high))
     out: list[Any] = [t, f"speed-up (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, "
                          f"{CI_LEVEL:.0%} interval {reading.low:.3f}–{reading.high:.3f}×: [bold]{escape(reading.verdict)}[/]"]
+    if not record.same_settings and reading.low <= 1.0 <= reading.high:
+        out.append("the interval holds 1: more rounds (--rounds) narrow it, if the difference is there to find")
     if not record.complete:
         out.append(f"[yellow]stopped after {len(record.runs)} of {record.planned_runs} runs[/]: the reading is of the rounds that ran both")
     out.append(f"command: {escape(record.command)} · warm-up {record.warmup} steps · plan {escape(record.plan)}")
