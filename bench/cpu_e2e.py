@@ -30,7 +30,7 @@ from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import Plan, load_plan
 from lagom_tune.render import flat_settings
 from lagom_tune.runtime.shim import ddp_role_of
-from lagom_tune.runtime.trial import TrialRun, run_trial, sets_nothing, timed_run
+from lagom_tune.runtime.trial import run_trial, slowest_step_ms, timed_run
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -60,7 +60,7 @@ def measure_grid(plan_path: Path, steps: int, ranks: int) -> dict[int, float]:
             code, steps_seen, _ = timed_run(training(steps, ranks), variant, path)
             if code:
                 sys.exit(f"the example failed under bucket_cap_mb={cap} (exit status {code})")
-            out[cap] = TrialRun.of(1, "plan", steps_seen, WARMUP, f"bucket_cap_mb={cap}").step_ms
+            out[cap] = slowest_step_ms(steps_seen, WARMUP, f"bucket_cap_mb={cap}")[0]
             print(f"grid bucket_cap_mb={cap:3d}: {out[cap]:.2f} ms", flush=True)
     return out
 
@@ -103,7 +103,7 @@ def main() -> None:
     lines += ["", f"**speedup (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, {CI_LEVEL:.0%} bootstrap "
                   f"interval {reading.low:.3f}–{reading.high:.3f}×** (per-round ratios {min(per_round):.3f}–{max(per_round):.3f}; "
                   f"ratio of the medians {ratio:.3f}×): **{reading.verdict}**", ""]
-    if sets_nothing(plan):
+    if record.same_settings:
         lines += ["The plan keeps the default settings (the model predicts no gain), so the two rows run the same",
                   "configuration and their difference is run-to-run noise on this machine.", ""]
     if args.grid:

@@ -32,6 +32,7 @@ from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
 from lagom_tune.runtime.after_import import when_imported
 from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, match_role, plan_roles
+from lagom_tune.runtime.ranks import process_rank
 from lagom_tune.workload.bucketing import DDP_DEFAULT_CAP_MB
 from lagom_tune.workload.spec import mesh_dim_of
 
@@ -140,14 +141,7 @@ class Shim:
 
     @property
     def rank(self) -> str:
-        if "RANK" in os.environ:
-            return os.environ["RANK"]
-        if self.joined_rank is not None and self.joined_rank >= 0:
-            return str(self.joined_rank)
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return str(dist.get_rank())
-        return f"pid{os.getpid()}"
+        return process_rank(self.joined_rank)
 
     @property
     def is_rank(self) -> bool:

@@ -29,6 +29,7 @@ from typing import Any
 from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.errors import UserError
 from lagom_tune.runtime.after_import import when_imported
+from lagom_tune.runtime.ranks import process_rank
 
 STEPS_ENV = "LAGOM_TUNE_STEPS_DIR"  # the folder each process of a timed run writes its step times to
 FLUSH_S = 5.0  # a stepping process rewrites its file at most this often (and at exit)
@@ -56,22 +57,12 @@ class StepClock:
             return
         self.written = time.perf_counter()
         times = max(self.times.values(), key=len)  # the first of the most stepped: dicts keep insertion order
-        record = {"rank": _rank(), "pid": os.getpid(), "times": [round(t - times[0], 7) for t in times]}
+        record = {"rank": process_rank(), "pid": os.getpid(), "times": [round(t - times[0], 7) for t in times]}
         try:
             atomic_write_text(Path(self.folder) / f"steps-{record['rank']}.{os.getpid()}.json", json.dumps(record))
         except (UserError, OSError) as e:  # a full disk must not end the user's training: say so once, go on
             sys.stderr.write(f"[lagom-tune] step times not recorded in pid {os.getpid()} ({e}); the training goes on\n")
             self.times.clear()
-
-
-def _rank() -> str:
-    """This process's rank: torchrun's ``RANK``, else the rank it joined a process group as, else ``pidN``."""
-    if "RANK" in os.environ:
-        return os.environ["RANK"]
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return str(dist.get_rank())
-    return f"pid{os.getpid()}"
 
 
 def install_step_clock(folder: str) -> StepClock:

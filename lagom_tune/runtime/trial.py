@@ -59,22 +59,29 @@ class TrialRun:
 
     @classmethod
     def of(cls, round: int, arm: str, steps: dict[str, list[float]], warmup: int, where: str) -> TrialRun:
-        """A run from its processes' step times (:func:`timed_run`).
+        """A run from its processes' step times (:func:`timed_run`; :func:`slowest_step_ms`)."""
+        ms, slowest = slowest_step_ms(steps, warmup, where)
+        return cls(round, arm, ms, len(steps[slowest]), len(steps))
 
-        Args:
-            round, arm: which run it was.
-            steps: each rank's step end times.
-            warmup: steps left out before the timing starts.
-            where: the run, for the error ("round 1, default run").
-        Raises:
-            UserError: no process stepped an optimizer, or too few steps to time.
-        """
-        if not steps:
-            raise UserError(f"{where}: no process stepped an optimizer; `trial` times a run by torch.optim's step hook, "
-                            "so the command must train with a torch.optim optimizer in Python processes it starts")
-        timed = {rank: step_seconds(times, warmup) for rank, times in steps.items()}
-        slowest = max(timed, key=timed.get)
-        return cls(round, arm, ms_round(timed[slowest] * 1e3), len(steps[slowest]), len(steps))
+
+def slowest_step_ms(steps: dict[str, list[float]], warmup: int, where: str) -> tuple[float, str]:
+    """A run's step time: its slowest rank's mean step after ``warmup`` steps.
+
+    Args:
+        steps: each rank's step end times (:func:`timed_run`).
+        warmup: steps left out before the timing starts.
+        where: the run, for the error ("round 1, default run").
+    Returns:
+        The milliseconds (as ``precision.ms_round`` keeps them) and that rank.
+    Raises:
+        UserError: no process stepped an optimizer, or too few steps to time.
+    """
+    if not steps:
+        raise UserError(f"{where}: no process stepped an optimizer; `trial` times a run by torch.optim's step hook, "
+                        "so the command must train with a torch.optim optimizer in Python processes it starts")
+    timed = {rank: step_seconds(times, warmup) for rank, times in steps.items()}
+    slowest = max(timed, key=timed.get)
+    return ms_round(timed[slowest] * 1e3), slowest
 
 
 @dataclass(frozen=True)
