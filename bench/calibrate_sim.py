@@ -61,7 +61,7 @@ import pandas as pd
 
 from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.base import bus_factor
-from lagom_tune.backends.nccl_knobs import nccl_knob_space
+from lagom_tune.backends.nccl_knobs import cluster_knob_space
 from lagom_tune.backends.sim import SimCluster
 from lagom_tune.backends.sim_clusters import CLUSTERS, GB, Cluster, MemoryCalibration
 from lagom_tune.backends.sim_comm import REFERENCE_BUSBW
@@ -93,7 +93,7 @@ def autoccl_gains(c: Cluster) -> list[float]:
     all-reduces, all-gathers and reduce-scatters (64 and 256 MiB) of one node of 8 ``c`` GPUs,
     the whole knob space searched (an upper bound on what AutoCCL's coordinate descent finds)."""
     sim = SimCluster(c)
-    space = nccl_knob_space(c.max_channels, c.default_channels, nvls=c.nvls)
+    space = cluster_knob_space(c)
     gains = []
     for op, nbytes in itertools.product(("all_reduce", "all_gather", "reduce_scatter"), (64 << 20, 256 << 20)):
         valid = (dict(zip(KNOBS, v)) for v in itertools.product(*(space[n].domain_for({op}) for n in KNOBS)))
@@ -107,7 +107,7 @@ def ring_busbw(c: Cluster, op: str) -> float:
     kind was timed (:data:`~lagom_tune.backends.sim_comm.REFERENCE_BUSBW`: its GPUs and size), on
     the ring with NCCL's other defaults."""
     ref = REFERENCE_BUSBW[c.name]
-    settings = {**nccl_knob_space(c.max_channels, c.default_channels, nvls=c.nvls).defaults(op), "algo": "ring"}
+    settings = {**cluster_knob_space(c).defaults(op), "algo": "ring"}
     return ref.nbytes * bus_factor(op, ref.ranks) / SimCluster(c).comm_time(op, ref.nbytes, ref.ranks, 1, settings)
 
 

@@ -12,7 +12,8 @@ from typing import Any
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace, Settings
 from lagom_tune.model.contention import CostModel, load_model, stale_reason
-from lagom_tune.plan.schema import MAX_ITERATION_MS, SEARCH_OPTIONS, CollectiveRule, Plan, knob_space_for
+from lagom_tune.plan.schema import (HARDWARE_COUNTS, HARDWARE_NAMES, HARDWARE_OFFERS, MAX_ITERATION_MS, SEARCH_OPTIONS,
+                                    CollectiveRule, Plan, knob_space_for)
 from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.profile.store import open_run
 from lagom_tune.search.replay import validate
@@ -100,7 +101,8 @@ def changed_settings(chosen: Settings, default: Settings) -> Settings:
     """``chosen``'s process and communicator settings where they differ from ``default``'s (its
     collectives' as they are: :func:`collective_rules` leaves out the roles it did not change). A
     knob the search left at the default is left to NCCL, as a plan that keeps every default leaves
-    them all: ``NCCL_NTHREADS=512`` pinned also LL128's 640 threads (an audit, 2026-12-04).
+    them all: a pinned ``NCCL_NTHREADS=512`` overrides NCCL's own 256 for the ring's Simple protocol
+    where GPUs talk over PCIe (an audit, 2026-12-04).
 
     Args:
         chosen: the settings the search chose.
@@ -114,6 +116,18 @@ def changed_settings(chosen: Settings, default: Settings) -> Settings:
     communicators = {role: changed(s, default.communicators.get(role, {})) for role, s in chosen.communicators.items()}
     return Settings(changed(chosen.process, default.process), {role: s for role, s in communicators.items() if s},
                     chosen.collectives)
+
+
+def plan_hardware(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """What a plan records of the machine it was made for: names, counts and what NCCL offered
+    there (NVLS, LL128), which ``apply`` checks and its knob values are held to.
+
+    Args:
+        fingerprint: the run folder's fingerprint.
+    Returns:
+        The plan's ``target.hardware``.
+    """
+    return {k: fingerprint[k] for k in HARDWARE_NAMES + HARDWARE_COUNTS + HARDWARE_OFFERS if k in fingerprint}
 
 
 def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
@@ -131,13 +145,12 @@ def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
     # as the model knows them (NCCL's: ring, simple, 16 channels), and pinning those would override
     # what the backend really picks (NVLS, tree, more channels), which "the defaults" means.
     keeps_defaults = chosen.settings.key == outcome.default.settings.key
-    hardware = {k: fp[k] for k in ("device", "cores", "gpu", "sms", "cluster", "max_channels") if k in fp}
     return Plan(
         backend=fp["backend"],
         simulated=inputs.simulated,
         world_size=int(fp.get("ranks", workload.world_size)),
         nodes=int(fp.get("nodes", 1)),
-        hardware=hardware,
+        hardware=plan_hardware(fp),
         groups={c.group: c.ranks for c in workload.collectives()},
         settings=Settings() if keeps_defaults else changed_settings(chosen.settings, outcome.default.settings),
         rules=() if keeps_defaults else collective_rules(workload, outcome),

@@ -25,7 +25,7 @@ def test_nvls_is_an_all_reduce_algorithm_within_one_node_on_nvswitch_hoppers_onl
     assert "nvls" not in algo.domain_for({"all_reduce"}, nodes=2)  # NVLS_TREE across nodes is not offered
     assert "nvls" not in algo.domain_for({"all_gather"}, nodes=1)
     assert "nvls" not in knob_space_from_fingerprint({"cluster": "a100-nvlink"})["algo"].domain
-    # the nccl backend measures no NVLS; the widest space (a plan of any machine) holds it
+    # a nccl fingerprint that does not say NCCL offered NVLS (profiles before 2026-12-03) offers none; the widest space holds it
     assert "nvls" not in knob_space_from_fingerprint({"max_channels": 32, "default_channels": 16})["algo"].domain
     assert "nvls" in knob_space_from_fingerprint({})["algo"].domain
 
@@ -186,3 +186,23 @@ def test_optuna_never_draws_settings_nccl_cannot_run(tmp_path):
     again = optuna_search(_Recording(w, _Flat(), HOPPER), vars_, n_trials=80, seed=0, storage=storage, study_name="s",
                           enqueue_lagom=False)
     assert again.extra["trials"] == 80 and math.isfinite(again.evaluation.iteration_s)
+
+
+def test_a_plan_made_on_nvswitch_hoppers_keeps_its_nvls_rule():
+    """A plan records what NCCL offered where it was profiled: its NVLS rule was read back against
+    the channel bounds alone, where NVLS is not offered, and the plan could not be written."""
+    from lagom_tune.planning import plan_hardware
+
+    fingerprint = {"backend": "nccl", "gpu": "NVIDIA H200", "device": "NVIDIA H200", "sms": 132, "max_channels": 64,
+                   "default_channels": 16, "nvls": True, "ll128": True, "ranks": 8, "nodes": 1, "driver": "580"}
+    d = {"schema_version": 1, "kind": "lagom-plan",
+         "target": {"backend": "nccl", "world_size": 8, "groups": {"tp": 8}, "hardware": plan_hardware(fingerprint)},
+         "process": {}, "communicators": {},
+         "collectives": [{"match": {"op": "all_reduce", "group": "tp"}, "set": {"algo": "nvls", "proto": "simple", "channels": 16}}]}
+    plan = Plan.from_dict(copy.deepcopy(d))
+    assert plan.hardware == {"gpu": "NVIDIA H200", "device": "NVIDIA H200", "sms": 132, "max_channels": 64,
+                             "nvls": True, "ll128": True}
+    Plan.from_dict(plan.to_dict())
+    d["target"]["hardware"]["nvls"] = False  # profiled where NCCL offered none
+    with pytest.raises(UserError, match=r"set.algo: 'nvls' is outside algo's domain"):
+        Plan.from_dict(d)

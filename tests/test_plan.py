@@ -91,7 +91,13 @@ def _set_rule(d: dict, **match) -> None:
     # channels beyond what the profiled GPUs offered (an A40 offers 32) reached the rules file
     (lambda d: (d["target"].update(backend="nccl"), d["target"]["hardware"].pop("cluster"), d["target"]["hardware"].update(max_channels=32)),
      r"collectives\[0\].set.channels: 64"),
-    (lambda d: d["target"]["hardware"].update(cluster="a40-pcie"), r"collectives\[0\].set.channels: 64"),
+    (lambda d: (d["target"]["hardware"].update(cluster="a40-pcie"), d["collectives"][0]["set"].update(proto="simple")),
+     r"collectives\[0\].set.channels: 64"),
+    # LL128 where NCCL does not offer it (an A40; GPUs over PCIe): the plugin could not deploy it
+    (lambda d: d["target"]["hardware"].update(cluster="a40-nvlink"), r"collectives\[0\].set.proto: 'll128' is outside proto's domain"),
+    (lambda d: (d["target"].update(backend="nccl"), d["target"]["hardware"].pop("cluster"), d["target"]["hardware"].update(ll128=False)),
+     r"collectives\[0\].set.proto: 'll128' is outside"),
+    (lambda d: d["target"]["hardware"].update(ll128="yes"), "hardware.ll128: expected bool"),
     (lambda d: d["target"]["hardware"].update(max_channels="many"), "hardware.max_channels: expected"),
     (lambda d: d["target"].update(simulated=False), "target.simulated: False, but the sim backend simulates"),  # apply ran it
     # shown as they were ("plan for [1]")

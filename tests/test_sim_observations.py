@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from lagom_tune.backends.base import BackendOptions, bus_factor, get_backend
-from lagom_tune.backends.nccl_knobs import nccl_knob_space
+from lagom_tune.backends.nccl_knobs import cluster_knob_space, nccl_knob_space
 from lagom_tune.backends.sim import CLUSTERS, SimCluster
 from lagom_tune.backends.sim_comm import NVLS_ALL_REDUCE_BUSBW, REFERENCE_BUSBW
 from lagom_tune.backends.sim_compute import Kernel, choose_kernel, gemm_run, kernel_run
@@ -111,7 +111,7 @@ def test_nccl_tests_all_reduce_at_nccl_defaults_on_hopper(cluster):
     (within 10%); the ring beside it stays near its ~370."""
     published, source = NVLS_ALL_REDUCE_BUSBW
     c = CLUSTERS[cluster]
-    defaults = nccl_knob_space(c.max_channels, c.default_channels, c.nvls).defaults("all_reduce")
+    defaults = cluster_knob_space(c).defaults("all_reduce")
     assert defaults["algo"] == "nvls"
     bw = busbw(SimCluster(c), "all_reduce", 1 << 30, 8, **defaults) * 1e9
     assert published * 0.9 <= bw <= published * 1.1, (bw / 1e9, source)

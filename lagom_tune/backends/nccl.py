@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 from lagom_tune.backends.base import BackendOptions, Point, RegisteredBackend, RowSink, reduce_ranks
 from lagom_tune.backends.gpu_timing import OPERANDS
-from lagom_tune.backends.nccl_knobs import NVLS, nccl_knob_space
+from lagom_tune.backends.nccl_knobs import NVLS, ll128_offered, nccl_knob_space
 from lagom_tune.backends.nccl_sweep import batches, plan_collective_points, plan_probe_points, worker_env
 from lagom_tune.backends.nccl_worker import WorkerSpec, worker_main
 from lagom_tune.errors import RunError, UserError
@@ -224,7 +224,15 @@ class NcclBackend(RegisteredBackend):
         sms = STANDIN_SMS if self.standin else torch.cuda.get_device_properties(self.coord.local_rank).multi_processor_count
         multicast = False if self.standin or self.mode != "multi" else multicast_supported(self.coord.local_rank)
         nvls = nvls_offered(self.coord.all_gather(multicast), self.coord.gpus_per_node, dict(os.environ))
-        self.knob_space = nccl_knob_space(min(64 if nccl is None or nccl >= (2, 25) else 32, sms // 2), nvls=nvls)
+        self.topology = _topology(self.standin)
+        if self.standin:  # its made-up GPUs offer every protocol, so the tests cover them all
+            ll128 = True
+        else:
+            capability = tuple(torch.cuda.get_device_capability(self.coord.local_rank))
+            linked = nvlink_between_gpus(self.topology)
+            ranks = self.coord.all_gather((capability, linked))
+            ll128 = ll128_offered([tuple(c) for c, _ in ranks], all(n for _, n in ranks))
+        self.knob_space = nccl_knob_space(min(64 if nccl is None or nccl >= (2, 25) else 32, sms // 2), nvls=nvls, ll128=ll128)
 
     def share(self, value: Any) -> Any:
         return self.coord.share(value)
@@ -247,9 +255,9 @@ class NcclBackend(RegisteredBackend):
                 "driver": first["driver"], "cuda": first["cuda"], "nccl": first["nccl"],
                 "torch": first["torch"], "ranks": c.world, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
                 "hosts": sorted({f["host"] for f in facts}), "host": first["host"],
-                "topology": _topology(self.standin), "max_channels": self.knob_space["channels"].domain[-1],
+                "topology": self.topology, "max_channels": self.knob_space["channels"].domain[-1],
                 "default_channels": self.knob_space["channels"].default,
-                "nvls": NVLS in self.knob_space["algo"].domain,
+                "nvls": NVLS in self.knob_space["algo"].domain, "ll128": "ll128" in self.knob_space["proto"].domain,
                 **({"standin": "cpu and gloo in place of GPUs and NCCL: a test of the orchestration, not a GPU measurement"}
                    if self.standin else {}),
             }
@@ -360,3 +368,35 @@ def plain_text(text: str) -> str:
 def _topology(standin: bool) -> str | None:
     """``nvidia-smi topo -m``: how this node's GPUs are linked (NVLink, PCIe switch, ...)."""
     return None if standin else (plain_text(_run(["nvidia-smi", "topo", "-m"])) or None)
+
+
+GPU_NAME, NVLINKS = re.compile(r"GPU\d+"), re.compile(r"NV\d+")
+
+
+def nvlink_between_gpus(topology: str | None) -> bool:
+    """Whether every pair of a node's GPUs is linked by NVLink, read from ``nvidia-smi topo -m``.
+
+    Args:
+        topology: its output (tab-separated: a header of columns, then a row per GPU whose
+            cells say how it reaches each column: ``X`` itself, ``NV<n>`` n NVLinks, ``PIX``,
+            ``PXB``, ``PHB``, ``NODE`` or ``SYS`` a PCIe path), or None where it did not run.
+    Returns:
+        True when the matrix shows two GPUs or more and NVLink between every pair; False
+        otherwise, unknown included (so nothing NCCL may refuse is offered).
+    """
+    lines = [line for line in (topology or "").splitlines() if line.strip()]
+    if not lines:
+        return False
+    columns = [cell.strip() for cell in lines[0].strip().split("\t")]
+    gpus = [c for c in columns if GPU_NAME.fullmatch(c)]
+    if len(gpus) < 2 or columns[:len(gpus)] != gpus:
+        return False
+    rows = {}
+    for line in lines[1:]:
+        cells = [cell.strip() for cell in line.split("\t")]
+        if GPU_NAME.fullmatch(cells[0]):
+            rows[cells[0]] = cells[1:1 + len(gpus)]
+    if set(rows) != set(gpus):
+        return False
+    return all(len(cells) == len(gpus) and all(NVLINKS.fullmatch(cell) for peer, cell in zip(gpus, cells) if peer != gpu)
+               for gpu, cells in rows.items())

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lagom_tune.backends.sim_clusters import CLUSTERS
+from lagom_tune.backends.sim_clusters import CLUSTERS, Cluster
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Knob, KnobSpace
 
@@ -28,9 +28,43 @@ CHANNELS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 THREADS = (64, 128, 256, 512)
 BUFFSIZES = (1 << 20, 2 << 20, 4 << 20, 8 << 20)
 MIB = 1 << 20
+# NCCL enables LL128 by default only on GPUs of these compute capabilities, all alike, linked by
+# NVLink within a node ("other cases are not tested and may cause silent data corruption",
+# src/graph/tuning.cc, 2.19-2.28); elsewhere its cost table marks LL128 unavailable, so no tuner
+# plugin can pick it. An A40 (8.6) or GPUs that reach each other over PCIe never run it.
+LL128_CAPABILITIES = ((7, 0), (8, 0), (9, 0), (10, 0), (12, 0))
+# LL128's CTAs run NCCL_LL128_NTHREADS threads (640 unless set), never NCCL_NTHREADS, which sizes
+# Simple's and LL's (tuning.cc: maxThreads[*][LL128] comes from NCCL_LL128_NTHREADS alone).
+LL128_THREADS = 640
 
 
-def nccl_knob_space(max_channels: int = 64, default_channels: int = 16, nvls: bool = False) -> KnobSpace:
+def cta_threads(proto: str, threads: float) -> float:
+    """The threads a channel CTA of ``proto`` runs when the threads knob (NCCL_NTHREADS) is ``threads``.
+
+    Args:
+        proto: the protocol.
+        threads: the threads knob's value.
+    Returns:
+        ``threads``, or LL128's own 640 for LL128.
+    """
+    return LL128_THREADS if proto == "ll128" else threads
+
+
+def ll128_offered(capabilities: list[tuple[int, int]], nvlink: bool) -> bool:
+    """Whether NCCL offers the LL128 protocol on a job (what the knob space may then hold).
+
+    Args:
+        capabilities: every rank's GPU compute capability, (major, minor).
+        nvlink: whether the GPUs of a node reach each other over NVLink (every pair).
+    Returns:
+        The answer: one capability NCCL enables it on, shared by all, and NVLink. Across nodes
+        NCCL also wants each GPU's NIC near it (at most PCIe switches away), which is not checked
+        here: where it fails, NCCL keeps its own choice and the plugin logs the rule it skipped.
+    """
+    return nvlink and len(set(capabilities)) == 1 and capabilities[0] in LL128_CAPABILITIES
+
+
+def nccl_knob_space(max_channels: int = 64, default_channels: int = 16, nvls: bool = False, ll128: bool = True) -> KnobSpace:
     """The NCCL knobs for a GPU.
 
     Args:
@@ -38,9 +72,11 @@ def nccl_knob_space(max_channels: int = 64, default_channels: int = 16, nvls: bo
         default_channels: NCCL's default channel count (rounded down to an offered value).
         nvls: whether the node's NVSwitch reduces (NVLS, Hopper): then ``nvls`` is an algorithm
             for all-reduce within a node, with the Simple protocol, and NCCL's default there.
+        ll128: whether NCCL offers the LL128 protocol there (:func:`ll128_offered`).
     Returns:
         algo, proto, channels (collective scope), threads and buffsize (process scope).
     """
+    protos = tuple(p for p in PROTOS if ll128 or p != "ll128")
     channels = tuple(c for c in CHANNELS if c <= max_channels)
     default_channels = max(c for c in channels if c <= default_channels)
     nvls_only = (NVLS, ("all_reduce",))
@@ -50,13 +86,13 @@ def nccl_knob_space(max_channels: int = 64, default_channels: int = 16, nvls: bo
              only_for=(("tree", ("all_reduce",)),) + ((nvls_only,) if nvls else ()),
              within_node=(NVLS,) if nvls else (), default_where=(nvls_only,) if nvls else (),
              needs=((NVLS, "proto", ("simple",)),) if nvls else ()),
-        Knob("proto", "collective", PROTOS, "simple", comm_direction=0, mechanism="NCCL tuner plugin",
-             description="protocol: LL (latency), LL128, Simple (bandwidth)",
-             only_for=(("ll", COLLECTIVE_OPS), ("ll128", COLLECTIVE_OPS))),
+        Knob("proto", "collective", protos, "simple", comm_direction=0, mechanism="NCCL tuner plugin",
+             description="protocol: LL (latency), LL128 (where NCCL offers it), Simple (bandwidth)",
+             only_for=tuple((p, COLLECTIVE_OPS) for p in protos if p != "simple")),
         Knob("channels", "collective", channels, default_channels, mechanism="NCCL tuner plugin; communicator max_ctas",
              description="channels (one CTA, one SM each)"),
         Knob("threads", "process", THREADS, 512, mechanism="NCCL_NTHREADS", env="NCCL_NTHREADS",
-             description="threads per channel CTA"),
+             description="threads per channel CTA of Simple and LL (LL128 runs its own 640)"),
         Knob("buffsize", "process", BUFFSIZES, 4 * MIB, mechanism="NCCL_BUFFSIZE", env="NCCL_BUFFSIZE",
              description="per-channel staging buffer; a step moves buffsize/8 (Simple)"),
     ))
@@ -80,11 +116,23 @@ def knob_space_from_fingerprint(fingerprint: dict[str, Any]) -> KnobSpace:
         raise UserError(f"cluster {name!r} (a run folder's meta.yaml, a plan's target.hardware) is no simulated cluster: "
                         f"{', '.join(CLUSTERS)}; was the file edited?")
     if cluster:
-        return nccl_knob_space(cluster.max_channels, cluster.default_channels, cluster.nvls)
+        return cluster_knob_space(cluster)
     # NVLS where the nccl backend found NCCL would offer it (profiles before 2026-12-03 measured
-    # none); the widest space, for a plan of any machine, holds it
+    # none), LL128 unless it found NCCL would not (profiles before 2026-12-05 measured it
+    # everywhere); the widest space, for a plan of any machine, holds both
     return nccl_knob_space(int(fingerprint.get("max_channels", 64)), int(fingerprint.get("default_channels", 16)),
-                           bool(fingerprint.get("nvls", not fingerprint)))
+                           bool(fingerprint.get("nvls", not fingerprint)), bool(fingerprint.get("ll128", True)))
+
+
+def cluster_knob_space(c: Cluster) -> KnobSpace:
+    """The NCCL knobs of a simulated cluster's GPUs (what its profile measures, a plan of it holds).
+
+    Args:
+        c: the cluster.
+    Returns:
+        Its channel bounds, NVLS where its NVSwitch reduces, LL128 where NCCL would offer it.
+    """
+    return nccl_knob_space(c.max_channels, c.default_channels, c.nvls, ll128_offered([c.compute_capability], c.nvlink))
 
 
 def measured_pairs(space: KnobSpace, op: str, nodes: int) -> list[tuple[str, str]]:

@@ -295,7 +295,7 @@ register_backend(BackendInfo(
     replays_locally=False, instruments=frozenset({PROBE_OP}),
     summary="GPUs; launch with torchrun, or one process for the single-GPU contention probe",
     # not the hosts: a resumed job may land on other nodes of the same kind; not hbm_GBps: it is measured
-    setup=("mode", "gpu", "sms", "ranks", "nodes", "gpus_per_node", "driver", "cuda", "nccl", "torch", "max_channels", "nvls", "standin")))
+    setup=("mode", "gpu", "sms", "ranks", "nodes", "gpus_per_node", "driver", "cuda", "nccl", "torch", "max_channels", "nvls", "ll128", "standin")))
 register_backend(BackendInfo(
     "sim", "lagom_tune.backends.sim:SimBackend", "lagom_tune.backends.nccl_knobs:knob_space_from_fingerprint",
     GPU_FAMILY, frozenset({NCCL_ENVIRONMENT, NCCL_COMMUNICATOR_OPTIONS, NCCL_TUNER_RULES}), simulated=True,

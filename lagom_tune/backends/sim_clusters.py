@@ -46,6 +46,8 @@ class Cluster:
     cta_cluster: int = 1  # CTAs a GEMM kernel co-schedules on one TPC (Hopper's thread-block clusters: 2)
     memory: MemoryCalibration = MemoryCalibration()
     nvls: bool = False  # NVLink SHARP: the NVSwitch reduces (Hopper); NCCL's default all-reduce within a node
+    compute_capability: tuple[int, int] = (9, 0)
+    nvlink: bool = True  # every pair of a node's GPUs linked by NVLink (an NVSwitch); bridged pairs are not
     # A GPU's memory: the H200's as torch reported it (139.8 GiB); the others their data sheets' GB
     # read as 10^9 bytes, a lower bound (the H200's "141 GB" would read 131 GiB). None: not checked.
     memory_GiB: float | None = None
@@ -73,10 +75,12 @@ class Cluster:
 # (sim_comm.REFERENCE_BUSBW: 38.6 GB/s against a bit above ~36.6; 4.5-5.5 GB/s would pass, if
 # NCCL ran its 8 default channels there, which the run does not say).
 CLUSTERS = {
-    "a40-pcie": Cluster("a40-pcie", "A40", 84, 696 * GB, 150e12 * 0.7, 22 * GB, 5.0 * GB, 6 << 20, 8, 32, memory_GiB=44.7),
-    "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 49.6 * GB, 5.0 * GB, 6 << 20, 8, 64, memory_GiB=44.7),
+    "a40-pcie": Cluster("a40-pcie", "A40", 84, 696 * GB, 150e12 * 0.7, 22 * GB, 5.0 * GB, 6 << 20, 8, 32, memory_GiB=44.7,
+                        compute_capability=(8, 6), nvlink=False),
+    "a40-nvlink": Cluster("a40-nvlink", "A40", 84, 696 * GB, 150e12 * 0.7, 49.6 * GB, 5.0 * GB, 6 << 20, 8, 64, memory_GiB=44.7,
+                          compute_capability=(8, 6), nvlink=False),  # NVLink bridges join pairs; the ring crosses PCIe
     "a100-nvlink": Cluster("a100-nvlink", "A100-SXM4-80GB", 108, 2.0e12, 312e12 * 0.75, 300 * GB, 24 * GB, 40 << 20, 16,
-                           fabric=640 * GB, memory_GiB=74.5),
+                           fabric=640 * GB, memory_GiB=74.5, compute_capability=(8, 0)),
     "h100-nvlink": Cluster("h100-nvlink", "H100-SXM", 132, 3.35e12, 989e12 * 0.95, 450 * GB, 55 * GB, 50 << 20, 16,
                            fabric=800 * GB, gpcs=8, cta_cluster=2, memory_GiB=74.5, nvls=True),
     "h200-nvlink": Cluster("h200-nvlink", "H200", 132, 4.8e12, 989e12 * 0.95, 450 * GB, 55 * GB, 50 << 20, 16,

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from lagom_tune.backends.nccl_knobs import LL128_THREADS, cta_threads, ll128_offered
 from lagom_tune.backends.sim_clusters import GB, Cluster
 from lagom_tune.backends.sim_compute import hbm_share, latency_beside
 
@@ -49,7 +50,7 @@ PROTOCOLS = {  # payload efficiency, per-step handshake (s)
 # DEFAULT_LL_BUFFSIZE, 8 lines per thread x 512 threads (NCCL_LL_MAX_NTHREADS) x 8 steps x 16 B,
 # and DEFAULT_LL128_BUFFSIZE, 120 elements per thread x 640 threads x 8 steps x 8 B. (DESIGN.md §10
 # gives LL 655,360 B, the product with 640 threads, NCCL_MAX_NTHREADS, not LL's maximum.)
-FIXED_BUFFERS = {"ll": 8 * 512 * 8 * 16, "ll128": 120 * 640 * 8 * 8}
+FIXED_BUFFERS = {"ll": 8 * 512 * 8 * 16, "ll128": 120 * LL128_THREADS * 8 * 8}
 STEPS_PER_BUFFER = 8  # NCCL splits a channel's buffer into 8 steps
 THREADS_FULL_RATE = 256  # a channel CTA reaches its full copy rate from this many threads
 TREE_WORK = 1.1  # a tree step reduces and broadcasts: more work per byte than a ring step
@@ -113,6 +114,9 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
     eff, handshake = PROTOCOLS[s["proto"]]
     channels = int(s["channels"])
     algo = s["algo"]
+    if s["proto"] == "ll128" and not ll128_offered([c.compute_capability], c.nvlink):
+        raise ValueError(f"NCCL does not offer LL128 on {c.name} (compute capability {c.compute_capability}, "
+                         f"{'NVLink' if c.nvlink else 'not NVLink between every pair'})")
     if algo == "nvls":
         if not c.nvls or link.inter_node or op != "all_reduce" or s["proto"] != "simple":
             raise ValueError(f"NVLS runs all-reduce, Simple, within one node of an NVSwitch Hopper; not {op} {s['proto']} on {c.name}")
@@ -120,7 +124,7 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
         rate = min(channels * NVLS_RATE / NVLS_CHANNELS * min(1.0, int(s["threads"]) / THREADS_FULL_RATE), NVLS_RATE) / channels
     else:
         wire = bus_bytes
-        rate = channel_share(c, link, channels, int(s["threads"])) * eff
+        rate = channel_share(c, link, channels, cta_threads(s["proto"], int(s["threads"]))) * eff
     if algo == "tree" and not link.inter_node:
         rate /= TREE_WORK
     if gemm_hbm:

@@ -149,7 +149,7 @@ class Plan:
         target = v.known_keys(v.mapping(v.field(d, "target", path, dict), f"{path}.target"), TARGET_FIELDS, f"{path}.target")
         backend = v.field(target, "backend", f"{path}.target", str)
         hardware = _hardware_record(v.field(target, "hardware", f"{path}.target", dict, {}), f"{path}.target.hardware")
-        space = knob_space_for(backend, _machine(hardware, f"{path}.target.hardware"))
+        space = knob_space_for(backend, _machine(hardware))
 
         def knobs(values: Any, where: str, scope: str) -> dict[str, Any]:
             values = v.mapping(values, where)
@@ -238,31 +238,28 @@ class Plan:
         )
 
 
-MACHINE_BOUNDS = ("cluster", "max_channels", "cores")  # what of the plan's hardware bounds its knobs
-
-
-def _machine(hardware: dict[str, Any], path: str) -> dict[str, Any]:
-    """What of the plan's ``hardware`` bounds its knob values (a simulated cluster's name, the
-    channels the profiled GPUs offered, the cores of a CPU), checked; older plans without them
-    are held to the widest space."""
-    out = {}
-    for key in MACHINE_BOUNDS:
-        if key in hardware:
-            out[key] = v.field(hardware, key, path, str) if key == "cluster" else v.field(hardware, key, path, int, minimum=1)
-    return out
-
-
 HARDWARE_NAMES = ("device", "gpu", "cluster")  # the plan's hardware record: names (the GPU check in apply compares gpu) ...
-HARDWARE_COUNTS = ("sms", "cores", "max_channels")  # ... and counts
+HARDWARE_COUNTS = ("sms", "cores", "max_channels")  # ... counts ...
+HARDWARE_OFFERS = ("nvls", "ll128")  # ... and what NCCL offered where it was profiled
+MACHINE_BOUNDS = ("cluster", "max_channels", "cores") + HARDWARE_OFFERS  # what of it bounds the plan's knobs
+
+
+def _machine(hardware: dict[str, Any]) -> dict[str, Any]:
+    """What of the plan's (checked) ``hardware`` bounds its knob values: a simulated cluster's
+    name, the channels the profiled GPUs offered and whether NCCL offered NVLS and LL128 there,
+    the cores of a CPU. Older plans without them are held to what their profiles offered."""
+    return {key: hardware[key] for key in MACHINE_BOUNDS if key in hardware}
 
 
 def _hardware_record(d: Any, path: str) -> dict[str, Any]:
     """The plan's ``target.hardware`` (what ``planning.build_plan`` copies from the fingerprint), checked."""
-    d = v.known_keys(v.mapping(d, path), HARDWARE_NAMES + HARDWARE_COUNTS, path)
+    d = v.known_keys(v.mapping(d, path), HARDWARE_NAMES + HARDWARE_COUNTS + HARDWARE_OFFERS, path)
     for key in HARDWARE_NAMES:
         v.name(d, key, path, None)
     for key in HARDWARE_COUNTS:
         v.field(d, key, path, int, None, minimum=1)
+    for key in HARDWARE_OFFERS:
+        v.field(d, key, path, bool, None)
     return d
 
 
