@@ -316,7 +316,7 @@ def test_the_model_is_not_the_simulator_and_earns_its_accuracy(tmp_path, hardwar
 
 
 def test_nccl_buffsize_sizes_only_the_simple_protocols_buffer():
-    """NCCL_BUFFSIZE is Simple's buffer; LL's and LL128's are NCCL's own (sim_comm.FIXED_BUFFERS), so only
+    """NCCL_BUFFSIZE is Simple's buffer; LL's and LL128's are NCCL's own (nccl_knobs.PROTOCOL_BUFFERS), so only
     Simple's time moves with it (a large all-gather, 8 channels, H100)."""
     sim = SimCluster(CLUSTERS["h100-nvlink"])
 

@@ -33,21 +33,29 @@ MIB = 1 << 20
 # src/graph/tuning.cc, 2.19-2.28); elsewhere its cost table marks LL128 unavailable, so no tuner
 # plugin can pick it. An A40 (8.6) or GPUs that reach each other over PCIe never run it.
 LL128_CAPABILITIES = ((7, 0), (8, 0), (9, 0), (10, 0), (12, 0))
-# LL128's CTAs run NCCL_LL128_NTHREADS threads (640 unless set), never NCCL_NTHREADS, which sizes
-# Simple's and LL's (tuning.cc: maxThreads[*][LL128] comes from NCCL_LL128_NTHREADS alone).
+# What a channel of each protocol runs with. NCCL_NTHREADS sizes the CTAs of Simple and LL, never
+# LL128's, which run NCCL_LL128_NTHREADS (640 unless set; tuning.cc's maxThreads[*][LL128]);
+# NCCL_BUFFSIZE sizes Simple's buffer only, LL's and LL128's are NCCL's own, flags included
+# (init.cc's DEFAULT_LL_BUFFSIZE, 8 lines per thread x 512 threads x 8 steps x 16 B, and
+# DEFAULT_LL128_BUFFSIZE, 120 elements per thread x 640 threads x 8 steps x 8 B; DESIGN.md §10
+# gives LL 655,360 B, the product with 640 threads, not LL's 512).
 LL128_THREADS = 640
+PROTOCOL_BUFFERS = {"ll": 8 * 512 * 8 * 16, "ll128": 120 * LL128_THREADS * 8 * 8}
 
 
-def cta_threads(proto: str, threads: float) -> float:
-    """The threads a channel CTA of ``proto`` runs when the threads knob (NCCL_NTHREADS) is ``threads``.
+def channel_run(proto: str, threads: float, buffsize: float) -> tuple[float, float]:
+    """The threads and buffer bytes a channel of ``proto`` runs with under the threads and
+    buffsize knobs (NCCL_NTHREADS, NCCL_BUFFSIZE), which size only some protocols' channels.
 
     Args:
         proto: the protocol.
         threads: the threads knob's value.
+        buffsize: the buffsize knob's value.
     Returns:
-        ``threads``, or LL128's own 640 for LL128.
+        (threads, buffer bytes): the knobs' values for Simple; LL's threads and its own buffer;
+        LL128's own 640 threads and buffer.
     """
-    return LL128_THREADS if proto == "ll128" else threads
+    return (LL128_THREADS if proto == "ll128" else threads), PROTOCOL_BUFFERS.get(proto, buffsize)
 
 
 def ll128_offered(capabilities: list[tuple[int, int]], nvlink: bool) -> bool:

@@ -2,7 +2,7 @@
 shared link, and what a GEMM beside them takes away. A mechanism, not the fitted model's
 saturating curve (model/gpu.py): the model has to earn its accuracy on it.
 
-* **A channel** is one CTA of ``threads`` threads that moves the collective's data in steps of
+* **A channel** is one CTA of ``threads`` threads (LL128's: its own 640) that moves the collective's data in steps of
   ``buffsize / 8`` bytes (NCCL's Simple step; LL and LL128 move payload plus flags, at 50% and
   ~94% efficiency). A step costs its bytes at the channel's copy rate (at most
   ``Cluster.per_channel``, less with fewer threads) plus the protocol's per-step handshake.
@@ -13,7 +13,7 @@ saturating curve (model/gpu.py): the model has to earn its accuracy on it.
   (reduction and broadcast both on NVLink); a collective takes at least those steps, each
   paying its handshake (no separate pipeline-fill term). A step is an eighth of the protocol's
   buffer: NCCL_BUFFSIZE sizes Simple's only; LL's and LL128's are NCCL's own (524,288 and
-  4,915,200 B, flags included, :data:`FIXED_BUFFERS`), so their times do not move with buffsize (until
+  4,915,200 B, flags included, ``nccl_knobs.PROTOCOL_BUFFERS``), so their times do not move with buffsize (until
   2026-12-03 every protocol's step was buffsize/8, an audit's finding).
 * **NVLS** (NVLink SHARP, Hopper's NVSwitch; all-reduce within a node, Simple only): the switch
   reduces. Each rank's 1/n of the buffer is loaded reduced from every rank's memory and stored
@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from lagom_tune.backends.nccl_knobs import LL128_THREADS, cta_threads, ll128_offered
+from lagom_tune.backends.nccl_knobs import PROTOCOL_BUFFERS, channel_run, ll128_offered
 from lagom_tune.backends.sim_clusters import GB, Cluster
 from lagom_tune.backends.sim_compute import hbm_share, latency_beside
 
@@ -46,11 +46,6 @@ PROTOCOLS = {  # payload efficiency, per-step handshake (s)
     "ll128": (0.94, 1.2e-6),
     "simple": (1.0, 3.5e-6),
 }
-# Bytes per channel of LL's and LL128's buffers, NCCL's own (NCCL_BUFFSIZE sizes Simple's): init.cc's
-# DEFAULT_LL_BUFFSIZE, 8 lines per thread x 512 threads (NCCL_LL_MAX_NTHREADS) x 8 steps x 16 B,
-# and DEFAULT_LL128_BUFFSIZE, 120 elements per thread x 640 threads x 8 steps x 8 B. (DESIGN.md §10
-# gives LL 655,360 B, the product with 640 threads, NCCL_MAX_NTHREADS, not LL's maximum.)
-FIXED_BUFFERS = {"ll": 8 * 512 * 8 * 16, "ll128": 120 * LL128_THREADS * 8 * 8}
 STEPS_PER_BUFFER = 8  # NCCL splits a channel's buffer into 8 steps
 THREADS_FULL_RATE = 256  # a channel CTA reaches its full copy rate from this many threads
 TREE_WORK = 1.1  # a tree step reduces and broadcasts: more work per byte than a ring step
@@ -124,7 +119,7 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
         rate = min(channels * NVLS_RATE / NVLS_CHANNELS * min(1.0, int(s["threads"]) / THREADS_FULL_RATE), NVLS_RATE) / channels
     else:
         wire = bus_bytes
-        rate = channel_share(c, link, channels, cta_threads(s["proto"], int(s["threads"]))) * eff
+        rate = channel_share(c, link, channels, int(channel_run(s["proto"], s["threads"], s["buffsize"])[0])) * eff
     if algo == "tree" and not link.inter_node:
         rate /= TREE_WORK
     if gemm_hbm:
@@ -141,9 +136,8 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
 
 def step_payload(proto: str, buffsize: int) -> float:
     """Payload bytes one step of a channel moves: an eighth of the protocol's buffer, less its flags."""
-    if proto not in FIXED_BUFFERS:
-        return buffsize / STEPS_PER_BUFFER
-    return FIXED_BUFFERS[proto] / STEPS_PER_BUFFER * PROTOCOLS[proto][0]
+    buffer = channel_run(proto, 0, buffsize)[1]
+    return buffer / STEPS_PER_BUFFER * (PROTOCOLS[proto][0] if proto in PROTOCOL_BUFFERS else 1.0)
 
 
 def copy_slowdown(c: Cluster, need: float, gemm_hbm: float) -> float:

@@ -95,7 +95,7 @@ import pandas as pd
 
 from lagom_tune import validate as v
 from lagom_tune.backends.base import bus_factor
-from lagom_tune.backends.nccl_knobs import cta_threads
+from lagom_tune.backends.nccl_knobs import channel_run
 from lagom_tune.errors import UserError
 from lagom_tune.workload.spec import DTYPES, Collective, Gemm, gemm_of_key
 
@@ -475,7 +475,7 @@ class LagomGpuModel:
         if c.form == FORM_EQ46:
             return self._v_table(channels, int(settings["buffsize"]))
         fit = self.comm_params(coll.op, settings["algo"], settings["proto"], coll.nodes)
-        return c.v_base + c.v_per_byte * fit.bandwidth(channels, cta_threads(settings["proto"], settings["threads"]), settings["buffsize"])
+        return c.v_base + c.v_per_byte * fit.bandwidth(channels, *channel_run(settings["proto"], settings["threads"], settings["buffsize"]))
 
     def _v_table(self, channels: int, buffsize: int) -> float:
         table = self.contention.v_table
@@ -535,7 +535,7 @@ class LagomGpuModel:
     def comm_seconds(self, op: str, nbytes: int, ranks: int, nodes: int, s: Mapping[str, Any], repeated: bool = False) -> float:
         """Seconds for one collective; ``repeated``: as timed alone, back to back on one buffer."""
         fit = self.comm_params(op, s["algo"], s["proto"], nodes)
-        return fit.seconds(nbytes * bus_factor(op, ranks), nbytes, s["channels"], cta_threads(s["proto"], s["threads"]), s["buffsize"],
+        return fit.seconds(nbytes * bus_factor(op, ranks), nbytes, s["channels"], *channel_run(s["proto"], s["threads"], s["buffsize"]),
                            repeated)
 
     def comm_time(self, coll: Collective, settings: Mapping[str, Any]) -> float:

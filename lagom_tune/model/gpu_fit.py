@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from lagom_tune.backends.base import bus_factor
-from lagom_tune.backends.nccl_knobs import cta_threads
+from lagom_tune.backends.nccl_knobs import channel_run
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.gpu import (
@@ -36,19 +36,19 @@ from lagom_tune.workload.spec import Collective, Gemm
 def alone_comm_rows(pts: pd.DataFrame) -> pd.DataFrame:
     """Every alone-timed collective in the point medians: the collective points, and the alone time
     measured with each overlapped pair. Columns: group, bus_bytes, nbytes, channels, threads,
-    buffsize, seconds."""
+    buffsize (the threads and buffer a channel of the row's protocol runs, ``channel_run``), seconds."""
     coll = pts[pts["kind"] == "collective"].assign(seconds=lambda d: d["time_us"] / 1e6)
     over = pts[(pts["kind"] == "overlap") & pts["comm_alone_us"].notna()].assign(seconds=lambda d: d["comm_alone_us"] / 1e6) \
         if "comm_alone_us" in pts else pts.iloc[:0].assign(seconds=0.0)
     rows = pd.concat([coll, over])
     rows = rows[rows["seconds"] > 0]
     ranks = rows["ranks"].fillna(1) if "ranks" in rows else pd.Series(1, index=rows.index)
+    run = [channel_run(p, t, b) for p, t, b in zip(rows["proto"], rows["threads"], rows["buffsize"])]  # as NCCL runs the channels
     return pd.DataFrame({
         "group": [comm_group_of_row(r) for _, r in rows.iterrows()],
         "bus_bytes": [b * bus_factor(op, int(n)) for b, op, n in zip(rows["nbytes"], rows["op"], ranks)],
         "nbytes": rows["nbytes"].to_numpy(float), "channels": rows["channels"].to_numpy(float),
-        "threads": np.array([cta_threads(p, t) for p, t in zip(rows["proto"], rows["threads"])], dtype=float),
-        "buffsize": rows["buffsize"].to_numpy(float),
+        "threads": np.array([t for t, _ in run], dtype=float), "buffsize": np.array([b for _, b in run], dtype=float),
         "seconds": rows["seconds"].to_numpy(float)})
 
 
@@ -227,7 +227,7 @@ def _observations(over: pd.DataFrame, comm: dict[str, CommFit], sms: int) -> _Ob
     share = (rows["comm_us"] / rows["time_us"]).clip(upper=1.0)
     return _Observations(
         shape=rows["gemm"].to_numpy(object), channels=rows["channels"].to_numpy(float), buffsize=rows["buffsize"].to_numpy(float),
-        comm_bw=np.array([comm[comm_group_of_row(r)].bandwidth(r["channels"], cta_threads(r["proto"], r["threads"]), r["buffsize"])
+        comm_bw=np.array([comm[comm_group_of_row(r)].bandwidth(r["channels"], *channel_run(r["proto"], r["threads"], r["buffsize"]))
                           for _, r in rows.iterrows()]),
         seconds=(s_y * rows["compute_alone_us"] / rows["n_compute"] / 1e6).to_numpy(float), weight=share.to_numpy(float))
 
@@ -591,7 +591,7 @@ def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> tuple[Conten
         if fit is None or pd.isna(r["comm_alone_us"]):
             continue
         bus = r["nbytes"] * bus_factor(str(r["op"]), int(r["ranks"]) if not pd.isna(r["ranks"]) else 1)
-        args = (bus, r["nbytes"], r["channels"], cta_threads(r["proto"], r["threads"]), r["buffsize"])
+        args = (bus, r["nbytes"], r["channels"], *channel_run(r["proto"], r["threads"], r["buffsize"]))
         cold = r.copy()
         cold["comm_alone_us"] = r["comm_alone_us"] * fit.seconds(*args) / fit.seconds(*args, repeated=True)
         _, s_x = two_rate_slowdowns(cold)

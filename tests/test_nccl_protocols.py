@@ -1,8 +1,14 @@
-"""LL128 where NCCL offers it, and nowhere else: NCCL enables it by default only on GPUs of a
+"""NCCL's protocols as NCCL runs them.
+
+LL128 where NCCL offers it, and nowhere else: NCCL enables it by default only on GPUs of a
 compute capability it tested (7.0, 8.0, 9.0, 10.0, 12.0), all alike, linked by NVLink. Elsewhere
 its cost table marks LL128 unavailable and the tuner plugin cannot pick it, so a plan holding it
 would say LL128 while NCCL ran something else: the profile does not measure it, the search never
-proposes it and a plan holding it is refused."""
+proposes it and a plan holding it is refused.
+
+The threads and buffsize knobs (NCCL_NTHREADS, NCCL_BUFFSIZE) size only some protocols' channels:
+LL128 runs its own 640 threads, LL and LL128 their own buffers; the simulator, the fit and the
+model all ask ``nccl_knobs.channel_run``."""
 
 import pytest
 
@@ -86,9 +92,10 @@ def test_nccl_nthreads_sizes_simple_and_ll_but_never_ll128():
     assert seconds("ll", 64) > 1.5 * seconds("ll", 512)
 
 
-def test_the_fitted_model_times_ll128_whatever_nccl_nthreads_says(tmp_path):
-    """Fitted on a simulated profile (LL128 timed at NCCL's default threads only), the model used
-    the threads knob in LL128's bandwidth too, and extrapolated it to thread counts LL128 never runs."""
+def test_the_fitted_model_times_each_protocol_with_the_knobs_that_size_it(tmp_path):
+    """Fitted on a simulated profile (LL and LL128 timed at the knobs' defaults only), the model
+    used the threads knob in LL128's bandwidth and the buffsize knob in LL's and LL128's steps,
+    and extrapolated both to values those protocols never run with."""
     from lagom_tune.model.fit import fit_model
     from lagom_tune.profile.campaign import run_profile
     from lagom_tune.workload.spec import Collective, Gemm, OverlapGroup, Workload
@@ -99,8 +106,12 @@ def test_the_fitted_model_times_ll128_whatever_nccl_nthreads_says(tmp_path):
     model = fit_model(run.measurements(), device={"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]}, simulated=True).model
     coll = w.collectives()[0]
 
-    def seconds(proto: str, threads: int) -> float:
-        return model.comm_time(coll, {"algo": "ring", "proto": proto, "channels": 16, "threads": threads, "buffsize": 4 << 20})
+    def seconds(proto: str, threads: int, buffsize: int = 4 << 20) -> float:
+        s = {"algo": "ring", "proto": proto, "channels": 16, "threads": threads, "buffsize": buffsize}
+        assert model.hbm_taken(coll, s) > 0
+        return model.comm_time(coll, s)
 
-    assert seconds("ll128", 64) == seconds("ll128", 512)
+    assert seconds("ll128", 64) == seconds("ll128", 512) == seconds("ll128", 512, 1 << 20)
+    assert seconds("ll", 512, 1 << 20) == seconds("ll", 512, 8 << 20)
     assert seconds("simple", 64) > 1.2 * seconds("simple", 512)  # measured: Simple's channels slow with fewer threads
+    assert seconds("simple", 512, 1 << 20) > 1.1 * seconds("simple", 512, 8 << 20)  # and with smaller buffers
