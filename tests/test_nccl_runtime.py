@@ -207,6 +207,8 @@ def test_apply_reaches_a_real_nccl_communicator(tmp_path):
     records = [rec for rank in record["ranks"].values() for rec in rank["records"]]
     assert any(rec["setting"] == "ctas[world]" and rec["applied"] for rec in records), record
     assert any(rec["setting"] == "collective_rules" and rec["applied"] for rec in records), record
+    # the plugin's counts, read by the rank's shim at exit (one rank: NCCL may never ask the tuner)
+    assert any(rec["setting"] == "collective_rules_reached" for rec in records), record
 
 
 def test_a_process_that_joins_a_group_itself_is_recorded_as_a_rank(tmp_path, monkeypatch):

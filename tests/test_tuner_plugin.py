@@ -2,6 +2,7 @@
 the way NCCL drives it, with fake cost tables, for every rule of the plans in plans/."""
 
 import ctypes
+import json
 import dataclasses
 import os
 import random
@@ -598,3 +599,87 @@ def test_a_failed_build_names_its_reason_and_leaves_no_folder(tmp_path):
     build = ensure_plugin(cache=tmp_path, env={"CC": "false", "PATH": os.environ["PATH"]})
     assert not build.ok and "could not build" in build.reason
     assert not list(tmp_path.glob("nccl-tuner-*")), list(tmp_path.iterdir())
+
+
+# -- what reached NCCL: the plugin's counts, read by the shim at a rank's exit ---------------------
+
+
+def _counts_delta(after, before):
+    from lagom_tune.runtime.nccl import TunerCounts
+
+    return TunerCounts(tuple(a - b for a, b in zip(after.applied, before.applied)),
+                       tuple(a - b for a, b in zip(after.skipped, before.skipped)),
+                       {k: after.unmatched[k] - before.unmatched[k] for k in after.unmatched})
+
+
+def _drive(lib, rules: TunerRules) -> None:
+    """NCCL's calls on the plan's dp communicator (16 ranks, 2 nodes): two all-gathers its first rule
+    applies to, a reduce-scatter whose LL128 NCCL did not offer, and an all-gather no rule matches."""
+    tuner = Tuner(lib, 5)
+    ctx = tuner.init(16, 2)
+    table = fake_table(random.Random(5))
+    no_ll128 = list(table)
+    no_ll128[ALGO["ring"] * NUM_PROTOS + PROTO["ll128"]] = IGNORE
+    tuner.call(ctx, FUNC["all_gather"], 1 << 20, table)
+    tuner.call(ctx, FUNC["all_gather"], 1 << 21, table)
+    tuner.call(ctx, FUNC["reduce_scatter"], 1 << 20, no_ll128)
+    tuner.call(ctx, FUNC["all_gather"], 100, table)
+    tuner.finalize(ctx)
+
+
+def test_the_plugin_counts_what_reached_nccl_per_rule(lib, library, tmp_path, monkeypatch):
+    """Per rule, the calls it was applied to and those whose algorithm/protocol NCCL did not offer;
+    per collective, the calls no rule matched. The counts outlive NCCL's handle: the shim holds
+    the library (destroy_process_group makes NCCL unload its plugin)."""
+    from lagom_tune.runtime.nccl import hold_tuner, read_tuner_counts
+
+    rules = tuner_rules(IN_TEST_PLAN)
+    use_rules(monkeypatch, tmp_path, rules)
+    held = hold_tuner(str(library))
+    ctx = Tuner(lib, 5).init(16, 2)  # the plugin reads the rules file: the counts are this plan's
+    before = read_tuner_counts(held, len(rules.rules))
+    _drive(lib, rules)
+    delta = _counts_delta(read_tuner_counts(held, len(rules.rules)), before)
+    assert delta.applied == (2, 0, 0, 0, 0) and delta.skipped == (0, 1, 0, 0, 0)
+    assert delta.unmatched == {"broadcast": 0, "reduce": 0, "allgather": 1, "reducescatter": 0, "allreduce": 0}
+    assert read_tuner_counts(held, len(rules.rules) + 1) is None  # counts of another rules file are not this plan's
+    assert hold_tuner(str(tmp_path / "missing.so")) is None
+    Tuner(lib, 5).finalize(ctx)
+
+
+def test_rules_that_did_not_reach_nccl_are_recorded_by_name():
+    from lagom_tune.runtime.nccl import TunerCounts, rule_reach
+
+    rules = tuner_rules(IN_TEST_PLAN)
+    records = rule_reach(rules, TunerCounts((2, 0, 0, 5, 1), (0, 1, 0, 0, 0), {"allgather": 1, "allreduce": 0}))
+    summary, *per_rule = records
+    assert summary[:3] == ("collective_rules_reached", "8 of 9 matched calls", False)
+    assert "9 matched a rule, 8 got all of it; 1 matched none" in summary[3]
+    by_setting = {r[0]: r for r in per_rule}
+    assert set(by_setting) == {"rule[reduce_scatter dp 1048576..268435456 B]", "rule[all_reduce tp 1..67108864 B]"}
+    skipped = by_setting["rule[reduce_scatter dp 1048576..268435456 B]"]
+    assert skipped[1:3] == ("ring ll128 4", False) and "skipped on 1 of 1 calls" in skipped[3]
+    assert "no NCCL call matched it" in by_setting["rule[all_reduce tp 1..67108864 B]"][3]
+    (summary,) = rule_reach(rules, TunerCounts((2, 1, 3, 5, 1), (0,) * 5, {}))
+    assert summary[2] is True
+
+
+def test_a_ranks_record_says_which_rules_reached_nccl(lib, library, tmp_path, monkeypatch):
+    """At exit the shim reads the plugin NCCL ran in its process and records each rule NCCL's calls
+    did not get (here the reduce-scatter's LL128, which NCCL did not offer)."""
+    from lagom_tune.runtime.nccl import PLUGIN_ENV
+    from lagom_tune.runtime.shim import Shim
+
+    rules = tuner_rules(IN_TEST_PLAN)
+    use_rules(monkeypatch, tmp_path, rules)
+    monkeypatch.setenv(PLUGIN_ENV, str(library))
+    monkeypatch.setenv("RANK", "0")
+    shim = Shim(IN_TEST_PLAN, str(tmp_path / "p.yaml"), str(tmp_path))
+    shim.on_torch_nccl(None)
+    assert shim.tuner is not None
+    _drive(lib, rules)
+    shim.at_exit()
+    records = {r["setting"]: r for r in json.loads(next(tmp_path.glob("rank-0.*.json")).read_text())["records"]}
+    assert records["collective_rules"]["applied"] and not records["collective_rules_reached"]["applied"]
+    skipped = records["rule[reduce_scatter dp 1048576..268435456 B]"]
+    assert not skipped["applied"] and "NCCL did not offer it" in skipped["how"]

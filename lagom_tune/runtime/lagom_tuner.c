@@ -145,6 +145,7 @@ typedef struct {
   int algo, proto;     /* UNSET: leave NCCL's choice */
   int channels;        /* UNSET: leave NCCL's choice */
   int line;            /* line in the rules file, for the log */
+  int ordinal;         /* its place among the file's rules, for the counts */
 } rule_t;
 
 /* Once-per-rule log flags. */
@@ -326,6 +327,31 @@ EXPORT int lagom_tuner_check_file(const char* path, char* err, size_t errlen) {
   return n;
 }
 
+/* ---- what reached NCCL ------------------------------------------------------------------------ */
+
+/* Per rule of the file (by ordinal), the calls it was applied to and those whose algorithm or
+ * protocol it skipped; per collective, the calls no rule matched (NCCL's own choice). Process-wide,
+ * so every communicator's calls add up; read by lagom-tune's shim in the same process at exit. */
+static int g_rules;
+static int g_line[MAX_RULES];
+static unsigned long long g_applied[MAX_RULES], g_skipped[MAX_RULES], g_unmatched[NUM_FUNCS];
+
+static void count(unsigned long long* counter) { __atomic_add_fetch(counter, 1ULL, __ATOMIC_RELAXED); }
+
+/* The counts so far: fills lines/applied/skipped for up to `max` rules and unmatched[NUM_FUNCS]
+ * (any pointer may be NULL), and returns the number of rules in the file the plugin last read. */
+EXPORT int lagom_tuner_counts(int max, int* lines, unsigned long long* applied, unsigned long long* skipped,
+                              unsigned long long* unmatched) {
+  int n = __atomic_load_n(&g_rules, __ATOMIC_RELAXED);
+  for (int i = 0; i < n && i < max; i++) {
+    if (lines) lines[i] = g_line[i];
+    if (applied) applied[i] = __atomic_load_n(&g_applied[i], __ATOMIC_RELAXED);
+    if (skipped) skipped[i] = __atomic_load_n(&g_skipped[i], __ATOMIC_RELAXED);
+  }
+  for (int f = 0; unmatched && f < NUM_FUNCS; f++) unmatched[f] = __atomic_load_n(&g_unmatched[f], __ATOMIC_RELAXED);
+  return n;
+}
+
 /* ---- the plugin ------------------------------------------------------------------------------- */
 
 static ncclResult_t plugin_init(size_t nRanks, size_t nNodes, ncclDebugLogger_t log, void** ctx_out) {
@@ -353,6 +379,11 @@ static ncclResult_t plugin_init(size_t nRanks, size_t nNodes, ncclDebugLogger_t 
         path, err);
     return ncclSuccess;
   }
+  for (int i = 0; i < n; i++) {
+    all[i].ordinal = i;
+    g_line[i] = all[i].line;
+  }
+  __atomic_store_n(&g_rules, n, __ATOMIC_RELAXED);
   /* Keep only the rules for this communicator, so each call only checks collective and size. */
   int kept = 0;
   for (int i = 0; i < n; i++) {
@@ -375,6 +406,12 @@ static ncclResult_t plugin_destroy(void* ctx) {
     free(c->logged);
     free(c);
   }
+  return ncclSuccess;
+}
+
+/* A call no rule matches: NCCL keeps its own choice. */
+static ncclResult_t unmatched(ncclFunc_t coll) {
+  if (coll >= 0 && coll < NUM_FUNCS) count(&g_unmatched[coll]);
   return ncclSuccess;
 }
 
@@ -429,7 +466,7 @@ static ncclResult_t coll_info_table(void* ctx, ncclFunc_t coll, size_t nBytes, i
   context_t* c = ctx;
   int i;
   const rule_t* r = first_match(c, coll, nBytes, &i);
-  if (r == NULL) return ncclSuccess;
+  if (r == NULL) return unmatched(coll);
   int skipped = 0;
   if (r->algo != UNSET || r->proto != UNSET) {
     /* The table is float[numAlgo][numProto] handed over as float**. Guard the shape: a table
@@ -441,6 +478,7 @@ static ncclResult_t coll_info_table(void* ctx, ncclFunc_t coll, size_t nBytes, i
     else skipped = 1;
   }
   if (r->channels != UNSET && nChannels) *nChannels = r->channels;
+  count(skipped ? &g_skipped[r->ordinal] : &g_applied[r->ordinal]);
   if (skipped)
     log_once(c, i, LOGGED_SKIPPED, r, r->channels != UNSET ? "skipped algorithm/protocol: not available for this call (channels still set)"
                                                              : "skipped algorithm/protocol: not available for this call");
@@ -453,7 +491,7 @@ static ncclResult_t coll_info_direct(context_t* c, ncclFunc_t coll, size_t nByte
                                      int* algorithm, int* protocol, int* nChannels) {
   int i;
   const rule_t* r = first_match(c, coll, nBytes, &i);
-  if (r == NULL) return ncclSuccess;
+  if (r == NULL) return unmatched(coll);
   int skipped = 0;
   if (r->algo != UNSET || r->proto != UNSET) {
     /* Without a cost table NCCL 2.19-2.21 run what the tuner returns unchecked, so only what
@@ -474,6 +512,7 @@ static ncclResult_t coll_info_direct(context_t* c, ncclFunc_t coll, size_t nByte
     }
   }
   if (r->channels != UNSET && nChannels) *nChannels = r->channels;
+  count(skipped ? &g_skipped[r->ordinal] : &g_applied[r->ordinal]);
   if (skipped)
     log_once(c, i, LOGGED_SKIPPED, r, r->channels != UNSET
                                           ? "skipped algorithm/protocol: not forced through this NCCL's tuner API (channels still set)"

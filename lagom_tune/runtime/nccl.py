@@ -1,12 +1,14 @@
 """What `apply` deploys for NCCL: tuner-plugin rules, per-communicator CTA bounds, communicator roles.
 
-All of it is pure logic over the plan, so it is tested on CPU with fakes of the torch classes.
+All of it is pure logic over the plan, tested on CPU with fakes of the torch classes, but for
+reading the plugin's counts at a rank's exit (ctypes, tested on the plugin built with ``cc``).
 The plugin itself is ``lagom_tuner.c`` beside this file (built by ``tuner_build.py``); the rules
 file format below is the one its parser reads.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -64,6 +66,90 @@ class TunerRules:
                  "# coll nRanks nNodes minBytes maxBytes algo proto channels   (* = any / NCCL's choice)",
                  RULES_HEADER]
         return "\n".join(lines + [r.line() for r in self.rules]) + "\n"
+
+
+@dataclass(frozen=True)
+class TunerCounts:
+    """What the tuner plugin loaded in a process did with NCCL's calls there (its
+    ``lagom_tuner_counts``): per rule of its rules file, in file order, the calls it was applied
+    to and those whose algorithm or protocol it skipped (not available for the call); per
+    collective, the calls no rule matched (left to NCCL)."""
+
+    applied: tuple[int, ...]
+    skipped: tuple[int, ...]
+    unmatched: Mapping[str, int]  # NCCL's collective name (allgather, ...) -> calls
+
+
+# The plugin's ncclFunc_t order (lagom_tuner.c's FUNC_NAMES).
+TUNER_FUNCS = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
+
+
+def hold_tuner(library: str) -> ctypes.CDLL | None:
+    """Load the tuner plugin in this process before NCCL does, so that its counts outlive NCCL's
+    own handle (``destroy_process_group`` makes NCCL unload its plugin); NCCL's later load of the
+    same path is the same library.
+
+    Args:
+        library: the plugin's path (``NCCL_TUNER_PLUGIN``).
+    Returns:
+        The library, or None where it cannot be loaded here (NCCL then says so itself).
+    """
+    try:
+        return ctypes.CDLL(library)
+    except OSError:
+        return None
+
+
+def read_tuner_counts(lib: ctypes.CDLL, rules: int) -> TunerCounts | None:
+    """The counts of the tuner plugin in this process.
+
+    Args:
+        lib: the plugin (:func:`hold_tuner`).
+        rules: the rules its file holds (``len(TunerRules.rules)``).
+    Returns:
+        The counts, or None when NCCL never started the plugin here (no communicator made), it read
+        another rules file, or it is one without counts (built before 2026-12-05).
+    """
+    try:
+        counts = lib.lagom_tuner_counts
+    except AttributeError:
+        return None
+    u64, size = ctypes.c_ulonglong, max(rules, 1)
+    lines, applied, skipped, unmatched = (ctypes.c_int * size)(), (u64 * size)(), (u64 * size)(), (u64 * len(TUNER_FUNCS))()
+    counts.restype = ctypes.c_int
+    n = counts(rules, lines, applied, skipped, unmatched)
+    if n != rules or not rules:
+        return None
+    return TunerCounts(tuple(applied[:n]), tuple(skipped[:n]), dict(zip(TUNER_FUNCS, unmatched)))
+
+
+def rule_reach(rules: TunerRules, counts: TunerCounts) -> list[tuple[str, str, bool, str]]:
+    """What reached NCCL in a process, as records: one for the rules as a whole, one more for each
+    rule that no call matched or whose algorithm or protocol NCCL did not offer.
+
+    Args:
+        rules: the plan's tuner rules (the file the plugin read).
+        counts: the plugin's counts in this process.
+    Returns:
+        (setting, value, applied, how) tuples, for ``Shim.record``.
+    """
+    out = []
+    for rule, applied, skipped in zip(rules.rules, counts.applied, counts.skipped):
+        value = " ".join(str(x) for x in (rule.algo or "*", rule.proto or "*", rule.channels or "*"))
+        setting = f"rule[{rule.op} {rule.role} {rule.min_bytes}..{rule.max_bytes} B]"
+        if not applied and not skipped:
+            out.append((setting, value, False, "no NCCL call matched it in this process (no collective of that op and size "
+                        "on that communicator asked NCCL's tuner: another workload than the plan's, or a role this rank is not in)"))
+        elif skipped:
+            out.append((setting, value, False, f"algorithm/protocol skipped on {skipped} of {applied + skipped} calls: NCCL did not "
+                        "offer it for them (channels still set)"))
+    total, reached = sum(counts.applied) + sum(counts.skipped), sum(counts.applied)
+    left = sum(counts.unmatched.values())
+    out.insert(0, ("collective_rules_reached", f"{reached} of {total} matched calls",
+                   bool(total) and reached == total and all(a or s for a, s in zip(counts.applied, counts.skipped)),
+                   f"NCCL's tuner calls in this process: {total} matched a rule, {reached} got all of it; "
+                   f"{left} matched none (NCCL's own choice)"))
+    return out
 
 
 def communicator_nodes(plan: Plan, ranks: int | None) -> int | None:

@@ -31,7 +31,8 @@ from lagom_tune.backends.registry import (
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
 from lagom_tune.runtime.after_import import when_imported
-from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, match_role, plan_roles
+from lagom_tune.runtime.nccl import (PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, hold_tuner, match_role, plan_roles,
+                                     read_tuner_counts, rule_reach, tuner_rules)
 from lagom_tune.runtime.ranks import process_rank
 from lagom_tune.workload.bucketing import DDP_DEFAULT_CAP_MB
 from lagom_tune.workload.spec import mesh_dim_of
@@ -125,6 +126,7 @@ class Shim:
         self.built_ddp = False
         self.users_bounds: dict[int, tuple] = {}  # id(the script's Options) -> (them, their own min_ctas, max_ctas)
         self.joined_rank: int | None = None  # the rank this process gave init_process_group itself
+        self.tuner: Any = None  # the NCCL tuner plugin, held from torch's import on (its counts are read at exit)
         # a DataLoader worker, a tool a rank runs: it inherits the rank's RANK, and its settings are the rank's to report
         self.helper = "RANK" in os.environ and os.environ.get(RANK_PID_ENV, str(os.getpid())) != str(os.getpid())
         self.started = time.time()
@@ -199,6 +201,11 @@ class Shim:
         if self.took_part or not self.helper:  # a helper that did nothing itself leaves the rank's settings to the rank
             for setting, why in list(self.pending.items()):
                 self.record(setting, self.plan.settings.communicators.get(self.ddp_role, {}).get(setting), False, why)
+        if self.tuner is not None:  # what NCCL's calls in this process got of the plan's rules
+            rules = tuner_rules(self.plan)
+            counts = read_tuner_counts(self.tuner, len(rules.rules))
+            for setting, value, applied, how in (rule_reach(rules, counts) if counts else ()):
+                self.record(setting, value, applied, how)
         self.flush()  # records made before any flush (settings no applier reaches)
 
     def appliers(self) -> list[tuple[str, Callable[[Any], None]]]:
@@ -365,6 +372,7 @@ class Shim:
             plugin, rules = os.environ.get(PLUGIN_ENV), os.environ.get(RULES_ENV)
             missing = [f"{var}={path}" for var, path in ((PLUGIN_ENV, plugin), (RULES_ENV, rules)) if path and not os.path.isfile(path)]
             ok = bool(plugin and rules) and not missing
+            self.tuner = hold_tuner(plugin) if ok else None
             self.record("collective_rules", len(self.plan.rules), ok,
                         f"NCCL_TUNER_PLUGIN={plugin} reads {RULES_ENV}={rules}" if ok else
                         f"{' and '.join(missing)}: no such file on this node (`--print-env` names files on the host "
