@@ -80,7 +80,7 @@ class TunerCounts:
     unmatched: Mapping[str, int]  # NCCL's collective name (allgather, ...) -> calls
 
 
-# The plugin's ncclFunc_t order (lagom_tuner.c's FUNC_NAMES).
+# NCCL's ncclFunc_t order, in which the plugin counts the calls no rule matched (lagom_tuner.c's FUNC_NAMES).
 TUNER_FUNCS = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
 
 
@@ -115,9 +115,9 @@ def read_tuner_counts(lib: ctypes.CDLL, rules: int) -> TunerCounts | None:
     except AttributeError:
         return None
     u64, size = ctypes.c_ulonglong, max(rules, 1)
-    lines, applied, skipped, unmatched = (ctypes.c_int * size)(), (u64 * size)(), (u64 * size)(), (u64 * len(TUNER_FUNCS))()
+    applied, skipped, unmatched = (u64 * size)(), (u64 * size)(), (u64 * len(TUNER_FUNCS))()
     counts.restype = ctypes.c_int
-    n = counts(rules, lines, applied, skipped, unmatched)
+    n = counts(rules, None, applied, skipped, unmatched)  # the rules' file lines: not needed, they are in order
     if n != rules or not rules:
         return None
     return TunerCounts(tuple(applied[:n]), tuple(skipped[:n]), dict(zip(TUNER_FUNCS, unmatched)))
