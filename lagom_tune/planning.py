@@ -101,8 +101,8 @@ def changed_settings(chosen: Settings, default: Settings) -> Settings:
     """``chosen``'s process and communicator settings where they differ from ``default``'s (its
     collectives' as they are: :func:`collective_rules` leaves out the roles it did not change). A
     knob the search left at the default is left to NCCL, as a plan that keeps every default leaves
-    them all: a pinned ``NCCL_NTHREADS=512`` overrides NCCL's own 256 for the ring's Simple protocol
-    where GPUs talk over PCIe (an audit, 2026-12-04).
+    them all: a pinned ``NCCL_NTHREADS=512`` overrides NCCL's own 256 on a ring it rates no faster
+    than a PCIe Gen3 link (an audit, 2026-12-04).
 
     Args:
         chosen: the settings the search chose.
