@@ -59,6 +59,12 @@ def test_sweep_covers_every_factor_and_only_valid_algorithms():
     assert {p.settings["channels"] for p in ar} == set(space["channels"].domain)
     assert {p.settings["threads"] for p in ar} == set(space["threads"].domain)
     assert {p.settings["buffsize"] for p in ar} == set(space["buffsize"].domain)
+    # each pair's group in the fit sees the knobs that size its channels, and only those: NCCL_NTHREADS
+    # sizes Simple's and LL's CTAs (LL128 runs its own 640), NCCL_BUFFSIZE Simple's buffer only
+    for (a, b) in {(p.settings["algo"], p.settings["proto"]) for p in ar}:
+        mine = [p for p in ar if (p.settings["algo"], p.settings["proto"]) == (a, b)]
+        assert {p.settings["threads"] for p in mine} == (set(space["threads"].domain) if b != "ll128" else {512}), (a, b)
+        assert {p.settings["buffsize"] for p in mine} == (set(space["buffsize"].domain) if b == "simple" else {4 << 20}), (a, b)
     # the fit needs a second, smaller size per collective
     assert {p.nbytes for p in coll if p.op == "all_gather"} == {1 << 24, 1 << 21}
     over = [p for p in pts if p.kind == "overlap"]
@@ -73,8 +79,10 @@ def test_batches_group_by_what_only_a_fresh_process_can_change():
     for b in bs[1:]:
         assert {process_settings(p) for p in b.points} == {b.process}
         assert len({p.settings["channels"] for p in b.points}) >= 1
-    # channels never split a batch: they are per communicator
-    assert len(bs) == 1 + 6 + 3 + 3
+    # channels never split a batch: they are per communicator. The GEMMs; the 6 (algorithm, protocol)
+    # pairs of an all-reduce; 3 more thread counts for each of the 4 pairs NCCL_NTHREADS sizes (not
+    # LL128's), 3 more buffer sizes for the 2 Simple ones
+    assert len(bs) == 1 + 6 + 4 * 3 + 2 * 3
 
 
 def test_layout_checks_and_subgroups():

@@ -55,7 +55,20 @@ def channel_run(proto: str, threads: float, buffsize: float) -> tuple[float, flo
         (threads, buffer bytes): the knobs' values for Simple; LL's threads and its own buffer;
         LL128's own 640 threads and buffer.
     """
-    return (LL128_THREADS if proto == "ll128" else threads), PROTOCOL_BUFFERS.get(proto, buffsize)
+    return (threads if sized_by(proto, "threads") else LL128_THREADS), (buffsize if sized_by(proto, "buffsize") else PROTOCOL_BUFFERS[proto])
+
+
+def sized_by(proto: str, knob: str) -> bool:
+    """Whether the process knob ``knob`` (threads or buffsize) sizes a channel of ``proto``: what a
+    profile varies it for.
+
+    Args:
+        proto: the protocol.
+        knob: ``threads`` (NCCL_NTHREADS: Simple and LL) or ``buffsize`` (NCCL_BUFFSIZE: Simple).
+    Returns:
+        The answer.
+    """
+    return proto != "ll128" if knob == "threads" else proto not in PROTOCOL_BUFFERS
 
 
 def ll128_offered(capabilities: list[tuple[int, int]], nvlink: bool) -> bool:

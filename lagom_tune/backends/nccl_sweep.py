@@ -7,7 +7,8 @@ so points that differ in any of them are measured in different worker processes 
 
 The sweep is one factor at a time around the defaults, because the fitted communication model
 separates the factors: every (algorithm, protocol) over every channel count; threads and buffer
-size over three channel counts; overlapped pairs over channels and buffer sizes, on the ring and on
+size over three channel counts, for each pair whose channels they size (NCCL_NTHREADS: Simple and
+LL; NCCL_BUFFSIZE: Simple; ``nccl_knobs.sized_by``); overlapped pairs over channels and buffer sizes, on the ring and on
 the op's own default where that is another (NVLS within an NVSwitch node).
 """
 
@@ -18,7 +19,7 @@ from typing import Any, Mapping
 
 from lagom_tune.backends.base import Point
 from lagom_tune.backends.nccl_controls import OVERRIDING_ENV, TUNER_COLL, CommunicatorConfig, build_options
-from lagom_tune.backends.nccl_knobs import NVLS, measured_pairs, nccl_config, nccl_knob_space, overlap_algos
+from lagom_tune.backends.nccl_knobs import NVLS, measured_pairs, nccl_config, nccl_knob_space, overlap_algos, sized_by
 from lagom_tune.backends.registry import PROBE_OP
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace
@@ -90,7 +91,7 @@ def plan_collective_points(workload: Workload, space: KnobSpace, world: int, gpu
     Raises:
         UserError: for a collective this job cannot lay out (``check_layout``).
     """
-    algo, proto, chan, thr, buf = (space[k] for k in ("algo", "proto", "channels", "threads", "buffsize"))
+    proto, chan, thr, buf = (space[k] for k in ("proto", "channels", "threads", "buffsize"))
     few_channels = sorted({chan.domain[min(1, len(chan.domain) - 1)], chan.default, chan.domain[-1]})
     points: dict[str, Point] = {p.key: p for p in _gemm_points(workload)}
     colls = sorted({(c.op, c.nbytes, c.ranks, c.nodes) for c in workload.collectives()})
@@ -103,11 +104,13 @@ def plan_collective_points(workload: Workload, space: KnobSpace, world: int, gpu
             for a, p in measured_pairs(space, op, nodes):
                 for ch in chan.domain:
                     coll(nccl_config(a, p, ch, thr.default, buf.default, nodes))
-            for ch in few_channels:
-                for t in thr.domain:
-                    coll(nccl_config(algo.default, proto.default, ch, t, buf.default, nodes))
-                for b in buf.domain:
-                    coll(nccl_config(algo.default, proto.default, ch, thr.default, b, nodes))
+                # the threads and buffer sizes at a few channel counts, for each pair whose channels
+                # they size: the fit has one group per pair and learns a knob only from its own rows
+                for ch in few_channels:
+                    for t in (thr.domain if sized_by(p, "threads") else ()):
+                        coll(nccl_config(a, p, ch, t, buf.default, nodes))
+                    for b in (buf.domain if sized_by(p, "buffsize") else ()):
+                        coll(nccl_config(a, p, ch, thr.default, b, nodes))
     for g in _beside(workload):
         for op, nbytes, ranks, nodes in colls:
             for a in overlap_algos(space, op, nodes):
