@@ -55,7 +55,8 @@ def channel_run(proto: str, threads: float, buffsize: float) -> tuple[float, flo
         (threads, buffer bytes): the knobs' values for Simple; LL's threads and its own buffer;
         LL128's own 640 threads and buffer.
     """
-    return (threads if sized_by(proto, "threads") else LL128_THREADS), (buffsize if sized_by(proto, "buffsize") else PROTOCOL_BUFFERS[proto])
+    run_threads = threads if sized_by(proto, "threads") else LL128_THREADS
+    return run_threads, (buffsize if sized_by(proto, "buffsize") else PROTOCOL_BUFFERS[proto])
 
 
 def sized_by(proto: str, knob: str) -> bool:
