@@ -154,7 +154,18 @@ def cluster_knob_space(c: Cluster) -> KnobSpace:
     Returns:
         Its channel bounds, NVLS where its NVSwitch reduces, LL128 where NCCL would offer it.
     """
-    return nccl_knob_space(c.max_channels, c.default_channels, c.nvls, ll128_offered([c.compute_capability], c.nvlink))
+    return nccl_knob_space(c.max_channels, c.default_channels, c.nvls, cluster_offers_ll128(c))
+
+
+def cluster_offers_ll128(c: Cluster) -> bool:
+    """Whether NCCL offers LL128 on a simulated cluster's GPUs (:func:`ll128_offered`).
+
+    Args:
+        c: the cluster.
+    Returns:
+        The answer, from its compute capability and NVLink.
+    """
+    return ll128_offered([c.compute_capability], c.nvlink)
 
 
 def measured_pairs(space: KnobSpace, op: str, nodes: int) -> list[tuple[str, str]]:

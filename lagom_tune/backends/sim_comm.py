@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from lagom_tune.backends.nccl_knobs import PROTOCOL_BUFFERS, channel_run, ll128_offered
+from lagom_tune.backends.nccl_knobs import channel_run, cluster_offers_ll128, sized_by
 from lagom_tune.backends.sim_clusters import GB, Cluster
 from lagom_tune.backends.sim_compute import hbm_share, latency_beside
 
@@ -109,7 +109,7 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
     eff, handshake = PROTOCOLS[s["proto"]]
     channels = int(s["channels"])
     algo = s["algo"]
-    if s["proto"] == "ll128" and not ll128_offered([c.compute_capability], c.nvlink):
+    if s["proto"] == "ll128" and not cluster_offers_ll128(c):
         raise ValueError(f"NCCL does not offer LL128 on {c.name} (compute capability {c.compute_capability}, "
                          f"{'NVLink' if c.nvlink else 'not NVLink between every pair'})")
     if algo == "nvls":
@@ -136,8 +136,8 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
 
 def step_payload(proto: str, buffsize: int) -> float:
     """Payload bytes one step of a channel moves: an eighth of the protocol's buffer, less its flags."""
-    buffer = channel_run(proto, 0, buffsize)[1]
-    return buffer / STEPS_PER_BUFFER * (PROTOCOLS[proto][0] if proto in PROTOCOL_BUFFERS else 1.0)
+    payload = 1.0 if sized_by(proto, "buffsize") else PROTOCOLS[proto][0]  # NCCL's own buffers hold the flags too
+    return channel_run(proto, 0, buffsize)[1] / STEPS_PER_BUFFER * payload
 
 
 def copy_slowdown(c: Cluster, need: float, gemm_hbm: float) -> float:

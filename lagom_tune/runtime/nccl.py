@@ -133,23 +133,21 @@ def rule_reach(rules: TunerRules, counts: TunerCounts) -> list[tuple[str, str, b
     Returns:
         (setting, value, applied, how) tuples, for ``Shim.record``.
     """
-    out = []
+    problems = []
     for rule, applied, skipped in zip(rules.rules, counts.applied, counts.skipped):
         value = " ".join(str(x) for x in (rule.algo or "*", rule.proto or "*", rule.channels or "*"))
         setting = f"rule[{rule.op} {rule.role} {rule.min_bytes}..{rule.max_bytes} B]"
         if not applied and not skipped:
-            out.append((setting, value, False, "no NCCL call matched it in this process (no collective of that op and size "
+            problems.append((setting, value, False, "no NCCL call matched it in this process (no collective of that op and size "
                         "on that communicator asked NCCL's tuner: another workload than the plan's, or a role this rank is not in)"))
         elif skipped:
-            out.append((setting, value, False, f"algorithm/protocol skipped on {skipped} of {applied + skipped} calls: NCCL did not "
+            problems.append((setting, value, False, f"algorithm/protocol skipped on {skipped} of {applied + skipped} calls: NCCL did not "
                         "offer it for them (channels still set)"))
     total, reached = sum(counts.applied) + sum(counts.skipped), sum(counts.applied)
     left = sum(counts.unmatched.values())
-    out.insert(0, ("collective_rules_reached", f"{reached} of {total} matched calls",
-                   bool(total) and reached == total and all(a or s for a, s in zip(counts.applied, counts.skipped)),
-                   f"NCCL's tuner calls in this process: {total} matched a rule, {reached} got all of it; "
-                   f"{left} matched none (NCCL's own choice)"))
-    return out
+    return [("collective_rules_reached", f"{reached} of {total} matched calls", bool(total) and not problems,
+             f"NCCL's tuner calls in this process: {total} matched a rule, {reached} got all of it; "
+             f"{left} matched none (NCCL's own choice)"), *problems]
 
 
 def communicator_nodes(plan: Plan, ranks: int | None) -> int | None:
