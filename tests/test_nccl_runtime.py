@@ -209,6 +209,9 @@ def test_apply_reaches_a_real_nccl_communicator(tmp_path):
     assert any(rec["setting"] == "collective_rules" and rec["applied"] for rec in records), record
     # the plugin's counts, read by the rank's shim at exit (one rank: NCCL may never ask the tuner)
     assert any(rec["setting"] == "collective_rules_reached" for rec in records), record
+    # NCCL's own choice for each call it asked about: a one-rank cost table holds ring/simple alone
+    own = [line for rec in records if rec["setting"] == "nccl_defaults_as_modelled" for line in rec["value"]]
+    assert all(re.fullmatch(r"all_reduce \d+\.\.\d+ B within a node: ring/simple x\d+", line) for line in own), own
 
 
 def test_a_process_that_joins_a_group_itself_is_recorded_as_a_rank(tmp_path, monkeypatch):

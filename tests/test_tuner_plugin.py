@@ -667,7 +667,7 @@ def test_rules_that_did_not_reach_nccl_are_recorded_by_name():
 def test_a_ranks_record_says_which_rules_reached_nccl(lib, library, tmp_path, monkeypatch):
     """At exit the shim reads the plugin NCCL ran in its process and records each rule NCCL's calls
     did not get (here the reduce-scatter's LL128, which NCCL did not offer)."""
-    from lagom_tune.runtime.nccl import PLUGIN_ENV
+    from lagom_tune.runtime.nccl import PLUGIN_ENV, TUNER_ALGOS, TUNER_PROTOS
     from lagom_tune.runtime.shim import Shim
 
     rules = tuner_rules(IN_TEST_PLAN)
@@ -683,3 +683,75 @@ def test_a_ranks_record_says_which_rules_reached_nccl(lib, library, tmp_path, mo
     assert records["collective_rules"]["applied"] and not records["collective_rules_reached"]["applied"]
     skipped = records["rule[reduce_scatter dp 1048576..268435456 B]"]
     assert not skipped["applied"] and "NCCL did not offer it" in skipped["how"]
+    algo, proto = cheapest(fake_table(random.Random(5)))  # NCCL's own choice for _drive's 100 B all-gather
+    own = f"all_gather 64..127 B across nodes: {TUNER_ALGOS[algo]}/{TUNER_PROTOS[proto]} x"  # nvls_tree/ll128
+    assert any(line.startswith(own) for line in records["nccl_defaults_as_modelled"]["value"]), records["nccl_defaults_as_modelled"]
+
+
+# -- NCCL's own choice, from each cost table as NCCL handed it over ---------------------------------
+
+
+def _choices(lib) -> dict[tuple, int]:
+    from lagom_tune.runtime.nccl import read_nccl_choices
+
+    return {(c.op, c.across_nodes, c.min_bytes, c.max_bytes, c.algo, c.proto): c.calls for c in read_nccl_choices(lib)}
+
+
+def _entry(algo: int, proto: int) -> int:
+    return algo * NUM_PROTOS + proto
+
+
+def test_the_plugin_counts_nccl_s_own_choice_before_any_rule(lib, tmp_path, monkeypatch):
+    """NCCL runs its cost table's first strictly cheapest available entry, in algorithm-then-protocol
+    order; the plugin counts that entry per span, collective and power-of-two size before a rule
+    lowers another (so a plan's run still shows what NCCL's defaults would have run)."""
+    use_rules(monkeypatch, tmp_path, tuner_rules(IN_TEST_PLAN))  # all-gathers of 1 MiB and up forced to ring/simple
+    table = [50.0] * (NUM_ALGOS * NUM_PROTOS)
+    table[_entry(ALGO["ring"], PROTO["ll128"])] = 10.0
+    table[_entry(ALGO["tree"], PROTO["ll"])] = 5.0
+    table[_entry(ALGO["tree"], PROTO["ll"])] = IGNORE  # not available: never NCCL's choice
+    table[_entry(6, PROTO["simple"])] = float("nan")
+    tie = [50.0] * (NUM_ALGOS * NUM_PROTOS)
+    tie[_entry(ALGO["ring"], PROTO["ll"])] = tie[_entry(ALGO["tree"], PROTO["simple"])] = 3.0  # tree comes first
+    before = _choices(lib)
+    for version in TABLE_VERSIONS:
+        tuner = Tuner(lib, version)
+        across, within = tuner.init(16, 2), tuner.init(8, 1)
+        after_rule, _ = tuner.call(across, FUNC["all_gather"], 3 << 20, table)
+        assert after_rule[_entry(ALGO["ring"], PROTO["simple"])] == 0.0  # the rule still applied
+        tuner.call(within, FUNC["all_reduce"], 1000, tie)
+        tuner.call(within, FUNC["broadcast"], 0, tie)
+        tuner.finalize(across)
+        tuner.finalize(within)
+    direct = Tuner(lib, 2)  # no cost table: nothing to count
+    ctx = direct.init(16, 2)
+    direct.call_direct(ctx, FUNC["all_gather"], 3 << 20)
+    direct.finalize(ctx)
+    after = _choices(lib)
+    delta = {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+    n = len(TABLE_VERSIONS)
+    assert delta == {("all_gather", True, 2 << 20, (4 << 20) - 1, "ring", "ll128"): n,
+                     ("all_reduce", False, 512, 1023, "tree", "simple"): n,
+                     ("broadcast", False, 0, 1, "tree", "simple"): n}
+
+
+def test_the_defaults_a_plan_assumed_are_held_against_nccl_s_own_choice():
+    """Where NCCL's own choice is not the algorithm/protocol the plan's predictions of the defaults
+    assumed, the rank's record says for which calls, and that the predicted speed-up rests on it."""
+    from lagom_tune.runtime.nccl import NcclChoice, defaults_record
+
+    hopper = dataclasses.replace(IN_TEST_PLAN, hardware={"gpu": "NVIDIA H100 80GB HBM3", "nvls": True, "ll128": True})
+    as_modelled = (NcclChoice("all_reduce", False, 1 << 26, (1 << 27) - 1, "nvls", "simple", 4),
+                   NcclChoice("all_gather", True, 1 << 26, (1 << 27) - 1, "ring", "simple", 3),
+                   NcclChoice("reduce", False, 1 << 10, (1 << 11) - 1, "ring", "ll", 9))  # no op of ours: not compared
+    setting, value, held, how = defaults_record(hopper.space, as_modelled)
+    assert setting == "nccl_defaults_as_modelled" and held and "each of 16 calls" in how
+    assert value[0] == "all_reduce 67108864..134217727 B within a node: nvls/simple x4"
+    other = as_modelled + (NcclChoice("all_gather", False, 1 << 20, (1 << 21) - 1, "ring", "ll128", 2),)
+    _, _, held, how = defaults_record(hopper.space, other)
+    assert not held and "all_gather 1048576..2097151 B within a node: ring/ll128 x2, modelled ring/simple" in how
+    assert "nvls" not in how.split("for ")[1].split(".")[0]  # the all-reduce agreed
+    no_nvls = dataclasses.replace(hopper, hardware={**hopper.hardware, "nvls": False})
+    _, _, held, how = defaults_record(no_nvls.space, as_modelled)
+    assert not held and "nvls/simple x4, modelled ring/simple" in how
+    assert defaults_record(hopper.space, ()) is None

@@ -74,6 +74,12 @@ class Plan:
     # nor a DeviceMesh dimension's name identifies (e.g. Megatron-style new_group layouts).
     group_ranks: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
 
+    @property
+    def space(self) -> KnobSpace:
+        """The knob space the plan's values were chosen from: its backend's, bounded by the machine
+        it was profiled on (``target.hardware``)."""
+        return knob_space_for(self.backend, _machine(self.hardware))
+
     def modelled_settings(self, workload: Workload, default: Settings) -> Settings:
         """The settings the plan runs ``workload`` with, as the model evaluates them: its own where
         it sets a knob, ``default`` where it leaves one to the backend (a plan that keeps the

@@ -9,7 +9,9 @@
  * This plugin reads the rules `lagom-tune apply` writes from a plan (file named by the environment
  * variable LAGOM_TUNE_TUNER_RULES) and, for each call, applies the first rule that matches the
  * collective, the communicator (nRanks, nNodes) and the size. With no matching rule it changes
- * nothing. It never makes an entry NCCL marked unavailable the cheapest.
+ * nothing. It never makes an entry NCCL marked unavailable the cheapest. It counts what reached
+ * NCCL (per rule, the calls it was applied to and skipped on) and, from each cost table as NCCL
+ * handed it over, NCCL's own choice for the call; lagom-tune's shim reads both at a rank's exit.
  *
  * Rules file (text; '#' starts a comment line; fields separated by blanks):
  *
@@ -338,6 +340,53 @@ static unsigned long long g_applied[MAX_RULES], g_skipped[MAX_RULES], g_unmatche
 
 static void count(unsigned long long* counter) { __atomic_add_fetch(counter, 1ULL, __ATOMIC_RELAXED); }
 
+/* NCCL's own choice: per span (0: a communicator within one node, 1: across nodes), collective,
+ * power-of-two size bucket (bucket b holds sizes 2^b .. 2^(b+1)-1, bucket 0 also 0 B) and (algo,
+ * proto), the calls whose cost table, as NCCL handed it over, made that entry the cheapest: what
+ * NCCL runs where no rule applies (its topoGetAlgoInfo picks the first strictly cheapest entry of
+ * at least 0 and below an hour, in algo-then-proto order). Counted for every call that came with a
+ * cost table (v3 and newer), before any rule changes it. */
+#define SIZE_BUCKETS 48
+#define NCCL_MAX_TIME 3600000000.0f
+static unsigned long long g_own[2][NUM_FUNCS][SIZE_BUCKETS][NUM_ALGOS][NUM_PROTOS];
+
+static int size_bucket(size_t nBytes) {
+  int b = 0;
+  while (nBytes > 1 && b < SIZE_BUCKETS - 1) {
+    nBytes >>= 1;
+    b++;
+  }
+  return b;
+}
+
+static void count_nccl_choice(const context_t* c, ncclFunc_t coll, size_t nBytes, const float* table, int numAlgo,
+                              int numProto) {
+  if (c == NULL || coll < 0 || coll >= NUM_FUNCS) return;
+  float least = NCCL_MAX_TIME;
+  int algo = UNSET, proto = UNSET;
+  for (int a = 0; a < numAlgo; a++)
+    for (int p = 0; p < numProto; p++) {
+      float t = table[a * numProto + p];
+      if (t >= 0.0f && t < least) {
+        least = t;
+        algo = a;
+        proto = p;
+      }
+    }
+  /* an algorithm or protocol newer than this plugin knows of is not counted */
+  if (algo >= 0 && algo < NUM_ALGOS && proto >= 0 && proto < NUM_PROTOS)
+    count(&g_own[c->nNodes > 1][coll][size_bucket(nBytes)][algo][proto]);
+}
+
+/* NCCL's own choices so far (g_own, flattened in its index order) into `out` (up to `len`
+ * entries; NULL to ask the size); returns the number of entries the array has. */
+EXPORT int lagom_tuner_nccl_choices(unsigned long long* out, size_t len) {
+  unsigned long long* all = &g_own[0][0][0][0][0];
+  size_t n = sizeof g_own / sizeof *all;
+  for (size_t i = 0; out && i < n && i < len; i++) out[i] = __atomic_load_n(&all[i], __ATOMIC_RELAXED);
+  return (int)n;
+}
+
 /* The counts so far: fills lines/applied/skipped for up to `max` rules and unmatched[NUM_FUNCS]
  * (any pointer may be NULL), and returns the number of rules in the file the plugin last read. */
 EXPORT int lagom_tuner_counts(int max, int* lines, unsigned long long* applied, unsigned long long* skipped,
@@ -464,16 +513,16 @@ static ncclResult_t coll_info_table(void* ctx, ncclFunc_t coll, size_t nBytes, i
   (void)numPipeOps;
   (void)regBuff;
   context_t* c = ctx;
+  /* The table is float[numAlgo][numProto] handed over as float**. Guard the shape: a table this
+   * plugin does not understand is neither read nor written out of bounds. */
+  float* table = (costTable && numAlgo > 0 && numAlgo <= 64 && numProto > 0 && numProto <= 16) ? (float*)costTable : NULL;
+  if (table) count_nccl_choice(c, coll, nBytes, table, numAlgo, numProto);
   int i;
   const rule_t* r = first_match(c, coll, nBytes, &i);
   if (r == NULL) return unmatched(coll);
   int skipped = 0;
   if (r->algo != UNSET || r->proto != UNSET) {
-    /* The table is float[numAlgo][numProto] handed over as float**. Guard the shape: a table
-     * this plugin does not understand is left alone rather than written out of bounds. */
-    float* table = (float*)costTable;
-    int entry = (table && numAlgo > 0 && numAlgo <= 64 && numProto > 0 && numProto <= 16)
-                    ? pick_entry(r, table, numAlgo, numProto) : -1;
+    int entry = table ? pick_entry(r, table, numAlgo, numProto) : -1;
     if (entry >= 0) table[entry] = 0.0f; /* the cheapest: NCCL picks the minimum available time */
     else skipped = 1;
   }

@@ -9,10 +9,12 @@ file format below is the one its parser reads.
 from __future__ import annotations
 
 import ctypes
+import itertools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lagom_tune.backends.nccl_controls import TUNER_COLL, CommunicatorConfig
+from lagom_tune.knobs import KnobSpace
 from lagom_tune.plan.schema import CollectiveRule, Plan, nodes_of
 
 # NCCL runs all-to-all as grouped send/recv, which its tuner is never asked about.
@@ -69,19 +71,46 @@ class TunerRules:
 
 
 @dataclass(frozen=True)
+class NcclChoice:
+    """NCCL's own choice for some of a process's calls: the cheapest entry of the cost table NCCL
+    handed the plugin, before any rule (what NCCL runs where no rule applies)."""
+
+    op: str  # our op name (all_gather, ...), or NCCL's for a collective we have none for (reduce)
+    across_nodes: bool  # the calls' communicator spans several nodes
+    min_bytes: int  # the calls' power-of-two size bucket (NCCL's nBytes, as the rules match them)
+    max_bytes: int
+    algo: str
+    proto: str
+    calls: int
+
+    def describe(self) -> str:
+        """One line: which calls, NCCL's choice, how many."""
+        span = "across nodes" if self.across_nodes else "within a node"
+        return f"{self.op} {self.min_bytes}..{self.max_bytes} B {span}: {self.algo}/{self.proto} x{self.calls}"
+
+
+@dataclass(frozen=True)
 class TunerCounts:
     """What the tuner plugin loaded in a process did with NCCL's calls there (its
     ``lagom_tuner_counts``): per rule of its rules file, in file order, the calls it was applied
     to and those whose algorithm or protocol it skipped (not available for the call); per
-    collective, the calls no rule matched (left to NCCL)."""
+    collective, the calls no rule matched (left to NCCL); and NCCL's own choice for every call
+    that came with a cost table (``lagom_tuner_nccl_choices``; NCCL 2.22 and newer)."""
 
     applied: tuple[int, ...]
     skipped: tuple[int, ...]
     unmatched: Mapping[str, int]  # NCCL's collective name (allgather, ...) -> calls
+    nccl_choices: tuple[NcclChoice, ...] = ()
 
 
-# NCCL's ncclFunc_t order, in which the plugin counts the calls no rule matched (lagom_tuner.c's FUNC_NAMES).
+# The plugin's numbering (lagom_tuner.c's FUNC_NAMES, ALGO_NAMES, PROTO_NAMES: NCCL's ncclFunc_t,
+# NCCL_ALGO_* and NCCL_PROTO_* orders) and the shape of its NCCL's-own-choice counts (g_own:
+# [within a node, across nodes][collective][size bucket 2^b..2^(b+1)-1][algorithm][protocol]).
 TUNER_FUNCS = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
+TUNER_ALGOS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
+TUNER_PROTOS = ("ll", "ll128", "simple")
+SIZE_BUCKETS = 48
+OP_OF_FUNC = {name: op for op, name in TUNER_COLL.items()}
 
 
 def hold_tuner(library: str) -> ctypes.CDLL | None:
@@ -120,7 +149,32 @@ def read_tuner_counts(lib: ctypes.CDLL, rules: int) -> TunerCounts | None:
     n = counts(rules, None, applied, skipped, unmatched)  # the rules' file lines: not needed, they are in order
     if n != rules or not rules:
         return None
-    return TunerCounts(tuple(applied[:n]), tuple(skipped[:n]), dict(zip(TUNER_FUNCS, unmatched)))
+    return TunerCounts(tuple(applied[:n]), tuple(skipped[:n]), dict(zip(TUNER_FUNCS, unmatched)), read_nccl_choices(lib))
+
+
+def read_nccl_choices(lib: ctypes.CDLL) -> tuple[NcclChoice, ...]:
+    """NCCL's own choices for the calls the tuner plugin in this process was asked about.
+
+    Args:
+        lib: the plugin (:func:`hold_tuner`).
+    Returns:
+        One entry per (span, collective, size bucket, algorithm, protocol) with calls, in that
+        order; none from a plugin without these counts (built before 2026-12-06) or of another shape.
+    """
+    try:
+        choices = lib.lagom_tuner_nccl_choices
+    except AttributeError:
+        return ()
+    shape = (2, len(TUNER_FUNCS), SIZE_BUCKETS, len(TUNER_ALGOS), len(TUNER_PROTOS))
+    size = 2 * len(TUNER_FUNCS) * SIZE_BUCKETS * len(TUNER_ALGOS) * len(TUNER_PROTOS)
+    choices.restype = ctypes.c_int
+    if choices(None, ctypes.c_size_t(0)) != size:
+        return ()
+    out = (ctypes.c_ulonglong * size)()
+    choices(out, ctypes.c_size_t(size))
+    return tuple(NcclChoice(OP_OF_FUNC.get(TUNER_FUNCS[f], TUNER_FUNCS[f]), bool(span), 1 << b if b else 0, (2 << b) - 1,
+                            TUNER_ALGOS[a], TUNER_PROTOS[p], calls)
+                 for (span, f, b, a, p), calls in zip(itertools.product(*map(range, shape)), out) if calls)
 
 
 def rule_reach(rules: TunerRules, counts: TunerCounts) -> list[tuple[str, str, bool, str]]:
@@ -148,6 +202,38 @@ def rule_reach(rules: TunerRules, counts: TunerCounts) -> list[tuple[str, str, b
     return [("collective_rules_reached", f"{reached} of {total} matched calls", bool(total) and not problems,
              f"NCCL's tuner calls in this process: {total} matched a rule, {reached} got all of it; "
              f"{left} matched none (NCCL's own choice)"), *problems]
+
+
+def defaults_record(space: KnobSpace, choices: tuple[NcclChoice, ...]) -> tuple[str, Any, bool, str] | None:
+    """NCCL's own choices in a process held against the algorithm and protocol the plan's
+    predictions of NCCL's defaults assume (its knob space's defaults per op and span), as a record:
+    where they differ, the predicted speed-up over the defaults, and the prediction for calls no
+    rule matches, rest on another algorithm or protocol than NCCL runs.
+
+    Args:
+        space: the plan's knob space (``Plan.space``).
+        choices: NCCL's own choices (``TunerCounts.nccl_choices``).
+    Returns:
+        (setting, value, held, how), or None where NCCL handed the plugin no cost table.
+    """
+    if not choices:
+        return None
+    differ = []
+    for c in choices:
+        if c.op in TUNER_COLL:  # not reduce: no workload of ours has one, no default is modelled
+            d = space.defaults(c.op, 2 if c.across_nodes else 1)
+            if (d["algo"], d["proto"]) != (c.algo, c.proto):
+                differ.append(f"{c.describe()}, modelled {d['algo']}/{d['proto']}")
+    calls = sum(c.calls for c in choices)
+    how = (f"NCCL's own choice (the cheapest entry of the cost table it handed the tuner, before any rule) for each of "
+           f"{calls} calls")
+    if not differ:
+        return "nccl_defaults_as_modelled", [c.describe() for c in choices], True, \
+            f"{how} is the algorithm/protocol the plan's predictions of NCCL's defaults assume (channels not compared)"
+    return "nccl_defaults_as_modelled", [c.describe() for c in choices], False, \
+        (f"{how}: it differs from what the plan's predictions of NCCL's defaults assume for {'; '.join(differ)}. "
+         "The predicted speed-up over the defaults, and the prediction for calls no rule matches, rest on another "
+         "algorithm/protocol than NCCL runs there; `lagom-tune trial` measures the real one")
 
 
 def communicator_nodes(plan: Plan, ranks: int | None) -> int | None:

@@ -31,8 +31,8 @@ from lagom_tune.backends.registry import (
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
 from lagom_tune.runtime.after_import import when_imported
-from lagom_tune.runtime.nccl import (PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, hold_tuner, match_role, plan_roles,
-                                     read_tuner_counts, rule_reach, tuner_rules)
+from lagom_tune.runtime.nccl import (PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, defaults_record, hold_tuner, match_role,
+                                     plan_roles, read_tuner_counts, rule_reach, tuner_rules)
 from lagom_tune.runtime.ranks import process_rank
 from lagom_tune.workload.bucketing import DDP_DEFAULT_CAP_MB
 from lagom_tune.workload.spec import mesh_dim_of
@@ -204,7 +204,8 @@ class Shim:
         if self.tuner is not None:  # what NCCL's calls in this process got of the plan's rules
             rules = tuner_rules(self.plan)
             counts = read_tuner_counts(self.tuner, len(rules.rules))
-            for setting, value, applied, how in (rule_reach(rules, counts) if counts else ()):
+            records = [*rule_reach(rules, counts), defaults_record(self.plan.space, counts.nccl_choices)] if counts else []
+            for setting, value, applied, how in filter(None, records):
                 self.record(setting, value, applied, how)
         self.flush()  # records made before any flush (settings no applier reaches)
 
