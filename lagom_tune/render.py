@@ -18,7 +18,8 @@ from lagom_tune.comparison import CI_LEVEL
 from lagom_tune.plan.schema import Plan
 from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.runtime.launch import describe, export_lines
-from lagom_tune.runtime.nccl import RULES_ENV, communicator_configs
+from lagom_tune.backends.nccl_tuner import RULES_ENV
+from lagom_tune.runtime.nccl import communicator_configs
 from lagom_tune.runtime.trial import TrialRecord, TrialRun
 from lagom_tune.search import TIE_TOLERANCE
 from lagom_tune.search.result import SearchResult

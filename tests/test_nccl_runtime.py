@@ -6,6 +6,7 @@ import types
 
 import pytest
 
+from lagom_tune.backends import nccl_tuner
 from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
 from lagom_tune.runtime import nccl
@@ -88,13 +89,13 @@ def test_a_tuner_file_missing_on_this_node_is_named(tmp_path, monkeypatch):
     was told there was no C compiler when apply ran."""
     plugin, rules = tmp_path / "libnccl-tuner.so", tmp_path / "x.rules"
     rules.write_text("lagom-tune-tuner-rules 1\n")
-    monkeypatch.setenv(nccl.PLUGIN_ENV, str(plugin))
-    monkeypatch.setenv(nccl.RULES_ENV, str(rules))
+    monkeypatch.setenv(nccl_tuner.PLUGIN_ENV, str(plugin))
+    monkeypatch.setenv(nccl_tuner.RULES_ENV, str(rules))
     shim = Shim(PLAN, str(tmp_path / "p.yaml"), None)
     shim.on_torch_nccl(None)
     (record,) = [r for r in shim.records if r["setting"] == "collective_rules"]
-    assert not record["applied"] and f"{nccl.PLUGIN_ENV}={plugin}: no such file on this node" in record["how"]
-    monkeypatch.delenv(nccl.PLUGIN_ENV)
+    assert not record["applied"] and f"{nccl_tuner.PLUGIN_ENV}={plugin}: no such file on this node" in record["how"]
+    monkeypatch.delenv(nccl_tuner.PLUGIN_ENV)
     shim = Shim(PLAN, str(tmp_path / "p.yaml"), None)
     shim.on_torch_nccl(None)
     assert "no tuner plugin in the environment" in shim.records[0]["how"]
@@ -133,7 +134,7 @@ def test_dry_run_shows_options_environment_and_tuner_plugin(tmp_path):
     assert "NCCL_NTHREADS=256" in out and "NCCL_BUFFSIZE=2097152" in out
     assert "config.min_ctas=2, config.max_ctas=4" in out and "allgather 16 2 1048576 268435456 ring simple 2" in out
     if shutil.which("cc"):
-        assert f"NCCL_TUNER_PLUGIN={tmp_path / 'cache'}/lagom-tune/" in out and f"{nccl.RULES_ENV}=" in out
+        assert f"NCCL_TUNER_PLUGIN={tmp_path / 'cache'}/lagom-tune/" in out and f"{nccl_tuner.RULES_ENV}=" in out
     else:
         assert "no C compiler found" in out
 
@@ -169,7 +170,7 @@ def test_apply_reaches_a_real_nccl_communicator(tmp_path):
 
     import torch
 
-    from lagom_tune.runtime.tuner_build import LIBRARY_NAME
+    from lagom_tune.backends.tuner_build import LIBRARY_NAME
 
     plan = Plan(backend="nccl", world_size=1, nodes=1, hardware={"gpu": torch.cuda.get_device_name()}, groups={"world": 1},
                 settings=Settings({"threads": 256, "buffsize": 2 << 20}),

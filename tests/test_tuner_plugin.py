@@ -18,8 +18,9 @@ import pytest
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
-from lagom_tune.runtime.nccl import RULES_ENV, TunerRules, communicator_nodes, tuner_rules
-from lagom_tune.runtime.tuner_build import LIBRARY_NAME, cache_root, ensure_plugin, find_compiler
+from lagom_tune.backends.nccl_tuner import RULES_ENV
+from lagom_tune.runtime.nccl import TunerRules, communicator_nodes, tuner_rules
+from lagom_tune.backends.tuner_build import LIBRARY_NAME, cache_root, ensure_plugin, find_compiler
 
 from conftest import ROOT, RULES_PLAN, cli
 
@@ -589,7 +590,7 @@ def test_a_failed_build_names_its_reason_and_leaves_no_folder(tmp_path):
     """A full disk was reported as collect2's "ld returned 1 exit status" (the linker's own line,
     "final link failed: No space left on device", came before it), and each failed build left an
     empty nccl-tuner-* folder in the cache."""
-    from lagom_tune.runtime.tuner_build import compile_error
+    from lagom_tune.backends.tuner_build import compile_error
 
     linker = ("/usr/bin/ld: final link failed: No space left on device\n"
               "collect2: error: ld returned 1 exit status\n")
@@ -605,7 +606,7 @@ def test_a_failed_build_names_its_reason_and_leaves_no_folder(tmp_path):
 
 
 def _counts_delta(after, before):
-    from lagom_tune.runtime.nccl import TunerCounts
+    from lagom_tune.backends.nccl_tuner import TunerCounts
 
     return TunerCounts(tuple(a - b for a, b in zip(after.applied, before.applied)),
                        tuple(a - b for a, b in zip(after.skipped, before.skipped)),
@@ -631,7 +632,7 @@ def test_the_plugin_counts_what_reached_nccl_per_rule(lib, library, tmp_path, mo
     """Per rule, the calls it was applied to and those whose algorithm/protocol NCCL did not offer;
     per collective, the calls no rule matched. The counts outlive NCCL's handle: the shim holds
     the library (destroy_process_group makes NCCL unload its plugin)."""
-    from lagom_tune.runtime.nccl import hold_tuner, read_tuner_counts
+    from lagom_tune.backends.nccl_tuner import hold_tuner, read_tuner_counts
 
     rules = tuner_rules(IN_TEST_PLAN)
     use_rules(monkeypatch, tmp_path, rules)
@@ -648,7 +649,8 @@ def test_the_plugin_counts_what_reached_nccl_per_rule(lib, library, tmp_path, mo
 
 
 def test_rules_that_did_not_reach_nccl_are_recorded_by_name():
-    from lagom_tune.runtime.nccl import TunerCounts, rule_reach
+    from lagom_tune.backends.nccl_tuner import TunerCounts
+    from lagom_tune.runtime.nccl import rule_reach
 
     rules = tuner_rules(IN_TEST_PLAN)
     records = rule_reach(rules, TunerCounts((2, 0, 0, 5, 1), (0, 1, 0, 0, 0), {"allgather": 1, "allreduce": 0}))
@@ -667,7 +669,7 @@ def test_rules_that_did_not_reach_nccl_are_recorded_by_name():
 def test_a_ranks_record_says_which_rules_reached_nccl(lib, library, tmp_path, monkeypatch):
     """At exit the shim reads the plugin NCCL ran in its process and records each rule NCCL's calls
     did not get (here the reduce-scatter's LL128, which NCCL did not offer)."""
-    from lagom_tune.runtime.nccl import PLUGIN_ENV, TUNER_ALGOS, TUNER_PROTOS
+    from lagom_tune.backends.nccl_tuner import PLUGIN_ENV, TUNER_ALGOS, TUNER_PROTOS
     from lagom_tune.runtime.shim import Shim
 
     rules = tuner_rules(IN_TEST_PLAN)
@@ -692,7 +694,7 @@ def test_a_ranks_record_says_which_rules_reached_nccl(lib, library, tmp_path, mo
 
 
 def _choices(lib) -> dict[tuple, int]:
-    from lagom_tune.runtime.nccl import read_nccl_choices
+    from lagom_tune.backends.nccl_tuner import read_nccl_choices
 
     return {(c.op, c.across_nodes, c.min_bytes, c.max_bytes, c.algo, c.proto): c.calls for c in read_nccl_choices(lib)}
 
@@ -738,7 +740,8 @@ def test_the_plugin_counts_nccl_s_own_choice_before_any_rule(lib, tmp_path, monk
 def test_the_defaults_a_plan_assumed_are_held_against_nccl_s_own_choice():
     """Where NCCL's own choice is not the algorithm/protocol the plan's predictions of the defaults
     assumed, the rank's record says for which calls, and that the predicted speed-up rests on it."""
-    from lagom_tune.runtime.nccl import NcclChoice, defaults_record
+    from lagom_tune.backends.nccl_tuner import NcclChoice
+    from lagom_tune.runtime.nccl import defaults_record
 
     hopper = dataclasses.replace(IN_TEST_PLAN, hardware={"gpu": "NVIDIA H100 80GB HBM3", "nvls": True, "ll128": True})
     as_modelled = (NcclChoice("all_reduce", False, 1 << 26, (1 << 27) - 1, "nvls", "simple", 4),

@@ -1,7 +1,7 @@
 """NCCL's knobs at the scopes they can really be deployed at (DESIGN.md §9).
 
 * ``algo``, ``proto``, ``channels`` per collective: rules our NCCL tuner plugin reads
-  (``runtime/lagom_tuner.c``, loaded through ``NCCL_TUNER_PLUGIN``), one rule per collective and
+  (``backends/lagom_tuner.c``, loaded through ``NCCL_TUNER_PLUGIN``), one rule per collective and
   byte range.
 * ``threads`` (``NCCL_NTHREADS``) and ``buffsize`` (``NCCL_BUFFSIZE``) per process: NCCL reads its
   environment once, so one value for every communicator of a rank.

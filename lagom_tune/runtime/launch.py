@@ -34,9 +34,10 @@ from lagom_tune.backends.nccl_controls import NET_PLUGIN_ENV, RESTRICTING_ENV, C
 from lagom_tune.backends.registry import THREAD_COUNT, backend_info, max_threads_per_rank, usable_cores
 from lagom_tune.errors import Interrupted, UserError
 from lagom_tune.plan.schema import Plan, knob_space_for
-from lagom_tune.runtime.nccl import PLUGIN_ENV, RULES_ENV, TunerRule, TunerRules, ambiguous_roles, communicator_configs, tuner_rules
+from lagom_tune.backends.nccl_tuner import PLUGIN_ENV, RULES_ENV
+from lagom_tune.runtime.nccl import TunerRule, TunerRules, ambiguous_roles, communicator_configs, tuner_rules
 from lagom_tune.runtime.shim import APPLIED_ENV, PLAN_ENV, rank_reports
-from lagom_tune.runtime.tuner_build import PluginBuild, ensure_plugin, rules_path
+from lagom_tune.backends.tuner_build import PluginBuild, ensure_plugin, rules_path
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")

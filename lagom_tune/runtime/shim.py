@@ -31,8 +31,9 @@ from lagom_tune.backends.registry import (
 from lagom_tune.errors import UserError
 from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
 from lagom_tune.runtime.after_import import when_imported
-from lagom_tune.runtime.nccl import (PLUGIN_ENV, RULES_ENV, GroupIdentity, communicator_configs, defaults_record, hold_tuner, match_role,
-                                     plan_roles, read_tuner_counts, rule_reach, tuner_rules)
+from lagom_tune.backends.nccl_tuner import PLUGIN_ENV, RULES_ENV, hold_tuner, read_tuner_counts
+from lagom_tune.runtime.nccl import (GroupIdentity, communicator_configs, defaults_record, match_role, plan_roles, rule_reach,
+                                     tuner_rules)
 from lagom_tune.runtime.ranks import process_rank
 from lagom_tune.workload.bucketing import DDP_DEFAULT_CAP_MB
 from lagom_tune.workload.spec import mesh_dim_of

@@ -29,7 +29,7 @@
  * Everything below is declared from NCCL's public plugin headers (src/include/plugin/tuner/
  * tuner_v2.h .. tuner_v7.h, nccl_common.h, and 2.19's nccl_tuner.h for v1); only the parts this
  * plugin touches are given real types, the rest are passed through as opaque pointers.
- * Built by lagom_tune/runtime/tuner_build.py with the system C compiler; no CUDA headers needed.
+ * Built by lagom_tune/backends/tuner_build.py with the system C compiler; no CUDA headers needed.
  */
 
 #include <errno.h>
