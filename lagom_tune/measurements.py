@@ -39,21 +39,29 @@ RESULT_COLUMNS = ("repeat", *TIMED_COLUMNS,
                   "inner",  # launches in one timed sample (a time is per launch)
                   "timing")  # how a GPU sample was launched (graph or stream)
 BANDWIDTH_COLUMNS = ("algbw_GBps", "busbw_GBps")  # nccl-tests' bandwidth columns
+# What the backend chose for a "default" row's collective: NCCL's own algorithm and protocol,
+# observed by the tuner plugin (empty where it was not observed).
+CHOICE_COLUMNS = ("chosen_algo", "chosen_proto")
 
-COLUMNS = DESCRIBING_COLUMNS + RESULT_COLUMNS + BANDWIDTH_COLUMNS  # every column a row may hold
+COLUMNS = DESCRIBING_COLUMNS + RESULT_COLUMNS + BANDWIDTH_COLUMNS + CHOICE_COLUMNS  # every column a row may hold
 REQUIRED_COLUMNS = ("point", "kind", "repeat", "time_us")  # in every measurements.csv
-ROW_KINDS = ("gemm", "collective", "overlap")  # what a profile's row times (a replay's whole iterations are not kept)
+
+# What a profile's row times (a replay's whole iterations are not kept). A "default" row times a
+# collective with nothing set, at the backend's own choices (CHOICE_COLUMNS).
+DEFAULT = "default"
+ROW_KINDS = ("gemm", "collective", "overlap", DEFAULT)
 # ... and the columns a CSV holding rows of a kind must have (filled or, in older profiles, empty)
 KIND_COLUMNS = {
     "gemm": GEMM_COLUMNS[:-1],  # flops: derived
     "collective": COLLECTIVE_COLUMNS,
+    DEFAULT: COLLECTIVE_COLUMNS + CHOICE_COLUMNS,
     "overlap": GEMM_COLUMNS[:-1] + COLLECTIVE_COLUMNS + ALONE_COLUMNS + ("n_compute",),
 }
 COUNT_COLUMNS = ("m", "n", "k", "batch", "nbytes", "ranks", "n_compute")  # whole numbers of at least 1, where filled
 # ... and the columns of whole numbers, written as such ("4096", not "4096.0": pandas writes a
 # column with an empty cell as floats, so flushes with and without one mixed the two in a file)
 WHOLE_COLUMNS = COUNT_COLUMNS + ("flops", "repeat", "inner", "channels", "threads", "buffsize", "chunk_bytes", "nodes")
-TEXT_COLUMNS = ("point", "kind", "backend", "simulated", "gemm", "dtype", "op", "algo", "proto", "baseline", "timing")
+TEXT_COLUMNS = ("point", "kind", "backend", "simulated", "gemm", "dtype", "op", "algo", "proto", "baseline", "timing") + CHOICE_COLUMNS
 NUMERIC_COLUMNS = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS)  # numbers where filled (checked on read)
 
 # An overlapped row's ``baseline``: its alone times were measured right before it, the same way.

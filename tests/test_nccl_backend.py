@@ -17,7 +17,7 @@ from lagom_tune.backends.base import Point, reduce_ranks, trimmed_mean
 from lagom_tune.backends.nccl import _nccl_version
 from lagom_tune.backends.nccl_knobs import nccl_config, nccl_knob_space
 from lagom_tune.backends.nccl_sweep import (
-    PROBE, batches, channel_options, check_layout, plan_collective_points, plan_probe_points, process_settings, subgroups,
+    OBSERVING, PROBE, batches, channel_options, check_layout, plan_collective_points, plan_probe_points, process_settings, subgroups,
     worker_env,
 )
 from lagom_tune.backends.nccl_worker import collective_call
@@ -78,11 +78,12 @@ def test_batches_group_by_what_only_a_fresh_process_can_change():
     assert len({b.process for b in bs}) == len(bs)
     for b in bs[1:]:
         assert {process_settings(p) for p in b.points} == {b.process}
-        assert len({p.settings["channels"] for p in b.points}) >= 1
     # channels never split a batch: they are per communicator. The GEMMs; the 6 (algorithm, protocol)
     # pairs of an all-reduce; 3 more thread counts for each of the 4 pairs NCCL_NTHREADS sizes (not
-    # LL128's), 3 more buffer sizes for the 2 Simple ones
-    assert len(bs) == 1 + 6 + 4 * 3 + 2 * 3
+    # LL128's), 3 more buffer sizes for the 2 Simple ones; the workload's all-reduce with nothing set
+    assert len(bs) == 1 + 6 + 4 * 3 + 2 * 3 + 1
+    (observing,) = [b for b in bs if b.process == OBSERVING]
+    assert [(p.kind, p.op, p.nbytes, p.ranks, p.settings) for p in observing.points] == [("default", "all_reduce", 1 << 18, 2, {"nodes": 1})]
 
 
 def test_layout_checks_and_subgroups():
@@ -126,6 +127,14 @@ def test_worker_env_per_op_syntax_and_overrides_removed():
     plain, removed = worker_env({}, set(), (2, 26, 2), base)  # GEMMs and the probe: no NCCL settings
     assert "NCCL_ALGO" not in plain and set(removed) == {"NCCL_MIN_CTAS", "NCCL_ALGO"}
     assert base["NCCL_MIN_CTAS"] == "32"  # the caller's mapping is untouched
+    # NCCL's own choices: nothing the sweep owns is set, and our plugin (no rules) replaces the user's
+    theirs = {**base, "NCCL_TUNER_PLUGIN": "/opt/vendor/tuner.so", "LAGOM_TUNE_TUNER_RULES": "/tmp/old.rules", "NCCL_NTHREADS": "64"}
+    own, removed = worker_env(dict(OBSERVING), {"all_reduce"}, (2, 26, 2), theirs, "/cache/libnccl-tuner-lagom-tune.so")
+    assert own["NCCL_TUNER_PLUGIN"] == "/cache/libnccl-tuner-lagom-tune.so" and "LAGOM_TUNE_TUNER_RULES" not in own
+    assert not {"NCCL_ALGO", "NCCL_PROTO", "NCCL_NTHREADS", "NCCL_BUFFSIZE", "NCCL_MIN_CTAS"} & set(own)
+    assert set(removed) == {"NCCL_MIN_CTAS", "NCCL_ALGO", "NCCL_NTHREADS", "LAGOM_TUNE_TUNER_RULES"}
+    unobserved, _ = worker_env(dict(OBSERVING), {"all_reduce"}, (2, 26, 2), theirs)  # no compiler: timed, not observed
+    assert "NCCL_TUNER_PLUGIN" not in unobserved
 
 
 def test_channel_options_pin_the_communicator():
@@ -222,8 +231,11 @@ def test_torchrun_profile_rank0_writes_all_ranks_agree_and_resume(tmp_path):
 
     df = pd.read_csv(run / "measurements.csv")
     assert df.groupby("point").size().eq(2).all()  # one row per repeat: ranks merged, not appended
-    assert set(df["kind"]) == {"gemm", "collective", "overlap"}
-    assert (df.loc[df["kind"] == "collective", "busbw_GBps"] > 0).all()
+    assert set(df["kind"]) == {"gemm", "collective", "overlap", "default"}
+    assert (df.loc[df["kind"].isin(("collective", "default")), "busbw_GBps"] > 0).all()
+    # the workload's all-reduce with nothing set: gloo makes no choice the tuner plugin could observe
+    own = df[df["kind"] == "default"]
+    assert set(own["nbytes"]) == {1 << 18} and own[["algo", "channels", "chosen_algo", "chosen_proto"]].isna().all().all()
     assert (run / "model.yaml").is_file()
     refused = cli("search", run, "--out", run / "plan.yaml")
     assert not (run / "plan.yaml").exists()
@@ -590,7 +602,8 @@ def fake_cuda_torch():
     cuda = types.SimpleNamespace(Event=FakeCudaEvent, Stream=lambda device=None: side, synchronize=lambda device=None: None,
                                  stream=lambda s: contextlib.nullcontext(), empty_cache=lambda: None,
                                  get_device_properties=lambda device=None: types.SimpleNamespace(L2_cache_size=50 << 20))
-    return types.SimpleNamespace(device=lambda *a: torch.device("cpu"), matmul=torch.matmul, float32=torch.float32, cuda=cuda)
+    return types.SimpleNamespace(device=lambda *a: torch.device("cpu"), matmul=torch.matmul, float32=torch.float32, tensor=torch.tensor,
+                                 cuda=cuda)
 
 
 def fake_nccl_dist(calls):
@@ -598,6 +611,9 @@ def fake_nccl_dist(calls):
         return lambda *a, **k: calls.append((name, k.get("group")))
 
     def subgroups(layout, backend=None, pg_options=None):
+        if pg_options is None:  # NCCL's own channels
+            calls.append(("new_subgroups", layout, backend, None, None))
+            return "group-own", layout
         calls.append(("new_subgroups", layout, backend, pg_options.config.min_ctas, pg_options.config.max_ctas))
         return f"group-{pg_options.config.max_ctas}", layout
 
@@ -633,6 +649,45 @@ def test_gpu_meter_control_flow_with_cuda_and_nccl_faked():
     assert {r["baseline"] for r in rows} == {"paired"}  # alone times measured right before, every repeat
     assert rows[0]["compute_alone_us"] != rows[1]["compute_alone_us"]
     assert ("all_reduce", f"group-{over.settings['channels']}") in calls
+
+
+def test_a_default_point_runs_nccls_own_choices_and_records_the_one_it_saw(monkeypatch):
+    """A collective with nothing set runs on a communicator without CTA bounds, is timed as the sweep
+    times collectives, and its rows carry the algorithm and protocol the worker's tuner plugin saw
+    NCCL choose for its call (its size's bucket, its span), not another call's."""
+    from lagom_tune.backends import nccl_worker
+    from lagom_tune.backends.nccl_tuner import PLUGIN_ENV, NcclChoice
+
+    calls = []
+    dist = fake_nccl_dist(calls)
+    # what the plugin counted: NCCL's barrier all-reduce (4 B, its own pick), and our 256 KiB all-reduce
+    seen = lambda: (NcclChoice("all_reduce", False, 4, 7, "tree", "ll", 5 + len(calls)),  # noqa: E731
+                    *((NcclChoice("all_reduce", False, 1 << 18, (1 << 19) - 1, "ring", "ll128", len(calls) - 1),) if len(calls) > 1 else ()))
+    monkeypatch.setenv(PLUGIN_ENV, "/cache/libnccl-tuner-lagom-tune.so")
+    monkeypatch.setattr(nccl_worker, "hold_tuner", lambda path: "the plugin")
+    monkeypatch.setattr(nccl_worker, "read_nccl_choices", lambda lib: seen())
+    pts = plan_collective_points(ONE_PAIR, nccl_knob_space(8, 8), world=2, gpus_per_node=2)
+    own = next(p for p in pts if p.kind == "default")
+    meter = nccl_worker.CudaMeter(nccl_worker.WorkerSpec(0, 2, 0, 2, "127.0.0.1", 0, "p/", (own,), 3, 60.0), fake_cuda_torch(), dist)
+    rows = meter.measure(own, 3)
+    assert calls[0] == ("new_subgroups", [[0, 1]], "nccl", None, None)  # no min/max CTAs: NCCL's own channels
+    assert len(rows) == 3 and all(r["time_us"] > 0 and r["chosen_algo"] == "ring" and r["chosen_proto"] == "ll128" for r in rows)
+    monkeypatch.delenv(PLUGIN_ENV)  # no plugin (no compiler): timed, the choice unknown
+    meter = nccl_worker.CudaMeter(nccl_worker.WorkerSpec(0, 2, 0, 2, "127.0.0.1", 0, "p/", (own,), 3, 60.0), fake_cuda_torch(), dist)
+    assert [(r["chosen_algo"], r["chosen_proto"]) for r in meter.measure(own, 2)] == [(None, None)] * 2
+
+
+def test_nccls_choice_is_read_from_the_counts_of_its_own_calls():
+    from lagom_tune.backends.nccl_tuner import NcclChoice, choice_between, size_bucket
+
+    assert size_bucket(0) == (0, 1) and size_bucket(3 << 20) == (2 << 20, (4 << 20) - 1)
+    mine = lambda calls, algo="ring", proto="ll": NcclChoice("all_gather", True, 2 << 20, (4 << 20) - 1, algo, proto, calls)  # noqa: E731
+    before = (mine(7), NcclChoice("all_gather", False, 2 << 20, (4 << 20) - 1, "nvls", "simple", 3))
+    after = (mine(7), mine(2, proto="ll128"), NcclChoice("all_gather", False, 2 << 20, (4 << 20) - 1, "nvls", "simple", 9))
+    assert choice_between(before, after, "all_gather", 3 << 20, True) == ("ring", "ll128")  # not the earlier calls' LL
+    assert choice_between(before, after, "all_gather", 3 << 20, False) == ("nvls", "simple")  # within a node
+    assert choice_between(before, after, "all_gather", 1 << 20, True) is None  # another size: nothing seen
+    assert choice_between((), (), "all_reduce", 1 << 20, False) is None
 
 
 def rows_gemm(pts):

@@ -9,7 +9,7 @@ from typing import Any, Callable, Protocol
 from lagom_tune.backends.registry import PROBE_OP, BackendInfo, backend_info, record_of
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Knob, KnobSpace
-from lagom_tune.measurements import BANDWIDTH_COLUMNS, TIMED_COLUMNS
+from lagom_tune.measurements import BANDWIDTH_COLUMNS, DEFAULT, TIMED_COLUMNS
 from lagom_tune.workload.spec import Gemm, Workload
 
 __all__ = ["Backend", "BackendOptions", "Knob", "KnobSpace", "LocalBackend", "Point", "RegisteredBackend", "get_backend"]
@@ -131,7 +131,7 @@ def reduce_ranks(point: Point, per_rank: list[list[dict[str, Any]]]) -> list[dic
             if col in row:
                 row[col] = max(r[col] for r in rows)
         row["repeat"] = rep
-        if point.op and point.kind == "collective":
+        if point.op and point.kind in ("collective", DEFAULT):
             row.update(bandwidth_columns(point.op, int(row.get("nbytes", point.nbytes)), point.ranks, row["time_us"] / 1e6))
         merged.append(row)
     return merged

@@ -34,8 +34,9 @@ from typing import Any, Iterator
 from lagom_tune.backends.base import BackendOptions, Point, RegisteredBackend, RowSink, reduce_ranks
 from lagom_tune.backends.gpu_timing import OPERANDS
 from lagom_tune.backends.nccl_knobs import NVLS, ll128_offered, nccl_knob_space
-from lagom_tune.backends.nccl_sweep import batches, plan_collective_points, plan_probe_points, worker_env
+from lagom_tune.backends.nccl_sweep import OBSERVING, batches, plan_collective_points, plan_probe_points, worker_env
 from lagom_tune.backends.nccl_worker import WorkerSpec, worker_main
+from lagom_tune.backends.tuner_build import ensure_plugin
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.workload.spec import Workload
 
@@ -274,7 +275,8 @@ class NcclBackend(RegisteredBackend):
             raise UserError("the nccl backend does not replay whole iterations; measure a plan with `lagom-tune apply`")
         jobs: tuple = ()
         for i, batch in enumerate(batches(points)):
-            env, removed = worker_env(dict(batch.process), batch.ops, self.nccl_version, os.environ)
+            plugin = self._observer() if batch.process == OBSERVING else None
+            env, removed = worker_env(dict(batch.process), batch.ops, self.nccl_version, os.environ, plugin)
             if removed and self.writer and i == 0:
                 print(f"lagom-tune: the profile sets these itself and ignores yours: {', '.join(removed)}")
             spec = WorkerSpec(self.coord.rank, self.coord.world, self.coord.local_rank, self.coord.gpus_per_node,
@@ -282,6 +284,16 @@ class NcclBackend(RegisteredBackend):
                               repeats, self.options.timeout_s, self.standin, jobs)
             jobs = self._run_batch(spec, env, sink)
         self.coord.finish()
+
+    def _observer(self) -> str | None:
+        """The tuner plugin that observes NCCL's own choices (built with ``cc`` once per machine),
+        or None, said once, where it cannot be built: NCCL's own choices are then timed, not observed."""
+        if self.standin:  # gloo makes no choice to observe
+            return None
+        build = ensure_plugin()
+        if not build.ok and self.writer:
+            print(f"lagom-tune: NCCL's own algorithm and protocol are timed but not observed: {build.reason}")
+        return str(build.path) if build.ok else None
 
     def _run_batch(self, spec: WorkerSpec, env: dict[str, str], sink: RowSink) -> tuple:
         """Measure one batch in a worker of its own; returns the overlapped jobs it knows (for the next)."""

@@ -9,7 +9,9 @@ The sweep is one factor at a time around the defaults, because the fitted commun
 separates the factors: every (algorithm, protocol) over every channel count; threads and buffer
 size over three channel counts, for each pair whose channels they size (NCCL_NTHREADS: Simple and
 LL; NCCL_BUFFSIZE: Simple; ``nccl_knobs.sized_by``); overlapped pairs over channels and buffer sizes, on the ring and on
-the op's own default where that is another (NVLS within an NVSwitch node).
+the op's own default where that is another (NVLS within an NVSwitch node). Beside the sweep, each of
+the workload's collectives is timed once more with nothing set (a ``default`` point), in a worker
+that runs the tuner plugin with no rules, which records the algorithm and protocol NCCL chose.
 """
 
 from __future__ import annotations
@@ -20,12 +22,17 @@ from typing import Any, Mapping
 from lagom_tune.backends.base import Point
 from lagom_tune.backends.nccl_controls import OVERRIDING_ENV, TUNER_COLL, CommunicatorConfig, build_options
 from lagom_tune.backends.nccl_knobs import NVLS, measured_pairs, nccl_config, nccl_knob_space, overlap_algos, sized_by
+from lagom_tune.backends.nccl_tuner import PLUGIN_ENV, RULES_ENV
 from lagom_tune.backends.registry import PROBE_OP
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace
+from lagom_tune.measurements import DEFAULT
 from lagom_tune.workload.spec import Workload
 
 PROCESS_KEYS = ("algo", "proto", "threads", "buffsize")
+# The batch of collectives timed with nothing set: NCCL's own algorithm, protocol, channels,
+# threads and buffer, which the tuner plugin (loaded with no rules) observes.
+OBSERVING = (("tuner", "observe"),)
 # NCCL's environment spellings.
 ALGO_ENV = {"ring": "Ring", "tree": "Tree", NVLS: "NVLS"}
 PROTO_ENV = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
@@ -111,6 +118,8 @@ def plan_collective_points(workload: Workload, space: KnobSpace, world: int, gpu
                         coll(nccl_config(a, p, ch, t, buf.default, nodes))
                     for b in (buf.domain if sized_by(p, "buffsize") else ()):
                         coll(nccl_config(a, p, ch, thr.default, b, nodes))
+    for op, nbytes, ranks, nodes in colls:  # each at NCCL's own choices, which the tuner plugin observes
+        _add(points, Point(DEFAULT, (("nodes", nodes),), op=op, nbytes=nbytes, ranks=ranks))
     for g in _beside(workload):
         for op, nbytes, ranks, nodes in colls:
             for a in overlap_algos(space, op, nodes):
@@ -204,6 +213,8 @@ def process_settings(p: Point) -> tuple[tuple[str, Any], ...]:
     """
     if p.kind == "gemm" or p.op == PROBE:
         return ()
+    if p.kind == DEFAULT:
+        return OBSERVING
     s = p.settings
     return tuple((k, s[k]) for k in PROCESS_KEYS if k in s)
 
@@ -223,25 +234,33 @@ def batches(points: list[Point]) -> list[Batch]:
 
 
 def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[int, ...] | None,
-               base: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+               base: Mapping[str, str], tuner_plugin: str | None = None) -> tuple[dict[str, str], list[str]]:
     """The environment of a worker measuring under ``process`` settings, and what was removed.
 
     Variables that override every communicator's own channel config (``NCCL_MIN_CTAS`` ...) are
     dropped, since the sweep sets channels per communicator; so are the user's own
-    ``NCCL_ALGO``/``NCCL_PROTO``/``NCCL_NTHREADS``/``NCCL_BUFFSIZE``, which the sweep owns.
+    ``NCCL_ALGO``/``NCCL_PROTO``/``NCCL_NTHREADS``/``NCCL_BUFFSIZE``, which the sweep owns. The
+    batch that observes NCCL's own choices (:data:`OBSERVING`) runs lagom-tune's tuner plugin with
+    no rules, in place of any the user names.
 
     Args:
-        process: the batch's process settings (``algo``, ``proto``, ``threads``, ``buffsize``).
+        process: the batch's process settings (``algo``, ``proto``, ``threads``, ``buffsize``), or
+            :data:`OBSERVING`'s.
         ops: the collective ops the batch measures (``NCCL_ALGO``'s per-op syntax names them).
         nccl_version: NCCL's version, or None when unknown (then the global syntax is used).
         base: the parent's environment.
+        tuner_plugin: the built tuner plugin, for the observing batch (None: NCCL's choices are
+            timed but not observed).
     Returns:
         The worker's environment, and the user's variables it dropped.
     """
     process_vars = {k.name: k.env for k in nccl_knob_space().knobs if k.env}  # NCCL_NTHREADS, NCCL_BUFFSIZE
     owned = ("NCCL_ALGO", "NCCL_PROTO", *process_vars.values())
-    removed = [k for k in (*OVERRIDING_ENV, *owned) if k in base]
+    observing = tuple(process.items()) == OBSERVING
+    removed = [k for k in (*OVERRIDING_ENV, *owned, *((PLUGIN_ENV, RULES_ENV) if observing else ())) if k in base]
     env = {k: val for k, val in base.items() if k not in removed}
+    if observing and tuner_plugin:
+        env[PLUGIN_ENV] = tuner_plugin
     for name, var in process_vars.items():
         if name in process:
             env[var] = str(int(process[name]))

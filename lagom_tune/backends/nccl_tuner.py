@@ -123,6 +123,48 @@ def read_nccl_choices(lib: ctypes.CDLL) -> tuple[NcclChoice, ...]:
         return ()
     out = (ctypes.c_ulonglong * size)()
     choices(out, ctypes.c_size_t(size))
-    return tuple(NcclChoice(OP_OF_FUNC.get(TUNER_FUNCS[f], TUNER_FUNCS[f]), bool(span), 1 << b if b else 0, (2 << b) - 1,
+    return tuple(NcclChoice(OP_OF_FUNC.get(TUNER_FUNCS[f], TUNER_FUNCS[f]), bool(span), *bucket_bounds(b),
                             TUNER_ALGOS[a], TUNER_PROTOS[p], calls)
                  for (span, f, b, a, p), calls in zip(itertools.product(*map(range, shape)), out) if calls)
+
+
+def size_bucket(nbytes: int) -> tuple[int, int]:
+    """The plugin's power-of-two size bucket holding ``nbytes`` (lagom_tuner.c's ``size_bucket``).
+
+    Args:
+        nbytes: a call's size, as NCCL hands it to the tuner.
+    Returns:
+        (smallest, largest) size of the bucket.
+    """
+    return bucket_bounds(min(max(int(nbytes), 1).bit_length() - 1, SIZE_BUCKETS - 1))
+
+
+def bucket_bounds(b: int) -> tuple[int, int]:
+    """The sizes of the plugin's bucket ``b``: 2^b .. 2^(b+1)-1, and 0 B too in bucket 0."""
+    return (1 << b if b else 0), (2 << b) - 1
+
+
+def choice_between(before: tuple[NcclChoice, ...], after: tuple[NcclChoice, ...], op: str, nbytes: int,
+                   across_nodes: bool) -> tuple[str, str] | None:
+    """NCCL's own choice for the calls of one collective made between two readings of the counts
+    (:func:`read_nccl_choices`): what NCCL ran it with when nothing was set.
+
+    Args:
+        before: the counts before the calls.
+        after: the counts after them.
+        op: the collective's op (all_gather, ...).
+        nbytes: its size, as NCCL hands it to the tuner (an all-gather's output, a reduce-scatter's input).
+        across_nodes: whether its communicator spans several nodes.
+    Returns:
+        (algorithm, protocol) of most of those calls, or None when NCCL asked the tuner about none
+        (a plugin NCCL did not load, or an NCCL without cost tables: 2.21 and older).
+    """
+    lo, hi = size_bucket(nbytes)
+
+    def calls(choices: tuple[NcclChoice, ...]) -> dict[tuple[str, str], int]:
+        return {(c.algo, c.proto): c.calls for c in choices
+                if (c.op, c.across_nodes, c.min_bytes, c.max_bytes) == (op, across_nodes, lo, hi)}
+
+    start = calls(before)
+    made = {pair: n - start.get(pair, 0) for pair, n in calls(after).items() if n > start.get(pair, 0)}
+    return max(made, key=made.__getitem__) if made else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +23,8 @@ from lagom_tune.backends.gpu_timing import MAX_LAUNCHES, Launches, launch_count,
 from lagom_tune.backends.nccl_sweep import JOB_REFERENCE, PROBE, channel_options, job_key, subgroups
 from lagom_tune.backends.parent_watch import exit_with_parent
 from lagom_tune.backends.probe import Probe, probe_geometry, steps_for
-from lagom_tune.measurements import PAIRED, overlap_columns, timed_columns
+from lagom_tune.backends.nccl_tuner import PLUGIN_ENV, choice_between, hold_tuner, read_nccl_choices
+from lagom_tune.measurements import CHOICE_COLUMNS, DEFAULT, PAIRED, overlap_columns, timed_columns
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -89,7 +91,24 @@ class StandInMeter:
     def measure(self, point: Point, repeats: int) -> list[dict]:
         if point.op == PROBE:
             raise RuntimeError("the contention probe needs a CUDA GPU")
+        if point.kind == DEFAULT:  # gloo has no choice of its own to observe
+            return [{**row, **dict.fromkeys(CHOICE_COLUMNS)} for row in self.table["collective"](point, repeats, self.dist)]
         return self.table[point.kind](point, repeats, self.dist)
+
+
+def collective_words(nbytes: int, ranks: int, element_size: int) -> int:
+    """The elements of a collective's buffer of about ``nbytes`` (nccl-tests sizes: an all-gather's
+    output, a reduce-scatter's input): a multiple of ``ranks``, at least one per rank. NCCL hands
+    its tuner this many elements' bytes for any op.
+
+    Args:
+        nbytes: the size asked for.
+        ranks: the communicator's size.
+        element_size: bytes per element.
+    Returns:
+        The elements.
+    """
+    return max(ranks, nbytes // element_size // ranks * ranks)
 
 
 def collective_call(dist, op: str, nbytes: int, ranks: int, group, device, dtype):
@@ -108,7 +127,7 @@ def collective_call(dist, op: str, nbytes: int, ranks: int, group, device, dtype
     """
     import torch
 
-    words = max(ranks, nbytes // torch.tensor([], dtype=dtype).element_size() // ranks * ranks)
+    words = collective_words(nbytes, ranks, torch.tensor([], dtype=dtype).element_size())
     big = torch.ones(words, dtype=dtype, device=device)
     part = torch.ones(words // ranks, dtype=dtype, device=device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -141,6 +160,10 @@ class CudaMeter:
         # overlapped job per shape and collective (job_key): (n GEMMs, probe bytes); earlier batches' given
         self.jobs: dict[tuple, tuple[int, int]] = {k: (n, b) for k, n, b in spec.jobs}
         self.side = torch.cuda.Stream(device=self.device)
+        # the tuner plugin NCCL runs in this worker (the batch that observes NCCL's own choices):
+        # the same library NCCL loads, held so its counts can be read
+        plugin = os.environ.get(PLUGIN_ENV)
+        self.tuner = hold_tuner(plugin) if plugin else None
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -149,11 +172,12 @@ class CudaMeter:
         self.torch.cuda.synchronize(self.device)
 
     def group(self, point: Point):
-        """The process group for the point's layout and channels (min_ctas = max_ctas = channels)."""
+        """The process group for the point's layout and channels (min_ctas = max_ctas = channels;
+        NCCL's own channels for a point that sets none)."""
         s = point.settings
-        key = (point.ranks, s.get("nodes", 1), s["channels"])
+        key = (point.ranks, s.get("nodes", 1), s.get("channels"))
         if key not in self.groups:
-            opts = channel_options(self.dist.ProcessGroupNCCL.Options, point.ranks, s["channels"])
+            opts = channel_options(self.dist.ProcessGroupNCCL.Options, point.ranks, s["channels"]) if "channels" in s else None
             layout = subgroups(self.spec.world, point.ranks, s.get("nodes", 1), self.spec.gpus_per_node)
             mine, _ = self.dist.new_subgroups_by_enumeration(layout, backend="nccl", pg_options=opts)
             self.groups[key] = mine
@@ -223,6 +247,20 @@ class CudaMeter:
             run = self.timed_launches(fn)
         extra = {"nbytes": probe.geometry.nbytes} if probe else {}
         return [{**timed_columns(t / run.n, run.n, run.how), **extra} for t in self.repeat(run, repeats, self.side)]
+
+    def default(self, point: Point, repeats: int) -> list[dict]:
+        """The collective with nothing set (NCCL's own algorithm, protocol and channels), timed as
+        :meth:`collective` times one, with the algorithm and protocol NCCL chose for it: what the
+        tuner plugin this worker runs (with no rules) saw NCCL pick for its first call."""
+        fn, _ = self.comm(point)
+        before = read_nccl_choices(self.tuner) if self.tuner is not None else ()
+        fn()  # the first call also creates the communicator; NCCL asks the tuner as it enqueues
+        after = read_nccl_choices(self.tuner) if self.tuner is not None else ()
+        element = self.torch.tensor([], dtype=self.torch.float32).element_size()  # collective_call's buffers
+        chosen = choice_between(before, after, point.op, collective_words(point.nbytes, point.ranks, element) * element,
+                                point.settings.get("nodes", 1) > 1)
+        observed = dict(zip(CHOICE_COLUMNS, chosen or (None, None)))
+        return [{**row, **observed} for row in self.collective(point, repeats)]
 
     def job(self, point: Point, gemm_s: float) -> tuple[int, int]:
         """The overlapped job of the point's shape: ``n`` GEMMs, and the probe's bytes (0 for a

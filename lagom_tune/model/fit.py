@@ -17,6 +17,7 @@ import pandas as pd
 from lagom_tune.artifact_io import write_yaml
 from lagom_tune.backends.registry import backend_info, backend_names
 from lagom_tune.errors import UserError
+from lagom_tune.measurements import DEFAULT
 from lagom_tune.model.contention import (
     COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
     model_from_dict,
@@ -144,6 +145,18 @@ class FitResult:
                 "accuracy": accuracy}
 
 
+def fitted_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows a model is fitted to and scored on: all but the collectives timed at the backend's
+    own choices (``default`` rows), which set no knob to fit.
+
+    Args:
+        df: measurement rows.
+    Returns:
+        The rows of GEMMs, collectives and overlapped pairs.
+    """
+    return df[df["kind"] != DEFAULT]
+
+
 def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulated: bool = False,
               folds: int = 5, seed: int = 0, progress: Callable[[int, int], None] | None = None) -> FitResult:
     """Fit on all points; report MAPE of ``folds``-fold held-out predictions per op kind, and (GPU
@@ -161,7 +174,7 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     Returns:
         The model fitted on every point, with its held-out accuracy.
     """
-    pts = point_medians(df)
+    pts = point_medians(fitted_rows(df))
     if pts.empty:
         raise UserError("the profile holds no measurements to fit")
 
@@ -345,7 +358,7 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     # numpy's overflow and invalid-value warnings are not printed: a model they leave non-finite is refused below
     with np.errstate(all="ignore"):
         result = fit_model(df, device=device, simulated=simulated, progress=progress)
-        pts = point_medians(df)  # every point predicted before anything is written: a model that cannot is not written
+        pts = point_medians(fitted_rows(df))  # every point predicted before anything is written: a model that cannot is not written
         predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for _, r in pts.iterrows()],
                               index=pts.index)
     doc = result.to_dict(df, simulated)
