@@ -250,7 +250,7 @@ def search(
     if compare:
         inputs = load_search_inputs(run_dir)
         with bar:
-            results, skipped = compare_all(inputs.workload, inputs.model, inputs.space, **opts)
+            results, skipped = compare_all(inputs.workload, inputs.model, inputs.space, chosen=inputs.chosen, **opts)
             rows = render.compare_rows(results)
         if as_json:
             print(json.dumps([{**r, "simulated": inputs.simulated} for r in rows]

@@ -213,6 +213,26 @@ class Settings:
         return cls(process, comms, colls)
 
 
+@dataclass(frozen=True)
+class BackendChoices:
+    """What the backend itself runs collectives with when nothing is set, where that was observed
+    (NCCL's own algorithm and protocol, seen by the tuner plugin while the profile timed each
+    collective with nothing set): collective rule key (``Collective.rule_key``) -> knob -> value.
+    A collective it does not hold takes the knob space's defaults (``Knob.default_for``)."""
+
+    by_rule: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def for_collective(self, coll: CollectiveSite) -> Mapping[str, Any]:
+        """The values the backend was seen choosing for ``coll``; empty when none was observed.
+
+        Args:
+            coll: the collective (its rule key).
+        Returns:
+            Knob name -> value.
+        """
+        return self.by_rule.get(coll.rule_key, {})
+
+
 def settings_items(s: Settings) -> tuple[tuple[str, Any], ...]:
     """Flat ``(scope.target.knob, value)`` pairs: settings as a measurement point's config.
 

@@ -10,14 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from lagom_tune.errors import UserError
-from lagom_tune.knobs import KnobSpace, Settings
+from lagom_tune.knobs import BackendChoices, KnobSpace, Settings
 from lagom_tune.model.contention import CostModel, load_model, stale_reason
 from lagom_tune.plan.schema import (HARDWARE_COUNTS, HARDWARE_NAMES, HARDWARE_OFFERS, MAX_ITERATION_MS, SEARCH_OPTIONS,
                                     CollectiveRule, Plan, knob_space_for)
 from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.profile.store import open_run
+from lagom_tune.profile.summary import backend_choices
 from lagom_tune.search.replay import validate
 from lagom_tune.search.run import SearchOutcome, option_names, search
+from lagom_tune.search.space import observed_defaults
 from lagom_tune.workload.spec import Workload
 
 
@@ -31,6 +33,7 @@ class SearchInputs:
     model: CostModel
     accuracy: dict[str, Any]
     space: KnobSpace
+    chosen: BackendChoices = BackendChoices()  # what the backend ran the collectives with when nothing was set
 
     @property
     def simulated(self) -> bool:
@@ -68,7 +71,8 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
     if fp.get("mode") == "single-gpu-probe":
         raise UserError(f"{run.path} is a single-GPU profile (GEMMs beside the contention probe): it fits the compute side "
                         "only; profile with torchrun on the GPUs the job uses to search for NCCL settings")
-    return SearchInputs(run.path, meta, run.workload(), model, accuracy, knob_space_for(fp["backend"], fp))
+    workload = run.workload()
+    return SearchInputs(run.path, meta, workload, model, accuracy, knob_space_for(fp["backend"], fp), backend_choices(df, workload))
 
 
 def collective_rules(workload: Workload, outcome: SearchOutcome) -> tuple[CollectiveRule, ...]:
@@ -95,6 +99,24 @@ def collective_rules(workload: Workload, outcome: SearchOutcome) -> tuple[Collec
         if s and c.group in changed:
             rules[c.rule_key] = CollectiveRule(c.op, c.group, c.nbytes, c.nbytes, dict(s))
     return tuple(rules.values())
+
+
+def observed_rules(inputs: SearchInputs) -> tuple[CollectiveRule, ...]:
+    """What the search took the backend to run each collective with when nothing is set, where
+    the profile saw it (``search.space.observed_defaults``): the plan's ``backend_defaults``, one
+    exact-size entry per collective, which `apply` holds NCCL's own choices against.
+
+    Args:
+        inputs: what the search read (workload, knob space, observed choices).
+    Returns:
+        The entries, in the workload's collective order.
+    """
+    out = {}
+    for c in inputs.workload.collectives():
+        seen = observed_defaults(inputs.space, inputs.chosen, c)
+        if seen:
+            out[c.rule_key] = CollectiveRule(c.op, c.group, c.nbytes, c.nbytes, dict(seen))
+    return tuple(out.values())
 
 
 def changed_settings(chosen: Settings, default: Settings) -> Settings:
@@ -154,6 +176,7 @@ def build_plan(inputs: SearchInputs, outcome: SearchOutcome) -> Plan:
         groups={c.group: c.ranks for c in workload.collectives()},
         settings=Settings() if keeps_defaults else changed_settings(chosen.settings, outcome.default.settings),
         rules=() if keeps_defaults else collective_rules(workload, outcome),
+        backend_defaults=observed_rules(inputs),
         workload={"name": workload.name, "digest": workload.digest},
         model={"run": str(inputs.run_dir), "family": inputs.model.family, "mape": inputs.accuracy.get("mape", {})},
         search={"optimizer": chosen.optimizer, "evaluations": chosen.evaluations, "seconds": round(chosen.seconds, 4),
@@ -198,7 +221,7 @@ def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0
         The plan and the search's outcome.
     """
     inputs = load_search_inputs(run_dir)
-    outcome = search(inputs.workload, inputs.model, inputs.space, optimizer, **options)
+    outcome = search(inputs.workload, inputs.model, inputs.space, optimizer, chosen=inputs.chosen, **options)
     _check_recordable(inputs.workload, outcome)
     plan = build_plan(inputs, outcome)
     # what reproduces the search: its options of the optimizer that ran (a seed, a trial budget), and min_gain

@@ -243,6 +243,10 @@ def plan_summary(plan: Plan) -> list[Any]:
         out.append(f"left to the {plan.backend} backend (the search's value was predicted to gain under "
                    f"{TIE_TOLERANCE:.1%}, and such a knob reaches every collective of its scope): "
                    + escape(", ".join(plan.search["left_to_backend"])))
+    if plan.backend_defaults:
+        out.append(f"the defaults as the {plan.backend} backend chose them where the profile saw it (the predictions' "
+                   "baseline there, never deployed): " + escape("; ".join(
+                       f"{r.op} on {r.group}, {r.min_bytes} B: {'/'.join(str(x) for x in r.set.values())}" for r in plan.backend_defaults)))
     return out
 
 

@@ -176,7 +176,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
     if plan is not None:
         model, _ = load_model(run.model_path, run.fitted_as(meta))
         workload = run.workload()
-        vars_ = variables(workload, knob_space_for(plan.backend, fp))
+        vars_ = variables(workload, knob_space_for(plan.backend, fp), plan.backend_choices(workload))
         default = default_settings(vars_)
         chosen = plan.modelled_settings(workload, default)
         ev = ModelEvaluator(workload, model)

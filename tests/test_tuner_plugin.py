@@ -747,14 +747,22 @@ def test_the_defaults_a_plan_assumed_are_held_against_nccl_s_own_choice():
     as_modelled = (NcclChoice("all_reduce", False, 1 << 26, (1 << 27) - 1, "nvls", "simple", 4),
                    NcclChoice("all_gather", True, 1 << 26, (1 << 27) - 1, "ring", "simple", 3),
                    NcclChoice("reduce", False, 1 << 10, (1 << 11) - 1, "ring", "ll", 9))  # no op of ours: not compared
-    setting, value, held, how = defaults_record(hopper.space, as_modelled)
+    setting, value, held, how = defaults_record(hopper, as_modelled)
     assert setting == "nccl_defaults_as_modelled" and held and "each of 16 calls" in how
     assert value[0] == "all_reduce 67108864..134217727 B within a node: nvls/simple x4"
     other = as_modelled + (NcclChoice("all_gather", False, 1 << 20, (1 << 21) - 1, "ring", "ll128", 2),)
-    _, _, held, how = defaults_record(hopper.space, other)
+    _, _, held, how = defaults_record(hopper, other)
     assert not held and "all_gather 1048576..2097151 B within a node: ring/ll128 x2, modelled ring/simple" in how
     assert "nvls" not in how.split("for ")[1].split(".")[0]  # the all-reduce agreed
     no_nvls = dataclasses.replace(hopper, hardware={**hopper.hardware, "nvls": False})
-    _, _, held, how = defaults_record(no_nvls.space, as_modelled)
+    _, _, held, how = defaults_record(no_nvls, as_modelled)
     assert not held and "nvls/simple x4, modelled ring/simple" in how
-    assert defaults_record(hopper.space, ()) is None
+    assert defaults_record(hopper, ()) is None
+    # a plan whose profile saw NCCL choose LL128 for that all-gather assumed it: nothing differs
+    seen = dataclasses.replace(hopper, backend_defaults=(CollectiveRule("all_gather", "tp", 1536 << 10, 1536 << 10,
+                                                                        {"algo": "ring", "proto": "ll128"}),))
+    assert defaults_record(seen, other)[2]
+    # ... and one that saw it choose LL there holds LL128 as the difference
+    ll = dataclasses.replace(seen, backend_defaults=(dataclasses.replace(seen.backend_defaults[0], set={"algo": "ring", "proto": "ll"}),))
+    _, _, held, how = defaults_record(ll, other)
+    assert not held and "ring/ll128 x2, modelled ring/ll" in how

@@ -16,7 +16,7 @@ from lagom_tune import validate as v
 from lagom_tune.artifact_io import read_yaml, write_yaml
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
-from lagom_tune.knobs import KnobSpace, Settings
+from lagom_tune.knobs import BackendChoices, KnobSpace, Settings
 from lagom_tune.precision import ROUNDING_REL
 from lagom_tune.workload.spec import OPS, Workload
 
@@ -25,7 +25,7 @@ KIND = "lagom-plan"
 FILE_MARK = rf"\Aschema_version: \d+\r?\nkind: {KIND}$"  # a plan file's first two lines, as written (``search --out`` replaces only such a file)
 # The fields a plan file may hold (what Plan.to_dict writes); any other is refused by name.
 SECTIONS = ("schema_version", "kind", "tool", "target", "workload", "model", "search", "process", "communicators",
-            "collectives", "predicted", "validated")
+            "collectives", "backend_defaults", "predicted", "validated")
 TARGET_FIELDS = ("backend", "simulated", "hardware", "world_size", "nodes", "groups", "group_ranks")
 MATCH_FIELDS = ("op", "group", "min_bytes", "max_bytes")
 MAX_RULE_BYTES = (1 << 63) - 1  # a rule's byte bounds as the tuner plugin reads them (int64)
@@ -73,6 +73,26 @@ class Plan:
     # Optional: role -> the exact global rank sets of its groups, for roles that neither their size
     # nor a DeviceMesh dimension's name identifies (e.g. Megatron-style new_group layouts).
     group_ranks: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    # Optional: what the predictions assume the backend runs collectives with when nothing is set,
+    # where the profile saw it (NCCL's own algorithm and protocol); elsewhere the space's defaults.
+    # Never deployed: the record `apply` holds NCCL's own choices against.
+    backend_defaults: tuple[CollectiveRule, ...] = ()
+
+    def backend_choices(self, workload: Workload) -> BackendChoices:
+        """``backend_defaults`` for the collectives of ``workload`` (first match, as rules match).
+
+        Args:
+            workload: the workload (its collectives' ops, roles and sizes).
+        Returns:
+            The choices, by rule key.
+        """
+        out = {}
+        for c in workload.collectives():
+            seen = next((r.set for r in self.backend_defaults if r.op == c.op and r.group in (c.group, "*")
+                         and r.min_bytes <= c.nbytes <= r.max_bytes), None)
+            if seen is not None:
+                out[c.rule_key] = dict(seen)
+        return BackendChoices(out)
 
     @property
     def space(self) -> KnobSpace:
@@ -122,8 +142,9 @@ class Plan:
             "search": dict(self.search),
             "process": dict(self.settings.process),
             "communicators": {k: dict(val) for k, val in self.settings.communicators.items()},
-            "collectives": [{"match": {"op": r.op, "group": r.group, "min_bytes": r.min_bytes, "max_bytes": r.max_bytes},
-                             "set": dict(r.set)} for r in self.rules],
+            "collectives": _rules_record(self.rules),
+            # written only when observed, so plans without them read as before
+            **({"backend_defaults": _rules_record(self.backend_defaults)} if self.backend_defaults else {}),
             "predicted": dict(self.predicted),
             "validated": self.validated,
         }
@@ -173,30 +194,36 @@ class Plan:
         process = knobs(v.field(d, "process", path, dict), f"{path}.process", "process")
         comms = {name: knobs(val, f"{path}.communicators.{name}", "communicator")
                  for name, val in v.named(v.field(d, "communicators", path, dict), f"{path}.communicators").items()}
-        rules = []
-        for i, r in enumerate(v.field(d, "collectives", path, list)):
-            rp = f"{path}.collectives[{i}]"
-            r = v.known_keys(v.mapping(r, rp), ("match", "set"), rp)
-            m = v.known_keys(v.mapping(v.field(r, "match", rp, dict), f"{rp}.match"), MATCH_FIELDS, f"{rp}.match")
-            rule = CollectiveRule(
-                op=v.one_of(v.field(m, "op", f"{rp}.match", str), OPS, f"{rp}.match.op"),
-                group=v.field(m, "group", f"{rp}.match", str, "*"),
-                min_bytes=v.field(m, "min_bytes", f"{rp}.match", int, 0, minimum=0, maximum=MAX_RULE_BYTES),
-                max_bytes=v.field(m, "max_bytes", f"{rp}.match", int, 1 << 62, minimum=0, maximum=MAX_RULE_BYTES),
-                set=knobs(v.field(r, "set", rp, dict), f"{rp}.set", "collective"),
-            )
-            if not rule.set:  # the tuner plugin refuses it, and with it every rule of the plan
-                raise UserError(f"{rp}.set: the rule sets nothing; remove it or set a knob")
-            if rule.min_bytes > rule.max_bytes:
-                raise UserError(f"{rp}.match: min_bytes {rule.min_bytes} is above max_bytes {rule.max_bytes}; the rule matches nothing")
-            for name, value in rule.set.items():  # e.g. NCCL's tree algorithm is all-reduce only
-                valid = space[name].domain_for({rule.op})
-                if value not in valid:
-                    raise UserError(f"{rp}.set.{name}: {value!r} does not apply to {rule.op} (valid: {', '.join(map(str, valid))})")
-            conflict = space.conflict(rule.set)
-            if conflict:  # NCCL offers no such pair: the plugin's rule would be skipped
-                raise UserError(f"{rp}.set: {conflict}")
-            rules.append(rule)
+        def collective_rules(section: str) -> list[tuple[str, CollectiveRule]]:
+            rules = []
+            for i, r in enumerate(v.field(d, section, path, list, [] if section == "backend_defaults" else ...)):
+                rp = f"{path}.{section}[{i}]"
+                r = v.known_keys(v.mapping(r, rp), ("match", "set"), rp)
+                m = v.known_keys(v.mapping(v.field(r, "match", rp, dict), f"{rp}.match"), MATCH_FIELDS, f"{rp}.match")
+                rule = CollectiveRule(
+                    op=v.one_of(v.field(m, "op", f"{rp}.match", str), OPS, f"{rp}.match.op"),
+                    group=v.field(m, "group", f"{rp}.match", str, "*"),
+                    min_bytes=v.field(m, "min_bytes", f"{rp}.match", int, 0, minimum=0, maximum=MAX_RULE_BYTES),
+                    max_bytes=v.field(m, "max_bytes", f"{rp}.match", int, 1 << 62, minimum=0, maximum=MAX_RULE_BYTES),
+                    set=knobs(v.field(r, "set", rp, dict), f"{rp}.set", "collective"),
+                )
+                if not rule.set:  # the tuner plugin refuses it, and with it every rule of the plan
+                    raise UserError(f"{rp}.set: the rule sets nothing; remove it or set a knob")
+                if rule.min_bytes > rule.max_bytes:
+                    raise UserError(f"{rp}.match: min_bytes {rule.min_bytes} is above max_bytes {rule.max_bytes}; the rule matches nothing")
+                for name, value in rule.set.items():  # e.g. NCCL's tree algorithm is all-reduce only
+                    valid = space[name].domain_for({rule.op})
+                    if value not in valid:
+                        raise UserError(f"{rp}.set.{name}: {value!r} does not apply to {rule.op} (valid: {', '.join(map(str, valid))})")
+                conflict = space.conflict(rule.set)
+                if conflict:  # NCCL offers no such pair: the plugin's rule would be skipped
+                    raise UserError(f"{rp}.set: {conflict}")
+                rules.append((rp, rule))
+            return rules
+
+        deployed, observed = collective_rules("collectives"), collective_rules("backend_defaults")
+        placed = deployed + observed
+        rules = [rule for _, rule in deployed]
         groups = v.named(v.field(target, "groups", f"{path}.target", dict, {}), f"{path}.target.groups")
         for role in groups:
             v.field(groups, role, f"{path}.target.groups", int, minimum=1)
@@ -206,7 +233,7 @@ class Plan:
                 raise UserError(f"{path}.target.groups.{role}: {size} ranks, more than the world size {world_size}")
         # a role named by settings must be the target's: one it lacks (``groups: {}``) matched any communicator
         named = [(f"{path}.communicators.{c}", c) for c in comms] + \
-                [(f"{path}.collectives[{i}].match.group", r.group) for i, r in enumerate(rules) if r.group != "*"]
+                [(f"{rp}.match.group", r.group) for rp, r in placed if r.group != "*"]
         for where, role in named:
             if role not in groups:
                 raise UserError(f"{where}: no role {role!r} in {path}.target.groups ({', '.join(map(str, groups)) or 'none'})")
@@ -215,11 +242,11 @@ class Plan:
         if world_size % nodes:  # torchrun starts as many ranks on every node
             raise UserError(f"{path}.target.nodes: {nodes} nodes cannot hold {world_size} ranks evenly")
         group_ranks = _group_ranks(target, {str(k): int(val) for k, val in groups.items()}, world_size, f"{path}.target")
-        for i, rule in enumerate(rules):  # NVLS runs within a node: NCCL would not run such a rule there
+        for rp, rule in placed:  # NVLS runs within a node: NCCL would not run such a rule there
             spans = nodes_of(world_size, nodes, groups.get(rule.group), group_ranks.get(rule.group, ()))
             for name, value in rule.set.items():
                 if spans and value not in space[name].domain_for({rule.op}, spans):
-                    raise UserError(f"{path}.collectives[{i}].set.{name}: {value!r} runs within one node, and role "
+                    raise UserError(f"{rp}.set.{name}: {value!r} runs within one node, and role "
                                     f"{rule.group}'s communicators span {spans} of the plan's {nodes} nodes")
         validated = d.get("validated")
         if validated is not None:
@@ -241,7 +268,14 @@ class Plan:
             validated=validated,
             groups={str(k): int(val) for k, val in groups.items()},
             group_ranks=group_ranks,
+            backend_defaults=tuple(rule for _, rule in observed),
         )
+
+
+def _rules_record(rules: tuple[CollectiveRule, ...]) -> list[dict[str, Any]]:
+    """Collective rules as a plan file holds them (``collectives``, ``backend_defaults``)."""
+    return [{"match": {"op": r.op, "group": r.group, "min_bytes": r.min_bytes, "max_bytes": r.max_bytes}, "set": dict(r.set)}
+            for r in rules]
 
 
 HARDWARE_NAMES = ("device", "gpu", "cluster")  # the plan's hardware record: names (the GPU check in apply compares gpu) ...

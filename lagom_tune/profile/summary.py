@@ -1,12 +1,36 @@
-"""Measurement summaries anyone can compare: collectives in nccl-tests' columns."""
+"""Measurement summaries anyone can compare: collectives in nccl-tests' columns, and what the
+backend chose for the workload's collectives when nothing was set."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from lagom_tune.backends.base import bandwidth_columns, trimmed_mean
-from lagom_tune.measurements import SETTING_COLUMNS
+from lagom_tune.knobs import BackendChoices
+from lagom_tune.measurements import CHOICE_COLUMNS, DEFAULT, SETTING_COLUMNS
 from lagom_tune.profile.store import row_settings
+from lagom_tune.workload.spec import Workload
+
+
+def backend_choices(df: pd.DataFrame, workload: Workload) -> BackendChoices:
+    """What the backend ran each of the workload's collectives with when nothing was set: the
+    algorithm and protocol its ``default`` rows record (NCCL's own, seen by the tuner plugin).
+
+    Args:
+        df: a run folder's measurements.
+        workload: its workload.
+    Returns:
+        The choices, by rule key; none for a profile without such rows (the simulator's, gloo's, a
+        profile before 2026-12-05) or where the plugin saw nothing.
+    """
+    if not set(CHOICE_COLUMNS) <= set(df.columns):
+        return BackendChoices()
+    own = df[df["kind"] == DEFAULT].dropna(subset=list(CHOICE_COLUMNS))
+    nodes = own["nodes"] if "nodes" in own.columns else pd.Series(1, index=own.index)
+    seen = {(str(r["op"]), int(r["nbytes"]), int(r["ranks"]), int(n)): {"algo": str(r["chosen_algo"]), "proto": str(r["chosen_proto"])}
+            for (_, r), n in zip(own.iterrows(), nodes.fillna(1))}
+    return BackendChoices({c.rule_key: seen[key] for c in workload.collectives()
+                           if (key := (c.op, c.nbytes, c.ranks, c.nodes)) in seen})
 
 
 def collective_summary(df: pd.DataFrame) -> pd.DataFrame:

@@ -12,7 +12,6 @@ from typing import Any, Mapping
 
 from lagom_tune.backends.nccl_controls import TUNER_COLL, CommunicatorConfig
 from lagom_tune.backends.nccl_tuner import PLUGIN_NAME, NcclChoice, TunerCounts
-from lagom_tune.knobs import KnobSpace
 from lagom_tune.plan.schema import CollectiveRule, Plan, nodes_of
 
 # NCCL runs all-to-all as grouped send/recv, which its tuner is never asked about.
@@ -92,14 +91,36 @@ def rule_reach(rules: TunerRules, counts: TunerCounts) -> list[tuple[str, str, b
              f"{left} matched none (NCCL's own choice)"), *problems]
 
 
-def defaults_record(space: KnobSpace, choices: tuple[NcclChoice, ...]) -> tuple[str, Any, bool, str] | None:
-    """NCCL's own choices in a process held against the algorithm and protocol the plan's
-    predictions of NCCL's defaults assume (its knob space's defaults per op and span), as a record:
-    where they differ, the predicted speed-up over the defaults, and the prediction for calls no
-    rule matches, rest on another algorithm or protocol than NCCL runs.
+def assumed_default(plan: Plan, choice: NcclChoice) -> tuple[str, str] | None:
+    """The algorithm and protocol the plan's predictions assume NCCL runs the calls of ``choice``
+    with when nothing is set: what its profile saw NCCL choose for a collective of that op and size
+    (``backend_defaults``), else its knob space's defaults for the op and span.
 
     Args:
-        space: the plan's knob space (``Plan.space``).
+        plan: the plan.
+        choice: NCCL's own choice for some calls (their op, size bucket and span).
+    Returns:
+        (algorithm, protocol), or None where the plan assumes several for that op and size bucket
+        (collectives of several roles in one bucket) or models no default (reduce).
+    """
+    seen = {(r.set["algo"], r.set["proto"]) for r in plan.backend_defaults
+            if r.op == choice.op and choice.min_bytes <= r.min_bytes <= choice.max_bytes and {"algo", "proto"} <= set(r.set)}
+    if seen:
+        return seen.pop() if len(seen) == 1 else None
+    if choice.op not in TUNER_COLL:  # not reduce: no workload of ours has one
+        return None
+    d = plan.space.defaults(choice.op, 2 if choice.across_nodes else 1)
+    return d["algo"], d["proto"]
+
+
+def defaults_record(plan: Plan, choices: tuple[NcclChoice, ...]) -> tuple[str, Any, bool, str] | None:
+    """NCCL's own choices in a process held against the algorithm and protocol the plan's
+    predictions of NCCL's defaults assume (:func:`assumed_default`), as a record: where they
+    differ, the predicted speed-up over the defaults, and the prediction for calls no rule
+    matches, rest on another algorithm or protocol than NCCL runs.
+
+    Args:
+        plan: the plan.
         choices: NCCL's own choices (``TunerCounts.nccl_choices``).
     Returns:
         (setting, value, held, how), or None where NCCL handed the plugin no cost table.
@@ -108,10 +129,9 @@ def defaults_record(space: KnobSpace, choices: tuple[NcclChoice, ...]) -> tuple[
         return None
     differ = []
     for c in choices:
-        if c.op in TUNER_COLL:  # not reduce: no workload of ours has one, no default is modelled
-            d = space.defaults(c.op, 2 if c.across_nodes else 1)
-            if (d["algo"], d["proto"]) != (c.algo, c.proto):
-                differ.append(f"{c.describe()}, modelled {d['algo']}/{d['proto']}")
+        assumed = assumed_default(plan, c)
+        if assumed is not None and assumed != (c.algo, c.proto):
+            differ.append(f"{c.describe()}, modelled {'/'.join(assumed)}")
     calls = sum(c.calls for c in choices)
     how = (f"NCCL's own choice (the cheapest entry of the cost table it handed the tuner, before any rule) for each of "
            f"{calls} calls")

@@ -205,7 +205,7 @@ class Shim:
         if self.tuner is not None:  # what NCCL's calls in this process got of the plan's rules
             rules = tuner_rules(self.plan)
             counts = read_tuner_counts(self.tuner, len(rules.rules))
-            records = [*rule_reach(rules, counts), defaults_record(self.plan.space, counts.nccl_choices)] if counts else []
+            records = [*rule_reach(rules, counts), defaults_record(self.plan, counts.nccl_choices)] if counts else []
             for setting, value, applied, how in filter(None, records):
                 self.record(setting, value, applied, how)
         self.flush()  # records made before any flush (settings no applier reaches)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from lagom_tune.errors import UserError
-from lagom_tune.knobs import KnobSpace, Settings
+from lagom_tune.knobs import BackendChoices, KnobSpace, Settings
 from lagom_tune.model.contention import CostModel
 from lagom_tune.search import TIE_TOLERANCE
 from lagom_tune.search.baselines import autoccl_search, default_search, exhaustive_search
@@ -101,7 +101,7 @@ class SearchOutcome:
 
 
 def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: str, min_gain: float = 0.0,
-           **options: Any) -> SearchOutcome:
+           chosen: BackendChoices = BackendChoices(), **options: Any) -> SearchOutcome:
     """Run ``optimizer`` plus the default and AutoCCL baselines the plan is compared against.
 
     Each runs on its own evaluator, so its evaluation count is its own. The plan keeps the
@@ -114,6 +114,8 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
         space: the knobs on the profiled machine.
         optimizer: an optimizer's name (``OPTIMIZERS``).
         min_gain: the predicted gain below which the defaults are kept.
+        chosen: what the backend was seen running collectives with when nothing is set (the
+            defaults there, ``space.variables``).
         **options: the optimizers' options (each gets its own).
     Returns:
         The chosen settings and both baselines, and the contention-free bound.
@@ -122,7 +124,7 @@ def search(workload: Workload, model: CostModel, space: KnobSpace, optimizer: st
     """
     if optimizer not in OPTIMIZERS:
         raise UserError(f"unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
-    vars_ = variables(workload, space)
+    vars_ = variables(workload, space, chosen)
     names = list(dict.fromkeys(["default", "autoccl", optimizer]))
     check_options(names, options)
     results = {name: run_optimizer(name, ModelEvaluator(workload, model, space), vars_, options) for name in names}
@@ -195,7 +197,7 @@ def leave_ties_to_the_backend(chosen: SearchResult, default: Settings, evaluate:
 
 
 def compare(workload: Workload, model: CostModel, space: KnobSpace, names: list[str] | None = None,
-            **options: Any) -> tuple[list[SearchResult], dict[str, str]]:
+            chosen: BackendChoices = BackendChoices(), **options: Any) -> tuple[list[SearchResult], dict[str, str]]:
     """Every optimizer side by side, each on a fresh evaluator.
 
     Args:
@@ -203,12 +205,13 @@ def compare(workload: Workload, model: CostModel, space: KnobSpace, names: list[
         model: the fitted cost model.
         space: the knobs on the profiled machine.
         names: the optimizers (default: all; exhaustive is left out when the space is too large).
+        chosen: what the backend was seen running collectives with when nothing is set.
         **options: the optimizers' options.
     Returns:
         One result per optimizer that ran, in order; and why each left out was (exhaustive over a
         space too large), which ``--compare`` says rather than dropping its row silently.
     """
-    vars_ = variables(workload, space)
+    vars_ = variables(workload, space, chosen)
     names = names or list(OPTIMIZERS)
     check_options(names, options)
     out, skipped = [], {}

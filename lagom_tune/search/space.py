@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from lagom_tune.knobs import Knob, KnobSpace, Settings
+from lagom_tune.knobs import BackendChoices, Knob, KnobSpace, Settings
 from lagom_tune.workload.spec import Collective, Workload
 
-__all__ = ["Var", "default_assignment", "default_settings", "feasible_domain", "min_comm_assignment", "neighbours", "variables"]
+__all__ = ["Var", "default_assignment", "default_settings", "feasible_domain", "min_comm_assignment", "neighbours", "observed_defaults",
+           "variables"]
 
 
 
@@ -50,12 +51,14 @@ class Var:
             self.scope == "collective" and coll.rule_key == self.target)
 
 
-def variables(workload: Workload, space: KnobSpace) -> list[Var]:
+def variables(workload: Workload, space: KnobSpace, chosen: BackendChoices = BackendChoices()) -> list[Var]:
     """Every variable that touches at least one collective of ``workload``.
 
     Args:
         workload: the workload (its collectives' ops, communicators and rule keys).
         space: the backend's knobs.
+        chosen: what the backend was seen running collectives with when nothing is set: a
+            collective-scope variable's default there (where the space holds it, :func:`observed_defaults`).
     Returns:
         One variable per knob and place it deploys at, in knob order.
     """
@@ -72,16 +75,35 @@ def variables(workload: Workload, space: KnobSpace) -> list[Var]:
                 out.append(_var("communicator", g, k, [c for c in relevant if c.group == g]))
         else:
             for key in dict.fromkeys(c.rule_key for c in relevant):  # one variable per deployable rule
-                out.append(_var("collective", key, k, [c for c in relevant if c.rule_key == key]))
+                covered = [c for c in relevant if c.rule_key == key]
+                out.append(_var("collective", key, k, covered, observed_defaults(space, chosen, covered[0]).get(k.name)))
     return out
 
 
-def _var(scope: str, target: str, knob: Knob, covered: list[Collective]) -> Var:
+def observed_defaults(space: KnobSpace, chosen: BackendChoices, coll: Collective) -> Mapping[str, Any]:
+    """What the backend was seen running ``coll`` with when nothing is set, where the space holds
+    all of it: NCCL's own choice of an algorithm the model has no term for (PAT, NVLS-tree,
+    CollNet) leaves the collective at the space's defaults, protocol included.
+
+    Args:
+        space: the backend's knobs.
+        chosen: the observed choices.
+        coll: one collective.
+    Returns:
+        Knob name -> value; empty when nothing usable was observed.
+    """
+    seen = chosen.for_collective(coll)
+    held = all(k in space.names() and val in space[k].domain_for({coll.op}, coll.nodes) for k, val in seen.items())
+    return seen if seen and held and space.conflict(seen) is None else {}
+
+
+def _var(scope: str, target: str, knob: Knob, covered: list[Collective], observed: Any = None) -> Var:
     """The variable for ``knob`` at one place: the values, and the default, that suit every
-    collective it covers."""
+    collective it covers (``observed``: the value the backend was seen choosing for them)."""
     ops, nodes = {c.op for c in covered}, max(c.nodes for c in covered)
     ops_default = ops if scope == "collective" else set()  # a process or communicator value is NCCL's one default
-    return Var(scope, target, knob, knob.domain_for(ops, nodes), knob.default_for(ops_default, nodes))
+    default = observed if observed is not None else knob.default_for(ops_default, nodes)
+    return Var(scope, target, knob, knob.domain_for(ops, nodes), default)
 
 
 def neighbours(vars_: list[Var], colls: list[Collective]) -> dict[str, list[Var]]:

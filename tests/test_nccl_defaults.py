@@ -1,0 +1,114 @@
+"""NCCL's own choices, observed: from a profile's ``default`` rows (the collectives timed with
+nothing set, whose algorithm and protocol the tuner plugin saw NCCL choose) to the search's
+defaults, the plan's ``backend_defaults`` and what `apply` holds NCCL's choices against.
+
+The simulator makes no choice of its own; these tests add the rows a GPU profile writes to a
+simulated run folder, to follow them through the layers above the backend."""
+
+import shutil
+
+import pandas as pd
+import pytest
+import yaml
+
+from lagom_tune.backends.nccl_knobs import nccl_knob_space
+from lagom_tune.errors import UserError
+from lagom_tune.knobs import BackendChoices
+from lagom_tune.plan.schema import Plan, load_plan
+from lagom_tune.profile.summary import backend_choices
+from lagom_tune.search.space import default_assignment, observed_defaults, variables
+from lagom_tune.workload.presets import build_preset
+
+from conftest import cli
+
+WORKLOAD = "phi-2-fsdp8"  # an all-gather and a reduce-scatter of 150 MiB within one NVSwitch node
+
+
+def default_rows(workload, chosen: dict, repeats: int = 2) -> pd.DataFrame:
+    """The rows the nccl backend writes for the workload's collectives timed with nothing set;
+    ``chosen``: (op, nbytes) -> (algorithm, protocol) NCCL was seen choosing (absent: not seen)."""
+    rows = []
+    for op, nbytes, ranks, nodes in sorted({(c.op, c.nbytes, c.ranks, c.nodes) for c in workload.collectives()}):
+        algo, proto = chosen.get((op, nbytes), (None, None))
+        for rep in range(repeats):
+            rows.append({"point": f"default|{op}:{nbytes}:{ranks}|nodes={nodes}", "kind": "default", "backend": "sim",
+                         "simulated": True, "op": op, "nbytes": nbytes, "ranks": ranks, "nodes": nodes, "time_us": 100.0,
+                         "repeat": rep, "chosen_algo": algo, "chosen_proto": proto})
+    return pd.DataFrame(rows)
+
+
+def test_the_profile_s_default_rows_give_the_backend_s_choices_by_collective():
+    w = build_preset("phi-2-tp8-dp2")
+    tp, dp = (next(c for c in w.collectives() if c.group == g) for g in ("tp", "dp_replicate"))
+    chosen = backend_choices(default_rows(w, {("all_reduce", tp.nbytes): ("ring", "ll128")}), w)
+    assert chosen.by_rule == {tp.rule_key: {"algo": "ring", "proto": "ll128"}}  # the dp all-reduce: not seen, none
+    assert chosen.for_collective(dp) == {}
+    assert backend_choices(pd.DataFrame({"kind": ["gemm"], "time_us": [1.0]}), w) == BackendChoices()  # no such rows
+
+
+def test_a_collective_s_defaults_are_what_nccl_was_seen_running_where_the_space_holds_it():
+    w = build_preset("phi-2-tp8-dp2")
+    space = nccl_knob_space(64, 16, nvls=True)
+    c = next(c for c in w.collectives() if c.group == "tp")  # within a node
+
+    def defaults(seen: dict) -> dict:
+        values = default_assignment(variables(w, space, BackendChoices({c.rule_key: seen})))
+        return {k.rsplit(":", 1)[1]: v for k, v in values.items() if k.startswith(f"collective:{c.rule_key}:")}
+
+    assert defaults({})["algo"] == "nvls" and defaults({})["proto"] == "simple"  # the space's: NVLS within the node
+    assert defaults({"algo": "ring", "proto": "ll128"}) == {"algo": "ring", "proto": "ll128", "channels": 16}
+    # NCCL chose what the model has no term for (NVLS-tree), or a pair NCCL never runs: the space's defaults, both knobs
+    for seen in ({"algo": "nvls_tree", "proto": "simple"}, {"algo": "nvls", "proto": "ll"}):
+        assert observed_defaults(space, BackendChoices({c.rule_key: seen}), c) == {}
+        assert defaults(seen)["algo"] == "nvls" and defaults(seen)["proto"] == "simple"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A simulated profile of the workload, and a copy whose rows say NCCL ran its all-gather at
+    ring/LL128 when nothing was set (what a GPU profile observes; its reduce-scatter not seen), refitted."""
+    base = tmp_path_factory.mktemp("defaults")
+    plain = base / "plain"
+    cli("profile", "--backend", "sim", "--hardware", "h100-nvlink", "--workload", WORKLOAD, "--out", plain, "--repeats", 2,
+        check=True)
+    seen = base / "seen"
+    shutil.copytree(plain, seen)
+    w = build_preset(WORKLOAD)
+    gather = next(c for c in w.collectives() if c.op == "all_gather")
+    rows = default_rows(w, {("all_gather", gather.nbytes): ("ring", "ll128")})
+    df = pd.read_csv(seen / "measurements.csv")
+    pd.concat([df, rows], ignore_index=True).to_csv(seen / "measurements.csv", index=False)
+    cli("fit", seen, check=True)
+    return plain, seen, gather
+
+
+def test_the_plan_predicts_the_defaults_nccl_was_seen_running_and_records_them(runs, tmp_path):
+    plain, seen, gather = runs
+    for run in (plain, seen):
+        cli("search", run, "--out", tmp_path / f"{run.name}.yaml", check=True)
+    before, after = load_plan(tmp_path / "plain.yaml"), load_plan(tmp_path / "seen.yaml")
+    assert before.backend_defaults == ()
+    assert {(r.op, r.min_bytes, r.max_bytes, tuple(sorted(r.set.items()))) for r in after.backend_defaults} == \
+        {("all_gather", gather.nbytes, gather.nbytes, (("algo", "ring"), ("proto", "ll128")))}
+    # the baseline is another one: the all-gathers at ring/LL128, not the space's ring/Simple
+    assert after.predicted["iteration_ms"]["default"] != before.predicted["iteration_ms"]["default"]
+    # the plan file holds them and reads back; `report` recomputes the same default prediction from them
+    doc = yaml.safe_load((tmp_path / "seen.yaml").read_text())
+    assert doc["backend_defaults"][0]["set"] == {"algo": "ring", "proto": "ll128"}
+    assert Plan.from_dict(doc) == after
+    report = cli("report", tmp_path / "seen.yaml", "--out", tmp_path / "report.html")
+    assert report.returncode == 0, report.stderr
+    shown = cli("show", tmp_path / "seen.yaml", check=True).stdout
+    assert f"all_gather on dp_shard, {gather.nbytes} B: ring/ll128" in " ".join(shown.split()), shown
+
+
+def test_backend_defaults_are_checked_like_rules(runs, tmp_path):
+    plain, seen, gather = runs
+    cli("search", seen, "--out", tmp_path / "seen.yaml", check=True)
+    doc = yaml.safe_load((tmp_path / "seen.yaml").read_text())
+    bad = dict(doc, backend_defaults=[{**doc["backend_defaults"][0], "set": {"algo": "tree", "proto": "ll"}}])
+    with pytest.raises(UserError, match=r"backend_defaults\[0\]\.set\.algo: 'tree' does not apply to all_gather"):
+        Plan.from_dict(bad)
+    stray = dict(doc, backend_defaults=[{**doc["backend_defaults"][0], "match": {**doc["backend_defaults"][0]["match"], "group": "pp"}}])
+    with pytest.raises(UserError, match=r"backend_defaults\[0\]\.match\.group: no role 'pp'"):
+        Plan.from_dict(stray)
