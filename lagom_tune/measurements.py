@@ -12,7 +12,9 @@ A row is one timed repeat of one point, and holds the groups its point has:
   knob sets);
 * timing and result: the repeat, its times (the overlapped ones, and the alone times measured
   right before them), the overlapped job's GEMM count, how its baseline and GEMMs were timed;
-* bandwidth: nccl-tests' columns, for collective points.
+* bandwidth: nccl-tests' columns, for collective points;
+* the backend's choice: for a ``default`` point (a collective timed with nothing set), the
+  algorithm and protocol NCCL chose, as its tuner plugin saw them.
 
 The CSV lists columns in the order its rows first hold them (the groups a backend fills, in
 the order it fills them), not in this module's order.

@@ -102,6 +102,22 @@ def test_the_plan_predicts_the_defaults_nccl_was_seen_running_and_records_them(r
     assert f"all_gather on dp_shard, {gather.nbytes} B: ring/ll128" in " ".join(shown.split()), shown
 
 
+def test_the_fit_scores_the_default_baseline_on_the_collectives_timed_with_nothing_set(runs):
+    """Predicted at NCCL's observed choice and the space's other defaults, the one seen all-gather
+    (the rows say 100 us) is scored apart from the fitted points, which leave it out."""
+    from lagom_tune.model.fit import DEFAULT_ACCURACY, nothing_set_points
+    from lagom_tune.plan.schema import knob_space_for
+
+    plain, seen, gather = runs
+    acc = {run.name: yaml.safe_load((run / "model.yaml").read_text())["accuracy"] for run in (plain, seen)}
+    assert DEFAULT_ACCURACY not in acc["plain"]["mape"] and acc["seen"]["scored"][DEFAULT_ACCURACY] == 1
+    assert acc["seen"]["scored"]["collective"] == acc["plain"]["scored"]["collective"]  # not fitted, not held out
+    space = knob_space_for("sim", yaml.safe_load((seen / "meta.yaml").read_text())["fingerprint"])
+    (point,) = nothing_set_points(pd.read_csv(seen / "measurements.csv"), space).to_dict("records")
+    assert (point["kind"], point["op"], point["algo"], point["proto"], point["channels"], point["time_us"]) == \
+        ("collective", "all_gather", "ring", "ll128", space["channels"].default, 100.0)
+
+
 def test_backend_defaults_are_checked_like_rules(runs, tmp_path):
     plain, seen, gather = runs
     cli("search", seen, "--out", tmp_path / "seen.yaml", check=True)

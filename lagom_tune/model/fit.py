@@ -17,7 +17,8 @@ import pandas as pd
 from lagom_tune.artifact_io import write_yaml
 from lagom_tune.backends.registry import backend_info, backend_names
 from lagom_tune.errors import UserError
-from lagom_tune.measurements import DEFAULT
+from lagom_tune.knobs import KnobSpace
+from lagom_tune.measurements import CHOICE_COLUMNS, DEFAULT, KNOB_COLUMNS
 from lagom_tune.model.contention import (
     COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
     model_from_dict,
@@ -102,6 +103,10 @@ ACCURACY_NAMES = {("gemm", "time_us"): "gemm", ("collective", "time_us"): "colle
 
 
 MAPE_DECIMALS = 4  # a held-out MAPE is kept to 0.01% (printed to 0.1%)
+# The error on collectives timed with nothing set, predicted at the algorithm and protocol the
+# backend was seen choosing and its other defaults: the default baseline's own accuracy. These
+# points are never fitted, so the model fitted on every other point predicts them.
+DEFAULT_ACCURACY = "collective_default"
 
 
 @dataclass(frozen=True)
@@ -157,8 +162,31 @@ def fitted_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["kind"] != DEFAULT]
 
 
+def nothing_set_points(df: pd.DataFrame, space: KnobSpace) -> pd.DataFrame:
+    """The collectives timed with nothing set whose backend choice was observed and is in the
+    knob space, as collective points at that choice and the backend's other defaults (what the
+    search predicts them at, ``search.space.observed_defaults``).
+
+    Args:
+        df: measurement rows.
+        space: the backend's knobs on the profiled machine.
+    Returns:
+        Point medians of kind ``collective``; empty without such rows.
+    """
+    if not set(CHOICE_COLUMNS) <= set(df.columns) or not {"algo", "proto"} <= set(space.names()):
+        return pd.DataFrame()
+    own = point_medians(df[df["kind"] == DEFAULT]).dropna(subset=list(CHOICE_COLUMNS))
+    own = own.assign(algo=own["chosen_algo"], proto=own["chosen_proto"])
+    held = pd.Series([all(row[k] in space[k].domain_for({row["op"]}, int(row.get("nodes", 1))) for k in ("algo", "proto"))
+                      and space.conflict({"algo": row["algo"], "proto": row["proto"]}) is None for _, row in own.iterrows()],
+                     index=own.index, dtype=bool)
+    others = {k: val for k, val in space.defaults().items() if k in KNOB_COLUMNS and k not in ("algo", "proto")}
+    return own[held].assign(kind="collective", **others)
+
+
 def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulated: bool = False,
-              folds: int = 5, seed: int = 0, progress: Callable[[int, int], None] | None = None) -> FitResult:
+              folds: int = 5, seed: int = 0, progress: Callable[[int, int], None] | None = None,
+              space: KnobSpace | None = None) -> FitResult:
     """Fit on all points; report MAPE of ``folds``-fold held-out predictions per op kind, and (GPU
     profiles) the ranking figures of the same held-out predictions.
 
@@ -170,6 +198,8 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
         folds: k of the k-fold split (stratified by kind).
         seed: the split's seed.
         progress: called with (done, total) fits.
+        space: the backend's knobs on the profiled machine, to score the collectives timed with
+            nothing set (:data:`DEFAULT_ACCURACY`; None: not scored).
 
     Returns:
         The model fitted on every point, with its held-out accuracy.
@@ -200,8 +230,15 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     model = _fit(pts, device, simulated, chosen)
     tick(folds + 1, folds + 1)
     # rounded once, as model.yaml records it: `profile` prints what `show` later reads from the file
-    mape = {k: round(float(np.mean(val)), MAPE_DECIMALS) for k, val in held[chosen].errors.items()}
-    scored = {k: len(val) for k, val in held[chosen].errors.items()}
+    errors = dict(held[chosen].errors)
+    own = nothing_set_points(df, space) if space is not None else pd.DataFrame()
+    for _, row in own.iterrows():
+        try:
+            errors.setdefault(DEFAULT_ACCURACY, []).append(abs(predict_point(model, row)["time_us"] - row["time_us"]) / row["time_us"])
+        except UserError:  # a setting the model cannot predict (a thread count it never saw)
+            continue
+    mape = {k: round(float(np.mean(val)), MAPE_DECIMALS) for k, val in errors.items()}
+    scored = {k: len(val) for k, val in errors.items()}
     counts = {str(k): int(n) for k, n in pts["kind"].value_counts().items()}
     over = pts[pts["kind"] == "overlap"]
     ranking = None
@@ -354,10 +391,12 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     df = run.measurements()
     meta = run.read_meta()
     simulated = bool(meta.get("simulated", False))
-    device = fit_device(meta["fingerprint"])
+    fp = meta["fingerprint"]
+    device = fit_device(fp)
+    space = backend_info(fp["backend"]).knob_space(fp) if fp.get("backend") in backend_names() else None
     # numpy's overflow and invalid-value warnings are not printed: a model they leave non-finite is refused below
     with np.errstate(all="ignore"):
-        result = fit_model(df, device=device, simulated=simulated, progress=progress)
+        result = fit_model(df, device=device, simulated=simulated, progress=progress, space=space)
         pts = point_medians(fitted_rows(df))  # every point predicted before anything is written: a model that cannot is not written
         predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for _, r in pts.iterrows()],
                               index=pts.index)

@@ -23,8 +23,8 @@ from lagom_tune.backends.base import MAX_NOISE
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError, interrupts_kept
 from lagom_tune.measurements import (
-    COUNT_COLUMNS, DESCRIBING_COLUMNS, KIND_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS, ROW_KINDS,
-    SETTING_COLUMNS, TIMED_COLUMNS, WHOLE_COLUMNS,
+    COUNT_COLUMNS, DEFAULT, DESCRIBING_COLUMNS, KIND_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS,
+    ROW_KINDS, SETTING_COLUMNS, TIMED_COLUMNS, WHOLE_COLUMNS,
 )
 from lagom_tune.workload.spec import Workload, gemm_of_key
 
@@ -283,7 +283,7 @@ class RunFolder:
         of their own; a blank one failed the fit). Instrument rows (the GPU probe's copy kernel)
         have settings of their own."""
         fp = meta["fingerprint"]
-        timed = df[df["kind"].isin(("collective", "overlap"))]
+        timed = df[df["kind"].isin(("collective", "overlap", DEFAULT))]
         if timed.empty:
             return
         info = backend_info(fp["backend"])
