@@ -50,7 +50,7 @@ for w in "${workloads[@]}"; do
   step "gpu_check $w" bash bench/gpu_check.sh "$work/results" "$w"
 done
 step "GPU tests" "$py" -m pytest -q -rfEs -p no:cacheprovider tests/test_nccl_backend.py tests/test_nccl_runtime.py tests/test_trial.py \
-  -k "probe_kernel or probe_blocks or single_gpu_probe or real_nccl or joins_a_group or on_a_gpu"
+  -k "probe_kernel or probe_blocks or single_gpu_probe or real_nccl or joins_a_group or on_a_gpu or two_gpu"
 tar -czf "$out/device_session.tar.gz" -C "$work" results
 for w in "${workloads[@]}"; do
   [ -f "$work/results/gpu_check-$w.md" ] && cp "$work/results/gpu_check-$w.md" "$out/"

@@ -3,6 +3,7 @@
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -250,6 +251,26 @@ def test_torchrun_profile_rank0_writes_all_ranks_agree_and_resume(tmp_path):
 
 
 # -- the real thing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not GPU or torch.cuda.device_count() < 2 or shutil.which("cc") is None,
+                    reason="needs two CUDA GPUs (NCCL runs one rank a GPU) and `cc` for the tuner plugin")
+def test_a_two_gpu_profile_observes_nccls_own_choice(tmp_path):
+    """Two ranks, real NCCL: the all-reduce timed with nothing set records the algorithm and
+    protocol NCCL chose (the tuner plugin, loaded with no rules, saw its cost table)."""
+    import pandas as pd
+
+    wl = tmp_path / "one.yaml"
+    ONE_PAIR.save(wl)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "lagom_tune", "profile", "--backend", "nccl",
+           "--workload", str(wl), "--out", str(tmp_path / "run"), "--repeats", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    df = pd.read_csv(tmp_path / "run" / "measurements.csv")
+    own = df[df["kind"] == "default"]
+    print(own[["op", "nbytes", "ranks", "chosen_algo", "chosen_proto", "time_us", "busbw_GBps"]].to_string())  # shown with -rP
+    assert len(own) == 2 and own["chosen_algo"].notna().all() and own["chosen_proto"].isin(["ll", "ll128", "simple"]).all()
 
 
 PROBE_CHECK = """

@@ -118,6 +118,16 @@ def test_the_fit_scores_the_default_baseline_on_the_collectives_timed_with_nothi
         ("collective", "all_gather", "ring", "ll128", space["channels"].default, 100.0)
 
 
+def test_show_lists_the_collectives_timed_with_nothing_set_with_the_choice_seen(runs):
+    import json
+
+    plain, seen, gather = runs
+    table = json.loads(cli("show", seen, "--collectives", "--json", check=True).stdout)
+    own = [(r["op"], r["size_B"], r["algo"], r["proto"], r["channels"]) for r in table if r["own"]]
+    assert sorted(own) == [("all_gather", gather.nbytes, "ring", "ll128", None), ("reduce_scatter", gather.nbytes, "?", "?", None)]
+    assert all("own" not in r for r in json.loads(cli("show", plain, "--collectives", "--json", check=True).stdout))
+
+
 def test_backend_defaults_are_checked_like_rules(runs, tmp_path):
     plain, seen, gather = runs
     cli("search", seen, "--out", tmp_path / "seen.yaml", check=True)

@@ -7,7 +7,7 @@ import pandas as pd
 
 from lagom_tune.backends.base import bandwidth_columns, trimmed_mean
 from lagom_tune.knobs import BackendChoices
-from lagom_tune.measurements import CHOICE_COLUMNS, DEFAULT, SETTING_COLUMNS
+from lagom_tune.measurements import CHOICE_COLUMNS, DEFAULT, SETTING_COLUMNS, WHOLE_COLUMNS
 from lagom_tune.profile.store import row_settings
 from lagom_tune.workload.spec import Workload
 
@@ -36,25 +36,33 @@ def backend_choices(df: pd.DataFrame, workload: Workload) -> BackendChoices:
 def collective_summary(df: pd.DataFrame) -> pd.DataFrame:
     """One row per collective point: size, ranks, settings, median and trimmed-mean time (fastest
     75% of repeats, AutoCCL's statistic), and ``algbw``/``busbw`` from the median, as nccl-tests prints.
+    A collective timed with nothing set (a ``default`` point) shows the algorithm and protocol the
+    backend chose (``?`` where not observed), ``own`` true.
 
     Args:
         df: a run folder's measurements.
     Returns:
         The table, sorted by op, size and settings (empty without collective points).
     """
-    coll = df[df["kind"] == "collective"]
+    coll = df[df["kind"].isin(("collective", DEFAULT))]
     if coll.empty:
         return pd.DataFrame()
     rows = []
     for _, rep in coll.groupby("point", sort=False):
         first = rep.iloc[0]
+        own = first["kind"] == DEFAULT
+        chosen = {k: first.get(f"chosen_{k}") if isinstance(first.get(f"chosen_{k}"), str) else "?"
+                  for k in ("algo", "proto")} if own else {}
         median = float(rep["time_us"].median())
         op, size, ranks = str(first["op"]), int(first["nbytes"]), int(first["ranks"])
         bw = bandwidth_columns(op, size, ranks, median / 1e6)
         nodes = {"nodes": int(first["nodes"])} if "nodes" in first and not pd.isna(first["nodes"]) else {}
-        rows.append({"op": op, "size_B": size, "ranks": ranks, **row_settings(first), **nodes,
+        rows.append({"op": op, "size_B": size, "ranks": ranks, **row_settings(first), **chosen, **nodes,
+                     **({"own": own} if DEFAULT in set(coll["kind"]) else {}),
                      "time_us": round(median, 2), "trimmed_us": round(trimmed_mean(rep["time_us"].tolist()), 2),
                      "algbw_GBps": round(bw["algbw_GBps"], 3), "busbw_GBps": round(bw["busbw_GBps"], 3), "repeats": len(rep)})
     out = pd.DataFrame(rows)
+    # whole numbers stay whole beside a point that sets none (NCCL's own channels)
+    out = out.astype({c: "Int64" for c in out.columns if c in WHOLE_COLUMNS})
     settings = [c for c in out.columns if c in SETTING_COLUMNS]
     return out.sort_values(["op", "size_B", *settings], kind="stable").reset_index(drop=True)
