@@ -100,6 +100,10 @@ def _set_rule(d: dict, **match) -> None:
     (lambda d: d["target"]["hardware"].update(ll128="yes"), "hardware.ll128: expected bool"),
     (lambda d: d["target"]["hardware"].update(max_channels="many"), "hardware.max_channels: expected"),
     (lambda d: d["target"].update(simulated=False), "target.simulated: False, but the sim backend simulates"),  # apply ran it
+    # ... and relabelled as a whole, every flag with it: apply ran settings searched on a simulator
+    (lambda d: (d["target"].update(backend="nccl", simulated=False), d["predicted"].update(simulated=False),
+                d["validated"].update(simulated=False, method="replay")),
+     r"target.hardware.cluster: 'h100-nvlink' is a simulated cluster, but the nccl backend measures"),
     # shown as they were ("plan for [1]")
     (lambda d: d["workload"].update(name=[1]), "workload.name: expected str"),
     # misspelt records beside the settings were loaded as they were (kept_default unread: no caption)

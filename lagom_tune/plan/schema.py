@@ -176,6 +176,10 @@ class Plan:
         target = v.known_keys(v.mapping(v.field(d, "target", path, dict), f"{path}.target"), TARGET_FIELDS, f"{path}.target")
         backend = v.field(target, "backend", f"{path}.target", str)
         hardware = _hardware_record(v.field(target, "hardware", f"{path}.target", dict, {}), f"{path}.target.hardware")
+        if "cluster" in hardware and not backend_info(backend, f"{path}.target.backend: ").simulated:
+            # a simulated plan relabelled: its knob values would be held to the simulated cluster's, and apply would run them
+            raise UserError(f"{path}.target.hardware.cluster: {hardware['cluster']!r} is a simulated cluster, but the {backend} backend "
+                            "measures real machines (a simulated plan relabelled?); search a profile of the real machine")
         space = knob_space_for(backend, _machine(hardware))
 
         def knobs(values: Any, where: str, scope: str) -> dict[str, Any]:
