@@ -170,6 +170,8 @@ def profile(
         fit = fit_run(run, progress=lambda done, total: bar.update(fitting, completed=done, total=total))
     render.console.print(f"[green]profiled[/] {escape(str(run.path))}{render.simulated_tag(b.simulated)} · model MAPE "
                          + render.mape_text(fit.mape))
+    for line in render.own_choice_lines(collective_summary(run.measurements())):
+        render.console.print(line, highlight=False)
     for line in render.fit_warnings(fit.warnings):
         render.console.print(line)
 

@@ -473,6 +473,24 @@ def fit_warnings(warnings: list[str] | tuple[str, ...]) -> list[str]:
     return [f"[yellow]warning[/] {escape(str(w))}" for w in warnings]
 
 
+def own_choice_lines(summary: pd.DataFrame) -> list[str]:
+    """The collectives timed with nothing set, one line each: what the backend chose and how fast
+    it ran (``profile`` prints them after an nccl profile).
+
+    Args:
+        summary: ``profile.summary.collective_summary`` of a run.
+    Returns:
+        Console lines; none without such collectives.
+    """
+    if "own" not in summary.columns:
+        return []
+    def chose(r: Any) -> str:
+        return "its choice not observed" if r.algo == "?" else f"{escape(str(r.algo))}/{escape(str(r.proto))}"
+
+    return [f"nothing set: {r.op} of {r.size_B} B on {r.ranks} ranks ran in {r.time_us} us (busbw {r.busbw_GBps} GB/s), "
+            f"{chose(r)}" for r in summary[summary["own"]].itertuples()]
+
+
 def model_tables(model: dict[str, Any]) -> list[Any]:
     """A model.yaml's measured accuracy: held-out MAPE, the ranking figures the search relies on,
     and warnings about measurements the fit refused.

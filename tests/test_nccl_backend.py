@@ -237,6 +237,7 @@ def test_torchrun_profile_rank0_writes_all_ranks_agree_and_resume(tmp_path):
     # the workload's all-reduce with nothing set: gloo makes no choice the tuner plugin could observe
     own = df[df["kind"] == "default"]
     assert set(own["nbytes"]) == {1 << 18} and own[["algo", "channels", "chosen_algo", "chosen_proto"]].isna().all().all()
+    assert "nothing set: all_reduce of 262144 B on 2 ranks ran in" in proc.stdout and "its choice not observed" in proc.stdout
     assert (run / "model.yaml").is_file()
     refused = cli("search", run, "--out", run / "plan.yaml")
     assert not (run / "plan.yaml").exists()

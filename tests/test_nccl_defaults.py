@@ -126,6 +126,12 @@ def test_show_lists_the_collectives_timed_with_nothing_set_with_the_choice_seen(
     own = [(r["op"], r["size_B"], r["algo"], r["proto"], r["channels"]) for r in table if r["own"]]
     assert sorted(own) == [("all_gather", gather.nbytes, "ring", "ll128", None), ("reduce_scatter", gather.nbytes, "?", "?", None)]
     assert all("own" not in r for r in json.loads(cli("show", plain, "--collectives", "--json", check=True).stdout))
+    from lagom_tune.profile.summary import collective_summary
+    from lagom_tune.render import own_choice_lines
+
+    lines = own_choice_lines(collective_summary(pd.read_csv(seen / "measurements.csv")))  # what profile prints
+    assert [line.split(" B on")[0] + " " + line.rsplit(", ", 1)[1] for line in lines] == \
+        [f"nothing set: all_gather of {gather.nbytes} ring/ll128", f"nothing set: reduce_scatter of {gather.nbytes} its choice not observed"]
 
 
 def test_backend_defaults_are_checked_like_rules(runs, tmp_path):
