@@ -22,7 +22,7 @@ the order it fills them), not in this module's order.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 IDENTITY_COLUMNS = ("point", "kind", "backend", "simulated")
 GEMM_COLUMNS = ("gemm", "m", "n", "k", "batch", "dtype", "flops")
@@ -42,8 +42,9 @@ RESULT_COLUMNS = ("repeat", *TIMED_COLUMNS,
                   "timing")  # how a GPU sample was launched (graph or stream)
 BANDWIDTH_COLUMNS = ("algbw_GBps", "busbw_GBps")  # nccl-tests' bandwidth columns
 # What the backend chose for a "default" row's collective: NCCL's own algorithm and protocol,
-# observed by the tuner plugin (empty where it was not observed).
-CHOICE_COLUMNS = ("chosen_algo", "chosen_proto")
+# observed by the tuner plugin (empty where it was not observed); knob -> column.
+CHOSEN = {"algo": "chosen_algo", "proto": "chosen_proto"}
+CHOICE_COLUMNS = tuple(CHOSEN.values())
 
 COLUMNS = DESCRIBING_COLUMNS + RESULT_COLUMNS + BANDWIDTH_COLUMNS + CHOICE_COLUMNS  # every column a row may hold
 REQUIRED_COLUMNS = ("point", "kind", "repeat", "time_us")  # in every measurements.csv
@@ -107,6 +108,18 @@ def collective_columns(op: str, nbytes: int, ranks: int) -> dict[str, Any]:
         The collective columns, in :data:`COLLECTIVE_COLUMNS` order.
     """
     return dict(zip(COLLECTIVE_COLUMNS, (op, nbytes, ranks)))
+
+
+def chosen_settings(row: Mapping[str, Any]) -> dict[str, str]:
+    """What the backend chose for a ``default`` row's collective, as knob values.
+
+    Args:
+        row: a row (or point median) of kind ``default``.
+    Returns:
+        Knob name -> value (``algo``, ``proto``); empty unless both were observed.
+    """
+    seen = {knob: row.get(col) for knob, col in CHOSEN.items()}
+    return {k: str(val) for k, val in seen.items()} if all(isinstance(val, str) for val in seen.values()) else {}
 
 
 def timed_columns(time_us: float, inner: int | None = None, timing: str | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from lagom_tune.artifact_io import write_yaml
 from lagom_tune.backends.registry import backend_info, backend_names
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace
-from lagom_tune.measurements import CHOICE_COLUMNS, DEFAULT, KNOB_COLUMNS
+from lagom_tune.measurements import CHOICE_COLUMNS, CHOSEN, DEFAULT, KNOB_COLUMNS, chosen_settings
 from lagom_tune.model.contention import (
     COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
     model_from_dict,
@@ -176,11 +176,10 @@ def nothing_set_points(df: pd.DataFrame, space: KnobSpace) -> pd.DataFrame:
     if not set(CHOICE_COLUMNS) <= set(df.columns) or not {"algo", "proto"} <= set(space.names()):
         return pd.DataFrame()
     own = point_medians(df[df["kind"] == DEFAULT]).dropna(subset=list(CHOICE_COLUMNS))
-    own = own.assign(algo=own["chosen_algo"], proto=own["chosen_proto"])
-    held = pd.Series([all(row[k] in space[k].domain_for({row["op"]}, int(row.get("nodes", 1))) for k in ("algo", "proto"))
-                      and space.conflict({"algo": row["algo"], "proto": row["proto"]}) is None for _, row in own.iterrows()],
-                     index=own.index, dtype=bool)
-    others = {k: val for k, val in space.defaults().items() if k in KNOB_COLUMNS and k not in ("algo", "proto")}
+    own = own.assign(**{knob: own[col] for knob, col in CHOSEN.items()})
+    held = pd.Series([all(row[k] in space[k].domain_for({row["op"]}, int(row.get("nodes", 1))) for k in CHOSEN)
+                      and space.conflict(chosen_settings(row)) is None for _, row in own.iterrows()], index=own.index, dtype=bool)
+    others = {k: val for k, val in space.defaults().items() if k in KNOB_COLUMNS and k not in CHOSEN}
     return own[held].assign(kind="collective", **others)
 
 

@@ -7,7 +7,7 @@ import pandas as pd
 
 from lagom_tune.backends.base import bandwidth_columns, trimmed_mean
 from lagom_tune.knobs import BackendChoices
-from lagom_tune.measurements import CHOICE_COLUMNS, DEFAULT, SETTING_COLUMNS, WHOLE_COLUMNS
+from lagom_tune.measurements import CHOICE_COLUMNS, CHOSEN, DEFAULT, SETTING_COLUMNS, WHOLE_COLUMNS, chosen_settings
 from lagom_tune.profile.store import row_settings
 from lagom_tune.workload.spec import Workload
 
@@ -25,10 +25,12 @@ def backend_choices(df: pd.DataFrame, workload: Workload) -> BackendChoices:
     """
     if not set(CHOICE_COLUMNS) <= set(df.columns):
         return BackendChoices()
-    own = df[df["kind"] == DEFAULT].dropna(subset=list(CHOICE_COLUMNS))
-    nodes = own["nodes"] if "nodes" in own.columns else pd.Series(1, index=own.index)
-    seen = {(str(r["op"]), int(r["nbytes"]), int(r["ranks"]), int(n)): {"algo": str(r["chosen_algo"]), "proto": str(r["chosen_proto"])}
-            for (_, r), n in zip(own.iterrows(), nodes.fillna(1))}
+    seen = {}
+    for _, r in df[df["kind"] == DEFAULT].iterrows():
+        nodes = r.get("nodes")
+        chosen = chosen_settings(r)
+        if chosen:
+            seen[(str(r["op"]), int(r["nbytes"]), int(r["ranks"]), 1 if pd.isna(nodes) else int(nodes))] = chosen
     return BackendChoices({c.rule_key: seen[key] for c in workload.collectives()
                            if (key := (c.op, c.nbytes, c.ranks, c.nodes)) in seen})
 
@@ -51,8 +53,7 @@ def collective_summary(df: pd.DataFrame) -> pd.DataFrame:
     for _, rep in coll.groupby("point", sort=False):
         first = rep.iloc[0]
         own = first["kind"] == DEFAULT
-        chosen = {k: first.get(f"chosen_{k}") if isinstance(first.get(f"chosen_{k}"), str) else "?"
-                  for k in ("algo", "proto")} if own else {}
+        chosen = (chosen_settings(first) or dict.fromkeys(CHOSEN, "?")) if own else {}
         median = float(rep["time_us"].median())
         op, size, ranks = str(first["op"]), int(first["nbytes"]), int(first["ranks"])
         bw = bandwidth_columns(op, size, ranks, median / 1e6)
