@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -117,7 +118,7 @@ def read_nccl_choices(lib: ctypes.CDLL) -> tuple[NcclChoice, ...]:
     except AttributeError:
         return ()
     shape = (2, len(TUNER_FUNCS), SIZE_BUCKETS, len(TUNER_ALGOS), len(TUNER_PROTOS))
-    size = 2 * len(TUNER_FUNCS) * SIZE_BUCKETS * len(TUNER_ALGOS) * len(TUNER_PROTOS)
+    size = math.prod(shape)
     choices.restype = ctypes.c_int
     if choices(None, ctypes.c_size_t(0)) != size:
         return ()
