@@ -18,7 +18,7 @@ from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import BackendChoices, KnobSpace, Settings
 from lagom_tune.precision import ROUNDING_REL
-from lagom_tune.workload.spec import OPS, Workload
+from lagom_tune.workload.spec import OPS, Collective, Workload
 
 SCHEMA_VERSION = 1
 KIND = "lagom-plan"
@@ -54,6 +54,10 @@ class CollectiveRule:
     max_bytes: int
     set: dict[str, Any]
 
+    def matches(self, c: Collective) -> bool:
+        """Whether the rule holds for ``c``: its op, its role (or any, ``*``), its size within the bounds."""
+        return self.op == c.op and self.group in (c.group, "*") and self.min_bytes <= c.nbytes <= self.max_bytes
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -88,8 +92,7 @@ class Plan:
         """
         out = {}
         for c in workload.collectives():
-            seen = next((r.set for r in self.backend_defaults if r.op == c.op and r.group in (c.group, "*")
-                         and r.min_bytes <= c.nbytes <= r.max_bytes), None)
+            seen = next((r.set for r in self.backend_defaults if r.matches(c)), None)
             if seen is not None:
                 out[c.rule_key] = dict(seen)
         return BackendChoices(out)
@@ -98,7 +101,7 @@ class Plan:
     def space(self) -> KnobSpace:
         """The knob space the plan's values were chosen from: its backend's, bounded by the machine
         it was profiled on (``target.hardware``)."""
-        return knob_space_for(self.backend, _machine(self.hardware))
+        return _plan_space(self.backend, self.hardware)
 
     def modelled_settings(self, workload: Workload, default: Settings) -> Settings:
         """The settings the plan runs ``workload`` with, as the model evaluates them: its own where
@@ -115,7 +118,7 @@ class Plan:
         roles = set(default.communicators) | set(self.settings.communicators)
         rules = {}
         for c in workload.collectives():
-            rule = next((r for r in self.rules if r.op == c.op and r.group in (c.group, "*") and r.min_bytes <= c.nbytes <= r.max_bytes), None)
+            rule = next((r for r in self.rules if r.matches(c)), None)
             rules[c.rule_key] = {**default.collectives.get(c.rule_key, {}), **(rule.set if rule else {})}
         return Settings({**default.process, **self.settings.process},
                         {role: {**default.communicators.get(role, {}), **self.settings.communicators.get(role, {})} for role in roles},
@@ -180,7 +183,7 @@ class Plan:
             # a simulated plan relabelled: its knob values would be held to the simulated cluster's, and apply would run them
             raise UserError(f"{path}.target.hardware.cluster: {hardware['cluster']!r} is a simulated cluster, but the {backend} backend "
                             "measures real machines (a simulated plan relabelled?); search a profile of the real machine")
-        space = knob_space_for(backend, _machine(hardware))
+        space = _plan_space(backend, hardware)
 
         def knobs(values: Any, where: str, scope: str) -> dict[str, Any]:
             values = v.mapping(values, where)
@@ -198,9 +201,10 @@ class Plan:
         process = knobs(v.field(d, "process", path, dict), f"{path}.process", "process")
         comms = {name: knobs(val, f"{path}.communicators.{name}", "communicator")
                  for name, val in v.named(v.field(d, "communicators", path, dict), f"{path}.communicators").items()}
-        def collective_rules(section: str) -> list[tuple[str, CollectiveRule]]:
+        def collective_rules(section: str, absent: Any = ...) -> list[tuple[str, CollectiveRule]]:
+            """The section's rules with their field paths (``absent``: what a missing section reads as; required)."""
             rules = []
-            for i, r in enumerate(v.field(d, section, path, list, [] if section == "backend_defaults" else ...)):
+            for i, r in enumerate(v.field(d, section, path, list, absent)):
                 rp = f"{path}.{section}[{i}]"
                 r = v.known_keys(v.mapping(r, rp), ("match", "set"), rp)
                 m = v.known_keys(v.mapping(v.field(r, "match", rp, dict), f"{rp}.match"), MATCH_FIELDS, f"{rp}.match")
@@ -225,7 +229,7 @@ class Plan:
                 rules.append((rp, rule))
             return rules
 
-        deployed, observed = collective_rules("collectives"), collective_rules("backend_defaults")
+        deployed, observed = collective_rules("collectives"), collective_rules("backend_defaults", [])
         placed = deployed + observed
         rules = [rule for _, rule in deployed]
         groups = v.named(v.field(target, "groups", f"{path}.target", dict, {}), f"{path}.target.groups")
@@ -286,6 +290,11 @@ HARDWARE_NAMES = ("device", "gpu", "cluster")  # the plan's hardware record: nam
 HARDWARE_COUNTS = ("sms", "cores", "max_channels")  # ... counts ...
 HARDWARE_OFFERS = ("nvls", "ll128")  # ... and what NCCL offered where it was profiled
 MACHINE_BOUNDS = ("cluster", "max_channels", "cores") + HARDWARE_OFFERS  # what of it bounds the plan's knobs
+
+
+def _plan_space(backend: str, hardware: dict[str, Any]) -> KnobSpace:
+    """The knob space a plan's values are held to: its backend's, bounded by its ``hardware``."""
+    return knob_space_for(backend, _machine(hardware))
 
 
 def _machine(hardware: dict[str, Any]) -> dict[str, Any]:

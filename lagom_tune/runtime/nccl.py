@@ -132,16 +132,13 @@ def defaults_record(plan: Plan, choices: tuple[NcclChoice, ...]) -> tuple[str, A
         assumed = assumed_default(plan, c)
         if assumed is not None and assumed != (c.algo, c.proto):
             differ.append(f"{c.describe()}, modelled {'/'.join(assumed)}")
-    calls = sum(c.calls for c in choices)
     how = (f"NCCL's own choice (the cheapest entry of the cost table it handed the tuner, before any rule) for each of "
-           f"{calls} calls")
-    if not differ:
-        return "nccl_defaults_as_modelled", [c.describe() for c in choices], True, \
-            f"{how} is the algorithm/protocol the plan's predictions of NCCL's defaults assume (channels not compared)"
-    return "nccl_defaults_as_modelled", [c.describe() for c in choices], False, \
-        (f"{how}: it differs from what the plan's predictions of NCCL's defaults assume for {'; '.join(differ)}. "
-         "The predicted speed-up over the defaults, and the prediction for calls no rule matches, rest on another "
-         "algorithm/protocol than NCCL runs there; `lagom-tune trial` measures the real one")
+           f"{sum(c.calls for c in choices)} calls")
+    how += (f": it differs from what the plan's predictions of NCCL's defaults assume for {'; '.join(differ)}. The predicted "
+            "speed-up over the defaults, and the prediction for calls no rule matches, rest on another algorithm/protocol "
+            "than NCCL runs there; `lagom-tune trial` measures the real one") if differ else \
+        " is the algorithm/protocol the plan's predictions of NCCL's defaults assume (channels not compared)"
+    return "nccl_defaults_as_modelled", [c.describe() for c in choices], not differ, how
 
 
 def communicator_nodes(plan: Plan, ranks: int | None) -> int | None:
