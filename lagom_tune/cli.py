@@ -23,6 +23,7 @@ from lagom_tune.backends.registry import backend_help, backend_info
 from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_signals, stop_signal, stopping
 from lagom_tune.model.contention import read_model_file, run_problems
 from lagom_tune.plan.schema import FILE_MARK as PLAN_FILE_MARK, SEARCH_OPTIONS, Plan, load_plan
+from lagom_tune.plan_check import PlanPredictions, plan_run_folder, predict_plan
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.profile.summary import collective_summary
@@ -461,11 +462,21 @@ def show(
             return
         for item in render.plan_summary(plan):  # as search printed it, the reason it kept the defaults too
             render.console.print(item)
+        render.console.print(render.prediction_check_line(_recheck(plan, path)))
     elif kind == "lagom-workload" or (kind is None and isinstance(data, dict) and "groups" in data):  # kind is optional in one
         w = Workload.from_dict(data, str(path))
         _print_workload(w, as_json)
     else:
         raise UserError(f"{path}: not a plan, workload, trial record or run folder (kind: {kind!r})")
+
+
+
+def _recheck(plan: Plan, path: Path) -> PlanPredictions | str:
+    """The plan's predictions as its run's model gives them now, or why they could not be rechecked."""
+    try:
+        return predict_plan(plan, open_run(plan_run_folder(plan, path)))
+    except UserError as e:
+        return str(e)
 
 
 @app.command()

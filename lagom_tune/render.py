@@ -16,6 +16,7 @@ import rich.table
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.comparison import CI_LEVEL
 from lagom_tune.plan.schema import Plan
+from lagom_tune.plan_check import STALE_REASON, PlanPredictions
 from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.runtime.launch import describe, export_lines
 from lagom_tune.backends.nccl_tuner import RULES_ENV
@@ -248,6 +249,23 @@ def plan_summary(plan: Plan) -> list[Any]:
                    "baseline there, never deployed): " + escape("; ".join(
                        f"{r.op} on {r.group}, {r.min_bytes} B: {'/'.join(str(x) for x in r.set.values())}" for r in plan.backend_defaults)))
     return out
+
+
+def prediction_check_line(check: PlanPredictions | str) -> str:
+    """What ``show`` says under a plan's predictions: that its run's model still gives them, that it
+    does not (the plan edited or the model refitted since), or why they were not rechecked.
+
+    Args:
+        check: the plan's predictions now (``plan_check.predict_plan``), or why there are none.
+    Returns:
+        One line of console markup.
+    """
+    if isinstance(check, str):
+        return f"[dim]predictions as `lagom-tune search` wrote them, not rechecked: {escape(check)}[/]"
+    if check.drift:
+        return (f"[yellow]warning:[/] the predictions above are not what the plan's run's model gives it now "
+                f"({escape(check.drift_text())}): {escape(STALE_REASON)}; search again")
+    return "[dim]predictions rechecked: the plan's run's model still gives them[/]"
 
 
 def prediction_table(plan: Plan) -> Table:

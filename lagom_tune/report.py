@@ -10,19 +10,18 @@ from __future__ import annotations
 import base64
 import html
 import io
-import math
 from pathlib import Path
 from typing import Any
 
 from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.errors import UserError
-from lagom_tune.model.contention import load_model, read_model_file, run_problems
-from lagom_tune.plan.schema import Plan, knob_space_for, load_plan
-from lagom_tune.precision import ROUNDING_REL, ms_text
+from lagom_tune.model.contention import read_model_file, run_problems
+from lagom_tune.plan.schema import Plan, load_plan
+from lagom_tune.plan_check import STALE_REASON, plan_run_folder, predict_plan
+from lagom_tune.precision import ms_text
 from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.render import percent, replay_rows
-from lagom_tune.search.evaluate import Evaluation, ModelEvaluator
-from lagom_tune.search.space import default_settings, variables
+from lagom_tune.search.evaluate import Evaluation
 
 
 def _png(fig) -> str:
@@ -81,48 +80,6 @@ def _ranking_html(accuracy: dict[str, Any]) -> list[str]:
     return out
 
 
-def _plan_run_folder(plan: Plan, path: Path) -> Path:
-    """The run folder a plan was searched from: as the plan records it (relative to where search
-    ran), else the same path from the plan's folder, else the plan's own folder (where README's
-    layout puts it); the first that holds the plan's workload (a folder of the same name here may
-    hold another profile)."""
-    recorded = Path(plan.model.get("run", ""))
-    digest = plan.workload.get("digest")
-    other = None
-    for candidate in (recorded, path.parent / recorded, path.parent):
-        if not (candidate / "meta.yaml").is_file():
-            continue
-        if digest is None or open_run(candidate).workload().digest == digest:  # a plan written in code records none
-            return candidate
-        other = other or candidate
-    if other is not None:
-        raise UserError(f"{path}: {other} holds another workload than the plan's (digest {digest}): not the profile "
-                        "the plan was searched from")
-    if not plan.model.get("run"):
-        raise UserError(f"{path}: the plan names no run folder (model.run) and none is beside it; the report needs the "
-                        "plan's run folder")
-    raise UserError(f"{path}: its run folder {recorded} is not here (nor beside the plan); the report needs the plan's run folder")
-
-
-def _check_predicted(plan: Plan, now: dict[str, float]) -> None:
-    """Refuse (UserError) to report a plan whose recorded predictions are not what its run's model
-    gives its settings now: the model was refitted (a new profile in the same folder) or the plan
-    edited since `search` wrote it, and the page would contradict ``show`` of the same plan.
-
-    Args:
-        plan: the plan.
-        now: iteration ms by name (``default``, ``plan``) as the run's model predicts them now.
-    """
-    recorded = plan.predicted.get("iteration_ms", {})
-    differ = {name: (recorded[name], ms) for name, ms in now.items()
-              if name in recorded and not math.isclose(recorded[name], ms, rel_tol=ROUNDING_REL)}
-    if differ:
-        said = ", ".join(f"{name} {ms_text(was)} ms, now {ms_text(ms)} ms" for name, (was, ms) in differ.items())
-        raise UserError(f"the plan's predictions are not what its run's model gives it now ({said}): the model was "
-                        "refitted or the plan edited since `lagom-tune search` wrote it; search again for a plan to report "
-                        "(or report the run folder)")
-
-
 def _sources(target: Path) -> tuple[Plan | None, RunFolder]:
     """What a report reads: the plan (None for a run folder) and the run folder.
 
@@ -132,7 +89,10 @@ def _sources(target: Path) -> tuple[Plan | None, RunFolder]:
     if not target.is_file():
         return None, open_run(target)
     plan = load_plan(target)
-    return plan, open_run(_plan_run_folder(plan, target))
+    try:
+        return plan, open_run(plan_run_folder(plan, target))
+    except UserError as e:
+        raise UserError(f"{e}; the report needs the plan's run folder") from None
 
 
 def build_report(target: str | Path) -> str:
@@ -174,14 +134,11 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
         if f.is_file():
             parts.append(f"<h2>{html.escape(alt.capitalize())}</h2>" + _img(base64.b64encode(f.read_bytes()).decode(), alt))
     if plan is not None:
-        model, _ = load_model(run.model_path, run.fitted_as(meta))
-        workload = run.workload()
-        vars_ = variables(workload, knob_space_for(plan.backend, fp), plan.backend_choices(workload))
-        default = default_settings(vars_)
-        chosen = plan.modelled_settings(workload, default)
-        ev = ModelEvaluator(workload, model)
-        d, p = ev(default), ev(chosen)
-        _check_predicted(plan, {"default": d.iteration_s * 1e3, "plan": p.iteration_s * 1e3})
+        now = predict_plan(plan, run)
+        if now.drift:
+            raise UserError(f"the plan's predictions are not what its run's model gives it now ({now.drift_text()}): {STALE_REASON}; "
+                            "search again for a plan to report (or report the run folder)")
+        d, p = now.default, now.plan
         parts.append(f"<h2>Before / after: predicted iteration {ms_text(d.iteration_s * 1e3)} → {ms_text(p.iteration_s * 1e3)} ms "
                      f"({d.iteration_s / p.iteration_s:.3f}×)</h2>" + _img(gantt(d, p, simulated), "timeline under default settings and under the plan"))
         if plan.validated:  # the rows `show` prints, not the record as Python writes a dict

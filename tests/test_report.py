@@ -124,3 +124,26 @@ def test_report_refuses_a_plan_its_runs_model_no_longer_predicts(sim_plan, tmp_p
     r = cli("report", edited, "--out", tmp_path / "r.html")
     assert r.returncode == 2 and "the plan's predictions are not what its run's model gives it now (default" in r.stderr, r.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+def test_show_rechecks_a_plans_predictions_against_its_runs_model(sim_plan, tmp_path):
+    """show printed a hand-edited plan's recorded predictions as if they held (report refused the
+    same plan): it now re-predicts the plan with its run's model, warns where they differ, and says
+    when the run folder is not there to recheck them."""
+    import yaml
+
+    fresh = cli("show", sim_plan / "plan.yaml", check=True).stdout
+    assert "predictions rechecked: the plan's run's model still gives them" in fresh, fresh
+    plan = yaml.safe_load((sim_plan / "plan.yaml").read_text())
+    plan["model"]["run"] = str(sim_plan / "run")
+    plan["predicted"]["iteration_ms"]["plan"] = round(plan["predicted"]["iteration_ms"]["plan"] * 1.05, 3)
+    edited = tmp_path / "plan.yaml"
+    edited.write_text(yaml.safe_dump(plan, sort_keys=False))
+    r = cli("show", edited, check=True)
+    assert "warning: the predictions above are not what the plan's run's model gives it now (plan" in r.stdout, r.stdout
+    assert "edited since `lagom-tune search` wrote it; search again" in r.stdout, r.stdout
+    plan["model"]["run"] = str(tmp_path / "gone")
+    edited.write_text(yaml.safe_dump(plan, sort_keys=False))
+    r = cli("show", edited, check=True)
+    assert "not rechecked:" in r.stdout and "gone is not here" in r.stdout and "warning" not in r.stdout, r.stdout
+    assert r.stdout.count("\n") > 5  # the plan itself is still printed
