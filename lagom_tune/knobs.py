@@ -9,7 +9,7 @@ runtime shim loads a plan's knob space in every rank of a user's job.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from lagom_tune.errors import UserError
 
@@ -147,6 +147,28 @@ class KnobSpace:
                 if values.get(k.name) == value and other in values and values[other] not in allowed:
                     return f"{k.name} {value} runs only with {other} {'/'.join(map(str, allowed))}, not {values[other]}"
         return None
+
+    def usable(self, seen: Mapping[str, Any], op: str, nodes: int, whole: Sequence[str]) -> dict[str, Any]:
+        """What of the values a backend was seen running one collective with this space can predict
+        it at: the values that make its choice (``whole``: an algorithm and its protocol) all or
+        none, the others (its channels) each where the space offers them.
+
+        Args:
+            seen: knob name -> value observed.
+            op: the collective's op.
+            nodes: the nodes its communicator spans.
+            whole: the knobs observed as one choice.
+        Returns:
+            Knob name -> value; empty when the choice itself is not held (an algorithm the space
+            has no term for, a pair that cannot run together).
+        """
+        def held(k: str, val: Any) -> bool:
+            return k in self.names() and val in self[k].domain_for({op}, nodes)
+
+        choice = {k: val for k, val in seen.items() if k in whole}
+        if len(choice) != len(whole) or not all(held(k, val) for k, val in choice.items()) or self.conflict(choice):
+            return {}
+        return {**choice, **{k: val for k, val in seen.items() if k not in whole and held(k, val)}}
 
 
 class CollectiveSite(Protocol):

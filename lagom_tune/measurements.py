@@ -22,6 +22,8 @@ the order it fills them), not in this module's order.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Mapping
 
 IDENTITY_COLUMNS = ("point", "kind", "backend", "simulated")
@@ -42,11 +44,16 @@ RESULT_COLUMNS = ("repeat", *TIMED_COLUMNS,
                   "timing")  # how a GPU sample was launched (graph or stream)
 BANDWIDTH_COLUMNS = ("algbw_GBps", "busbw_GBps")  # nccl-tests' bandwidth columns
 # What the backend chose for a "default" row's collective: NCCL's own algorithm and protocol,
-# observed by the tuner plugin (empty where it was not observed); knob -> column.
-CHOSEN = {"algo": "chosen_algo", "proto": "chosen_proto"}
-CHOICE_COLUMNS = tuple(CHOSEN.values())
+# observed by the tuner plugin (empty where it was not observed), and the channels NCCL ran it on,
+# from its log (since 2026-12-05, second session; empty where not read); knob -> column.
+CHOSEN = {"algo": "chosen_algo", "proto": "chosen_proto", "channels": "chosen_channels"}
+CHOSEN_COLUMNS = tuple(CHOSEN.values())
+# ... the values that make one choice, observed together or not at all (a row's choice is those;
+# the others are kept where observed too)
+CHOICE_KNOBS = ("algo", "proto")
+CHOICE_COLUMNS = tuple(CHOSEN[k] for k in CHOICE_KNOBS)  # in every CSV holding default rows
 
-COLUMNS = DESCRIBING_COLUMNS + RESULT_COLUMNS + BANDWIDTH_COLUMNS + CHOICE_COLUMNS  # every column a row may hold
+COLUMNS = DESCRIBING_COLUMNS + RESULT_COLUMNS + BANDWIDTH_COLUMNS + CHOSEN_COLUMNS  # every column a row may hold
 REQUIRED_COLUMNS = ("point", "kind", "repeat", "time_us")  # in every measurements.csv
 
 # What a profile's row times (a replay's whole iterations are not kept). A "default" row times a
@@ -63,7 +70,8 @@ KIND_COLUMNS = {
 COUNT_COLUMNS = ("m", "n", "k", "batch", "nbytes", "ranks", "n_compute")  # whole numbers of at least 1, where filled
 # ... and the columns of whole numbers, written as such ("4096", not "4096.0": pandas writes a
 # column with an empty cell as floats, so flushes with and without one mixed the two in a file)
-WHOLE_COLUMNS = COUNT_COLUMNS + ("flops", "repeat", "inner", "channels", "threads", "buffsize", "chunk_bytes", "nodes")
+WHOLE_COLUMNS = COUNT_COLUMNS + ("flops", "repeat", "inner", "channels", "threads", "buffsize", "chunk_bytes", "nodes",
+                                 CHOSEN["channels"])
 TEXT_COLUMNS = ("point", "kind", "backend", "simulated", "gemm", "dtype", "op", "algo", "proto", "baseline", "timing") + CHOICE_COLUMNS
 NUMERIC_COLUMNS = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS)  # numbers where filled (checked on read)
 
@@ -110,16 +118,21 @@ def collective_columns(op: str, nbytes: int, ranks: int) -> dict[str, Any]:
     return dict(zip(COLLECTIVE_COLUMNS, (op, nbytes, ranks)))
 
 
-def chosen_settings(row: Mapping[str, Any]) -> dict[str, str]:
+def chosen_settings(row: Mapping[str, Any]) -> dict[str, Any]:
     """What the backend chose for a ``default`` row's collective, as knob values.
 
     Args:
         row: a row (or point median) of kind ``default``.
     Returns:
-        Knob name -> value (``algo``, ``proto``); empty unless both were observed.
+        Knob name -> value: ``algo`` and ``proto``, with ``channels`` where that was observed too;
+        empty unless both ``algo`` and ``proto`` were.
     """
-    seen = {knob: row.get(col) for knob, col in CHOSEN.items()}
-    return {k: str(val) for k, val in seen.items()} if all(isinstance(val, str) for val in seen.values()) else {}
+    pair = {knob: row.get(CHOSEN[knob]) for knob in CHOICE_KNOBS}
+    if not all(isinstance(val, str) for val in pair.values()):
+        return {}
+    channels = row.get(CHOSEN["channels"])
+    observed = isinstance(channels, numbers.Real) and math.isfinite(channels) and channels >= 1
+    return {**pair, **({"channels": int(channels)} if observed else {})}
 
 
 def timed_columns(time_us: float, inner: int | None = None, timing: str | None = None) -> dict[str, Any]:

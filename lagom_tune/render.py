@@ -15,6 +15,7 @@ import rich.table
 
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.comparison import CI_LEVEL
+from lagom_tune.measurements import CHOICE_KNOBS
 from lagom_tune.plan.schema import Plan
 from lagom_tune.plan_check import STALE_REASON, PlanPredictions
 from lagom_tune.precision import ms_round, ms_text
@@ -247,8 +248,14 @@ def plan_summary(plan: Plan) -> list[Any]:
     if plan.backend_defaults:
         out.append(f"the defaults as the {plan.backend} backend chose them where the profile saw it (the predictions' "
                    "baseline there, never deployed): " + escape("; ".join(
-                       f"{r.op} on {r.group}, {r.min_bytes} B: {'/'.join(str(x) for x in r.set.values())}" for r in plan.backend_defaults)))
+                       f"{r.op} on {r.group}, {r.min_bytes} B: {_choice_text(r.set)}" for r in plan.backend_defaults)))
     return out
+
+
+def _choice_text(values: dict[str, Any]) -> str:
+    """A backend's own choice for a collective: ``ring/ll128``, ``on 24 channels`` where those were seen."""
+    on = f" on {values['channels']} channels" if "channels" in values else ""
+    return "/".join(str(values[k]) for k in CHOICE_KNOBS if k in values) + on
 
 
 def prediction_check_line(check: PlanPredictions | str) -> str:
@@ -503,7 +510,10 @@ def own_choice_lines(summary: pd.DataFrame) -> list[str]:
     if "own" not in summary.columns:
         return []
     def chose(r: Any) -> str:
-        return "its choice not observed" if r.algo == "?" else f"{escape(str(r.algo))}/{escape(str(r.proto))}"
+        if r.algo == "?":
+            return "its choice not observed"
+        on = f" on {r.channels} channels" if "channels" in summary.columns and not pd.isna(r.channels) else ""
+        return f"{escape(str(r.algo))}/{escape(str(r.proto))}{on}"
 
     return [f"nothing set: {r.op} of {r.size_B} B on {r.ranks} ranks ran in {r.time_us} us (busbw {r.busbw_GBps} GB/s), "
             f"{chose(r)}" for r in summary[summary["own"]].itertuples()]

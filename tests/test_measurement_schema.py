@@ -16,7 +16,7 @@ from conftest import cli
 
 H200 = sorted((Path(__file__).parent / "data" / "h200-2026-11-30").glob("*/measurements.csv"))
 GROUPS = (m.IDENTITY_COLUMNS, m.GEMM_COLUMNS, m.COLLECTIVE_COLUMNS, m.KNOB_COLUMNS, m.LAYOUT_COLUMNS, m.RESULT_COLUMNS,
-          m.BANDWIDTH_COLUMNS, m.CHOICE_COLUMNS)
+          m.BANDWIDTH_COLUMNS, m.CHOSEN_COLUMNS)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_a_gloo_profile_writes_the_schema(tiny_run):
 def test_the_h200_profiles_hold_only_schema_columns(csv):
     df = check_against_schema(csv)
     # every column but the gloo knob, and NCCL's own choices (profiles before 2026-12-05 timed none)
-    assert set(m.COLUMNS) - set(df.columns) == {"chunk_bytes", *m.CHOICE_COLUMNS}
+    assert set(m.COLUMNS) - set(df.columns) == {"chunk_bytes", *m.CHOSEN_COLUMNS}
     settings = row_settings(df[df["kind"] == "overlap"].iloc[0])
     assert set(settings) == {"algo", "proto", "channels", "threads", "buffsize"}  # the knob columns an NCCL row fills
 

@@ -26,14 +26,14 @@ WORKLOAD = "phi-2-fsdp8"  # an all-gather and a reduce-scatter of 150 MiB within
 
 def default_rows(workload, chosen: dict, repeats: int = 2) -> pd.DataFrame:
     """The rows the nccl backend writes for the workload's collectives timed with nothing set;
-    ``chosen``: (op, nbytes) -> (algorithm, protocol) NCCL was seen choosing (absent: not seen)."""
+    ``chosen``: (op, nbytes) -> (algorithm, protocol[, channels]) NCCL was seen choosing (absent: not seen)."""
     rows = []
     for op, nbytes, ranks, nodes in sorted({(c.op, c.nbytes, c.ranks, c.nodes) for c in workload.collectives()}):
-        algo, proto = chosen.get((op, nbytes), (None, None))
+        algo, proto, channels = (*chosen.get((op, nbytes), (None, None)), None)[:3]
         for rep in range(repeats):
             rows.append({"point": f"default|{op}:{nbytes}:{ranks}|nodes={nodes}", "kind": "default", "backend": "sim",
                          "simulated": True, "op": op, "nbytes": nbytes, "ranks": ranks, "nodes": nodes, "time_us": 100.0,
-                         "repeat": rep, "chosen_algo": algo, "chosen_proto": proto})
+                         "repeat": rep, "chosen_algo": algo, "chosen_proto": proto, "chosen_channels": channels})
     return pd.DataFrame(rows)
 
 
@@ -43,6 +43,11 @@ def test_the_profile_s_default_rows_give_the_backend_s_choices_by_collective():
     chosen = backend_choices(default_rows(w, {("all_reduce", tp.nbytes): ("ring", "ll128")}), w)
     assert chosen.by_rule == {tp.rule_key: {"algo": "ring", "proto": "ll128"}}  # the dp all-reduce: not seen, none
     assert chosen.for_collective(dp) == {}
+    # with the channels NCCL's log gave (read back from the CSV as a float column)
+    rows = default_rows(w, {("all_reduce", tp.nbytes): ("ring", "ll128", 24)})
+    assert backend_choices(rows, w).by_rule == {tp.rule_key: {"algo": "ring", "proto": "ll128", "channels": 24}}
+    assert backend_choices(rows.astype({"chosen_channels": float}), w).by_rule[tp.rule_key]["channels"] == 24
+    assert backend_choices(default_rows(w, {("all_reduce", tp.nbytes): (None, None, 24)}), w) == BackendChoices()  # channels alone: no choice
     assert backend_choices(pd.DataFrame({"kind": ["gemm"], "time_us": [1.0]}), w) == BackendChoices()  # no such rows
 
 
@@ -57,6 +62,10 @@ def test_a_collective_s_defaults_are_what_nccl_was_seen_running_where_the_space_
 
     assert defaults({})["algo"] == "nvls" and defaults({})["proto"] == "simple"  # the space's: NVLS within the node
     assert defaults({"algo": "ring", "proto": "ll128"}) == {"algo": "ring", "proto": "ll128", "channels": 16}
+    assert defaults({"algo": "ring", "proto": "ll128", "channels": 24}) == {"algo": "ring", "proto": "ll128", "channels": 24}
+    # a channel count the space does not offer: the space's, the algorithm and protocol still NCCL's
+    assert defaults({"algo": "ring", "proto": "ll", "channels": 20}) == {"algo": "ring", "proto": "ll", "channels": 16}
+    assert defaults({"algo": "nvls_tree", "proto": "simple", "channels": 24})["channels"] == 16  # nor with a choice not held
     # NCCL chose what the model has no term for (NVLS-tree), or a pair NCCL never runs: the space's defaults, both knobs
     for seen in ({"algo": "nvls_tree", "proto": "simple"}, {"algo": "nvls", "proto": "ll"}):
         assert observed_defaults(space, BackendChoices({c.rule_key: seen}), c) == {}
@@ -66,7 +75,8 @@ def test_a_collective_s_defaults_are_what_nccl_was_seen_running_where_the_space_
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A simulated profile of the workload, and a copy whose rows say NCCL ran its all-gather at
-    ring/LL128 when nothing was set (what a GPU profile observes; its reduce-scatter not seen), refitted."""
+    ring/LL128 on 24 channels when nothing was set (what a GPU profile observes; its reduce-scatter
+    not seen), refitted."""
     base = tmp_path_factory.mktemp("defaults")
     plain = base / "plain"
     cli("profile", "--backend", "sim", "--hardware", "h100-nvlink", "--workload", WORKLOAD, "--out", plain, "--repeats", 2,
@@ -75,7 +85,7 @@ def runs(tmp_path_factory):
     shutil.copytree(plain, seen)
     w = build_preset(WORKLOAD)
     gather = next(c for c in w.collectives() if c.op == "all_gather")
-    rows = default_rows(w, {("all_gather", gather.nbytes): ("ring", "ll128")})
+    rows = default_rows(w, {("all_gather", gather.nbytes): ("ring", "ll128", 24)})
     df = pd.read_csv(seen / "measurements.csv")
     pd.concat([df, rows], ignore_index=True).to_csv(seen / "measurements.csv", index=False)
     cli("fit", seen, check=True)
@@ -89,17 +99,17 @@ def test_the_plan_predicts_the_defaults_nccl_was_seen_running_and_records_them(r
     before, after = load_plan(tmp_path / "plain.yaml"), load_plan(tmp_path / "seen.yaml")
     assert before.backend_defaults == ()
     assert {(r.op, r.min_bytes, r.max_bytes, tuple(sorted(r.set.items()))) for r in after.backend_defaults} == \
-        {("all_gather", gather.nbytes, gather.nbytes, (("algo", "ring"), ("proto", "ll128")))}
-    # the baseline is another one: the all-gathers at ring/LL128, not the space's ring/Simple
+        {("all_gather", gather.nbytes, gather.nbytes, (("algo", "ring"), ("channels", 24), ("proto", "ll128")))}
+    # the baseline is another one: the all-gathers at ring/LL128 on 24 channels, not the space's ring/Simple on 16
     assert after.predicted["iteration_ms"]["default"] != before.predicted["iteration_ms"]["default"]
     # the plan file holds them and reads back; `report` recomputes the same default prediction from them
     doc = yaml.safe_load((tmp_path / "seen.yaml").read_text())
-    assert doc["backend_defaults"][0]["set"] == {"algo": "ring", "proto": "ll128"}
+    assert doc["backend_defaults"][0]["set"] == {"algo": "ring", "proto": "ll128", "channels": 24}
     assert Plan.from_dict(doc) == after
     report = cli("report", tmp_path / "seen.yaml", "--out", tmp_path / "report.html")
     assert report.returncode == 0, report.stderr
     shown = cli("show", tmp_path / "seen.yaml", check=True).stdout
-    assert f"all_gather on dp_shard, {gather.nbytes} B: ring/ll128" in " ".join(shown.split()), shown
+    assert f"all_gather on dp_shard, {gather.nbytes} B: ring/ll128 on 24 channels" in " ".join(shown.split()), shown
 
 
 def test_the_fit_scores_the_default_baseline_on_the_collectives_timed_with_nothing_set(runs):
@@ -115,7 +125,7 @@ def test_the_fit_scores_the_default_baseline_on_the_collectives_timed_with_nothi
     space = knob_space_for("sim", yaml.safe_load((seen / "meta.yaml").read_text())["fingerprint"])
     (point,) = nothing_set_points(pd.read_csv(seen / "measurements.csv"), space).to_dict("records")
     assert (point["kind"], point["op"], point["algo"], point["proto"], point["channels"], point["time_us"]) == \
-        ("collective", "all_gather", "ring", "ll128", space["channels"].default, 100.0)
+        ("collective", "all_gather", "ring", "ll128", 24, 100.0)  # the channels NCCL ran, not the space's 16
 
 
 def test_show_lists_the_collectives_timed_with_nothing_set_with_the_choice_seen(runs):
@@ -124,14 +134,15 @@ def test_show_lists_the_collectives_timed_with_nothing_set_with_the_choice_seen(
     plain, seen, gather = runs
     table = json.loads(cli("show", seen, "--collectives", "--json", check=True).stdout)
     own = [(r["op"], r["size_B"], r["algo"], r["proto"], r["channels"]) for r in table if r["own"]]
-    assert sorted(own) == [("all_gather", gather.nbytes, "ring", "ll128", None), ("reduce_scatter", gather.nbytes, "?", "?", None)]
+    assert sorted(own) == [("all_gather", gather.nbytes, "ring", "ll128", 24), ("reduce_scatter", gather.nbytes, "?", "?", None)]
     assert all("own" not in r for r in json.loads(cli("show", plain, "--collectives", "--json", check=True).stdout))
     from lagom_tune.profile.summary import collective_summary
     from lagom_tune.render import own_choice_lines
 
     lines = own_choice_lines(collective_summary(pd.read_csv(seen / "measurements.csv")))  # what profile prints
     assert [line.split(" B on")[0] + " " + line.rsplit(", ", 1)[1] for line in lines] == \
-        [f"nothing set: all_gather of {gather.nbytes} ring/ll128", f"nothing set: reduce_scatter of {gather.nbytes} its choice not observed"]
+        [f"nothing set: all_gather of {gather.nbytes} ring/ll128 on 24 channels",
+         f"nothing set: reduce_scatter of {gather.nbytes} its choice not observed"]
 
 
 def test_backend_defaults_are_checked_like_rules(runs, tmp_path):

@@ -27,6 +27,7 @@ import platform
 import queue
 import re
 import subprocess
+import tempfile
 import time
 import uuid
 from typing import Any, Iterator
@@ -275,14 +276,16 @@ class NcclBackend(RegisteredBackend):
             raise UserError("the nccl backend does not replay whole iterations; measure a plan with `lagom-tune apply`")
         jobs: tuple = ()
         for i, batch in enumerate(batches(points)):
-            plugin = self._observer() if batch.process == OBSERVING else None
-            env, removed = worker_env(dict(batch.process), batch.ops, self.nccl_version, os.environ, plugin)
-            if removed and self.writer and i == 0:
-                print(f"lagom-tune: the profile sets these itself and ignores yours: {', '.join(removed)}")
-            spec = WorkerSpec(self.coord.rank, self.coord.world, self.coord.local_rank, self.coord.gpus_per_node,
-                              self.coord.store_host, self.coord.store_port, f"lagom/{self.token}/{i}/", batch.points,
-                              repeats, self.options.timeout_s, self.standin, jobs)
-            jobs = self._run_batch(spec, env, sink)
+            observing = batch.process == OBSERVING
+            with tempfile.TemporaryDirectory(prefix="lagom-nccl-log-") if observing else contextlib.nullcontext() as log_dir:
+                env, removed = worker_env(dict(batch.process), batch.ops, self.nccl_version, os.environ,
+                                          self._observer() if observing else None, log_dir)
+                if removed and self.writer and i == 0:
+                    print(f"lagom-tune: the profile sets these itself and ignores yours: {', '.join(removed)}")
+                spec = WorkerSpec(self.coord.rank, self.coord.world, self.coord.local_rank, self.coord.gpus_per_node,
+                                  self.coord.store_host, self.coord.store_port, f"lagom/{self.token}/{i}/", batch.points,
+                                  repeats, self.options.timeout_s, self.standin, jobs)
+                jobs = self._run_batch(spec, env, sink)
         self.coord.finish()
 
     def _observer(self) -> str | None:

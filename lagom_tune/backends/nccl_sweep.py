@@ -11,17 +11,20 @@ size over three channel counts, for each pair whose channels they size (NCCL_NTH
 LL; NCCL_BUFFSIZE: Simple; ``nccl_knobs.sized_by``); overlapped pairs over channels and buffer sizes, on the ring and on
 the op's own default where that is another (NVLS within an NVSwitch node). Beside the sweep, each of
 the workload's collectives is timed once more with nothing set (a ``default`` point), in a worker
-that runs the tuner plugin with no rules, which records the algorithm and protocol NCCL chose.
+that runs the tuner plugin with no rules, which records the algorithm and protocol NCCL chose,
+and logs NCCL's set-up, from which the channels it ran follow (``nccl_log.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 from lagom_tune.backends.base import Point
 from lagom_tune.backends.nccl_controls import OVERRIDING_ENV, TUNER_COLL, CommunicatorConfig, build_options
 from lagom_tune.backends.nccl_knobs import NVLS, measured_pairs, nccl_config, nccl_knob_space, overlap_algos, sized_by
+from lagom_tune.backends.nccl_log import FILE_ENV, LOG_ENV, LOG_NAME
 from lagom_tune.backends.nccl_tuner import PLUGIN_ENV, RULES_ENV
 from lagom_tune.backends.registry import PROBE_OP
 from lagom_tune.errors import UserError
@@ -234,14 +237,16 @@ def batches(points: list[Point]) -> list[Batch]:
 
 
 def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[int, ...] | None,
-               base: Mapping[str, str], tuner_plugin: str | None = None) -> tuple[dict[str, str], list[str]]:
+               base: Mapping[str, str], tuner_plugin: str | None = None,
+               log_dir: str | None = None) -> tuple[dict[str, str], list[str]]:
     """The environment of a worker measuring under ``process`` settings, and what was removed.
 
     Variables that override every communicator's own channel config (``NCCL_MIN_CTAS`` ...) are
     dropped, since the sweep sets channels per communicator; so are the user's own
     ``NCCL_ALGO``/``NCCL_PROTO``/``NCCL_NTHREADS``/``NCCL_BUFFSIZE``, which the sweep owns. The
     batch that observes NCCL's own choices (:data:`OBSERVING`) runs lagom-tune's tuner plugin with
-    no rules, in place of any the user names.
+    no rules, in place of any the user names, and logs NCCL's set-up to a file of its own in
+    ``log_dir`` (``nccl_log``: the channels NCCL runs), in place of the user's ``NCCL_DEBUG*``.
 
     Args:
         process: the batch's process settings (``algo``, ``proto``, ``threads``, ``buffsize``), or
@@ -251,16 +256,20 @@ def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[in
         base: the parent's environment.
         tuner_plugin: the built tuner plugin, for the observing batch (None: NCCL's choices are
             timed but not observed).
+        log_dir: a folder for the observing batch's NCCL logs (None: its channels not observed).
     Returns:
         The worker's environment, and the user's variables it dropped.
     """
     process_vars = {k.name: k.env for k in nccl_knob_space().knobs if k.env}  # NCCL_NTHREADS, NCCL_BUFFSIZE
     owned = ("NCCL_ALGO", "NCCL_PROTO", *process_vars.values())
     observing = tuple(process.items()) == OBSERVING
-    removed = [k for k in (*OVERRIDING_ENV, *owned, *((PLUGIN_ENV, RULES_ENV) if observing else ())) if k in base]
+    observers = (PLUGIN_ENV, RULES_ENV, *((*LOG_ENV, FILE_ENV) if log_dir else ())) if observing else ()
+    removed = [k for k in (*OVERRIDING_ENV, *owned, *observers) if k in base]
     env = {k: val for k, val in base.items() if k not in removed}
     if observing and tuner_plugin:
         env[PLUGIN_ENV] = tuner_plugin
+    if observing and log_dir:
+        env.update(LOG_ENV, **{FILE_ENV: str(Path(log_dir) / LOG_NAME)})
     for name, var in process_vars.items():
         if name in process:
             env[var] = str(int(process[name]))

@@ -23,8 +23,9 @@ from lagom_tune.backends.gpu_timing import MAX_LAUNCHES, Launches, launch_count,
 from lagom_tune.backends.nccl_sweep import JOB_REFERENCE, PROBE, channel_options, job_key, subgroups
 from lagom_tune.backends.parent_watch import exit_with_parent
 from lagom_tune.backends.probe import Probe, probe_geometry, steps_for
+from lagom_tune.backends.nccl_log import FILE_ENV, CommChannels, LogReader, communicators, log_path, warnings
 from lagom_tune.backends.nccl_tuner import PLUGIN_ENV, choice_between, hold_tuner, read_nccl_choices
-from lagom_tune.measurements import CHOICE_COLUMNS, DEFAULT, PAIRED, overlap_columns, timed_columns
+from lagom_tune.measurements import CHOSEN_COLUMNS, DEFAULT, PAIRED, overlap_columns, timed_columns
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -76,7 +77,9 @@ def worker_main(spec: WorkerSpec, results, parent: int) -> None:
     except KeyboardInterrupt:  # Ctrl-C reaches every process of the group: the parent says it once
         raise SystemExit(130) from None
     except Exception as e:  # the parent names the rank and ends the run
-        results.put(("error", f"{type(e).__name__}: {e}"))
+        log = os.environ.get(FILE_ENV)  # where NCCL wrote its warnings instead of the terminal
+        said = warnings(LogReader(log_path(log)).new_text()) if log else []
+        results.put(("error", f"{type(e).__name__}: {e}" + "".join(f"; NCCL WARN {w}" for w in said)))
         raise SystemExit(1)
 
 
@@ -92,8 +95,14 @@ class StandInMeter:
         if point.op == PROBE:
             raise RuntimeError("the contention probe needs a CUDA GPU")
         if point.kind == DEFAULT:  # gloo has no choice of its own to observe
-            return [{**row, **dict.fromkeys(CHOICE_COLUMNS)} for row in self.table["collective"](point, repeats, self.dist)]
+            return [{**row, **dict.fromkeys(CHOSEN_COLUMNS)} for row in self.table["collective"](point, repeats, self.dist)]
         return self.table[point.kind](point, repeats, self.dist)
+
+
+def group_key(point: Point) -> tuple:
+    """A point's process group: its layout (ranks, nodes) and channels (None: NCCL's own)."""
+    s = point.settings
+    return point.ranks, s.get("nodes", 1), s.get("channels")
 
 
 def collective_words(nbytes: int, ranks: int, element_size: int) -> int:
@@ -164,6 +173,10 @@ class CudaMeter:
         # the same library NCCL loads, held so its counts can be read
         plugin = os.environ.get(PLUGIN_ENV)
         self.tuner = hold_tuner(plugin) if plugin else None
+        # ... and NCCL's log there: how NCCL set up each communicator (its channels), per group key
+        log = os.environ.get(FILE_ENV)
+        self.nccl_log = LogReader(log_path(log)) if log else None
+        self.set_ups: dict[tuple, CommChannels] = {}
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -175,7 +188,7 @@ class CudaMeter:
         """The process group for the point's layout and channels (min_ctas = max_ctas = channels;
         NCCL's own channels for a point that sets none)."""
         s = point.settings
-        key = (point.ranks, s.get("nodes", 1), s.get("channels"))
+        key = group_key(point)
         if key not in self.groups:
             opts = channel_options(self.dist.ProcessGroupNCCL.Options, point.ranks, s["channels"]) if "channels" in s else None
             layout = subgroups(self.spec.world, point.ranks, s.get("nodes", 1), self.spec.gpus_per_node)
@@ -250,16 +263,23 @@ class CudaMeter:
 
     def default(self, point: Point, repeats: int) -> list[dict]:
         """The collective with nothing set (NCCL's own algorithm, protocol and channels), timed as
-        :meth:`collective` times one, with the algorithm and protocol NCCL chose for it: what the
-        tuner plugin this worker runs (with no rules) saw NCCL pick for its first call."""
+        :meth:`collective` times one, with what NCCL chose for it: the algorithm and protocol the
+        tuner plugin this worker runs (with no rules) saw NCCL pick for its first call, and the
+        channels NCCL runs that pair on at this size, from how NCCL's log says it set up the
+        communicator (``nccl_log``)."""
         fn, _ = self.comm(point)
         before = read_nccl_choices(self.tuner) if self.tuner is not None else ()
         fn()  # the first call also creates the communicator; NCCL asks the tuner as it enqueues
         after = read_nccl_choices(self.tuner) if self.tuner is not None else ()
+        set_up = communicators(self.nccl_log.new_text()) if self.nccl_log is not None else []
+        if set_up:  # the last one this rank set up is the point's (one per group, at its first call)
+            self.set_ups[group_key(point)] = set_up[-1]
         element = self.torch.tensor([], dtype=self.torch.float32).element_size()  # collective_call's buffers
-        chosen = choice_between(before, after, point.op, collective_words(point.nbytes, point.ranks, element) * element,
-                                point.settings.get("nodes", 1) > 1)
-        observed = dict(zip(CHOICE_COLUMNS, chosen or (None, None)))
+        nbytes = collective_words(point.nbytes, point.ranks, element) * element  # as NCCL counts it
+        chosen = choice_between(before, after, point.op, nbytes, point.settings.get("nodes", 1) > 1)
+        comm = self.set_ups.get(group_key(point))
+        channels = comm.channels_for(*chosen, nbytes) if chosen and comm else None
+        observed = dict(zip(CHOSEN_COLUMNS, (*(chosen or (None, None)), channels)))
         return [{**row, **observed} for row in self.collective(point, repeats)]
 
     def job(self, point: Point, gemm_s: float) -> tuple[int, int]:

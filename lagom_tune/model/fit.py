@@ -18,7 +18,7 @@ from lagom_tune.artifact_io import write_yaml
 from lagom_tune.backends.registry import backend_info, backend_names
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace
-from lagom_tune.measurements import CHOICE_COLUMNS, CHOSEN, DEFAULT, KNOB_COLUMNS, chosen_settings
+from lagom_tune.measurements import CHOICE_COLUMNS, CHOICE_KNOBS, DEFAULT, KNOB_COLUMNS, chosen_settings
 from lagom_tune.model.contention import (
     COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
     model_from_dict,
@@ -173,14 +173,17 @@ def nothing_set_points(df: pd.DataFrame, space: KnobSpace) -> pd.DataFrame:
     Returns:
         Point medians of kind ``collective``; empty without such rows.
     """
-    if not set(CHOICE_COLUMNS) <= set(df.columns) or not {"algo", "proto"} <= set(space.names()):
+    if not set(CHOICE_COLUMNS) <= set(df.columns) or not set(CHOICE_KNOBS) <= set(space.names()):
         return pd.DataFrame()
     own = point_medians(df[df["kind"] == DEFAULT]).dropna(subset=list(CHOICE_COLUMNS))
-    own = own.assign(**{knob: own[col] for knob, col in CHOSEN.items()})
-    held = pd.Series([all(row[k] in space[k].domain_for({row["op"]}, int(row.get("nodes", 1))) for k in CHOSEN)
-                      and space.conflict(chosen_settings(row)) is None for _, row in own.iterrows()], index=own.index, dtype=bool)
-    others = {k: val for k, val in space.defaults().items() if k in KNOB_COLUMNS and k not in CHOSEN}
-    return own[held].assign(kind="collective", **others)
+    defaults = {k: val for k, val in space.defaults().items() if k in KNOB_COLUMNS}
+    points = []
+    for _, row in own.iterrows():
+        nodes = 1 if pd.isna(row.get("nodes", 1)) else int(row.get("nodes", 1))
+        usable = space.usable(chosen_settings(row), str(row["op"]), nodes, CHOICE_KNOBS)
+        if usable:
+            points.append({**row.to_dict(), **defaults, **usable, "kind": "collective"})
+    return pd.DataFrame(points)
 
 
 def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulated: bool = False,

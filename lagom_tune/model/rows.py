@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from lagom_tune.measurements import CHOICE_COLUMNS, DESCRIBING_COLUMNS, PAIRED, TIMED_COLUMNS
+from lagom_tune.measurements import CHOSEN_COLUMNS, DESCRIBING_COLUMNS, PAIRED, TIMED_COLUMNS
 from lagom_tune.workload.spec import Gemm
 
 
@@ -37,7 +37,7 @@ def point_medians(df: pd.DataFrame) -> pd.DataFrame:
         One row per point, its describing columns first, timed columns as medians.
     """
     num = [c for c in (*TIMED_COLUMNS, "n_compute") if c in df.columns]
-    keys = [c for c in (*DESCRIBING_COLUMNS, "baseline", *CHOICE_COLUMNS) if c in df.columns and c != "point"]
+    keys = [c for c in (*DESCRIBING_COLUMNS, "baseline", *CHOSEN_COLUMNS) if c in df.columns and c != "point"]
     return df.groupby("point", sort=True).agg({**{k: "first" for k in keys}, **{c: "median" for c in num}}).reset_index()
 
 

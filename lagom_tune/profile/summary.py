@@ -7,14 +7,15 @@ import pandas as pd
 
 from lagom_tune.backends.base import bandwidth_columns, trimmed_mean
 from lagom_tune.knobs import BackendChoices
-from lagom_tune.measurements import CHOICE_COLUMNS, CHOSEN, DEFAULT, SETTING_COLUMNS, WHOLE_COLUMNS, chosen_settings
+from lagom_tune.measurements import CHOICE_COLUMNS, CHOICE_KNOBS, DEFAULT, SETTING_COLUMNS, WHOLE_COLUMNS, chosen_settings
 from lagom_tune.profile.store import row_settings
 from lagom_tune.workload.spec import Workload
 
 
 def backend_choices(df: pd.DataFrame, workload: Workload) -> BackendChoices:
     """What the backend ran each of the workload's collectives with when nothing was set: the
-    algorithm and protocol its ``default`` rows record (NCCL's own, seen by the tuner plugin).
+    algorithm and protocol its ``default`` rows record (NCCL's own, seen by the tuner plugin), and
+    the channels where NCCL's log gave them.
 
     Args:
         df: a run folder's measurements.
@@ -39,7 +40,7 @@ def collective_summary(df: pd.DataFrame) -> pd.DataFrame:
     """One row per collective point: size, ranks, settings, median and trimmed-mean time (fastest
     75% of repeats, AutoCCL's statistic), and ``algbw``/``busbw`` from the median, as nccl-tests prints.
     A collective timed with nothing set (a ``default`` point) shows the algorithm and protocol the
-    backend chose (``?`` where not observed), ``own`` true.
+    backend chose (``?`` where not observed) and the channels it ran (where observed), ``own`` true.
 
     Args:
         df: a run folder's measurements.
@@ -53,7 +54,7 @@ def collective_summary(df: pd.DataFrame) -> pd.DataFrame:
     for _, rep in coll.groupby("point", sort=False):
         first = rep.iloc[0]
         own = first["kind"] == DEFAULT
-        chosen = (chosen_settings(first) or dict.fromkeys(CHOSEN, "?")) if own else {}
+        chosen = (chosen_settings(first) or dict.fromkeys(CHOICE_KNOBS, "?")) if own else {}
         median = float(rep["time_us"].median())
         op, size, ranks = str(first["op"]), int(first["nbytes"]), int(first["ranks"])
         bw = bandwidth_columns(op, size, ranks, median / 1e6)

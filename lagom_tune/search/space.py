@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lagom_tune.knobs import BackendChoices, Knob, KnobSpace, Settings
+from lagom_tune.measurements import CHOICE_KNOBS
 from lagom_tune.workload.spec import Collective, Workload
 
 __all__ = ["Var", "default_assignment", "default_settings", "feasible_domain", "min_comm_assignment", "neighbours", "observed_defaults",
@@ -82,8 +83,9 @@ def variables(workload: Workload, space: KnobSpace, chosen: BackendChoices = Bac
 
 def observed_defaults(space: KnobSpace, chosen: BackendChoices, coll: Collective) -> Mapping[str, Any]:
     """What the backend was seen running ``coll`` with when nothing is set, where the space holds
-    all of it: NCCL's own choice of an algorithm the model has no term for (PAT, NVLS-tree,
-    CollNet) leaves the collective at the space's defaults, protocol included.
+    it (``KnobSpace.usable``): NCCL's own choice of an algorithm the model has no term for (PAT,
+    NVLS-tree, CollNet) leaves the collective at the space's defaults, protocol and channels
+    included; a channel count the space does not offer leaves the channels at its default.
 
     Args:
         space: the backend's knobs.
@@ -92,9 +94,7 @@ def observed_defaults(space: KnobSpace, chosen: BackendChoices, coll: Collective
     Returns:
         Knob name -> value; empty when nothing usable was observed.
     """
-    seen = chosen.for_collective(coll)
-    held = all(k in space.names() and val in space[k].domain_for({coll.op}, coll.nodes) for k, val in seen.items())
-    return seen if seen and held and space.conflict(seen) is None else {}
+    return space.usable(chosen.for_collective(coll), coll.op, coll.nodes, CHOICE_KNOBS)
 
 
 def _var(scope: str, target: str, knob: Knob, covered: list[Collective], observed: Any = None) -> Var:
