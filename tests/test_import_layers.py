@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plan", ("lagom_tune.plan",)),
     ("runtime", ("lagom_tune.runtime",)),
     # Workflows that compose the layers (run folder -> plan), and the CLI and renderers on top.
-    ("interface", ("lagom_tune.planning", "lagom_tune.cli", "lagom_tune.render", "lagom_tune.report", "lagom_tune.__main__")),
+    ("interface", ("lagom_tune.planning", "lagom_tune.plan_check", "lagom_tune.cli", "lagom_tune.render", "lagom_tune.report", "lagom_tune.__main__")),
 )
 
 # Upward imports that stay for now, each with the reason and what ends it: (file, imported module).
