@@ -151,7 +151,9 @@ class KnobSpace:
     def usable(self, seen: Mapping[str, Any], op: str, nodes: int, whole: Sequence[str]) -> dict[str, Any]:
         """What of the values a backend was seen running one collective with this space can predict
         it at: the values that make its choice (``whole``: an algorithm and its protocol) all or
-        none, the others (its channels) each where the space offers them.
+        none; each other value (its channels) where the space has that knob, as the offered value
+        nearest it (by ratio, the smaller on a tie: NCCL drops a small collective's channels one
+        at a time, to counts such as 3 the space does not offer).
 
         Args:
             seen: knob name -> value observed.
@@ -162,13 +164,32 @@ class KnobSpace:
             Knob name -> value; empty when the choice itself is not held (an algorithm the space
             has no term for, a pair that cannot run together).
         """
-        def held(k: str, val: Any) -> bool:
-            return k in self.names() and val in self[k].domain_for({op}, nodes)
+        def offered(k: str) -> tuple:
+            return self[k].domain_for({op}, nodes) if k in self.names() else ()
 
         choice = {k: val for k, val in seen.items() if k in whole}
-        if len(choice) != len(whole) or not all(held(k, val) for k, val in choice.items()) or self.conflict(choice):
+        if len(choice) != len(whole) or not all(val in offered(k) for k, val in choice.items()) or self.conflict(choice):
             return {}
-        return {**choice, **{k: val for k, val in seen.items() if k not in whole and held(k, val)}}
+        rest = {k: nearest(offered(k), val) for k, val in seen.items() if k not in whole}
+        return {**choice, **{k: val for k, val in rest.items() if val is not None}}
+
+
+def nearest(domain: Sequence[Any], value: Any) -> Any:
+    """The value of ``domain`` nearest ``value``: itself if offered; for positive numbers the
+    nearest by ratio (the smaller on a tie); else None.
+
+    Args:
+        domain: the offered values.
+        value: an observed value.
+    Returns:
+        The offered value, or None when a value not offered has no nearest (not a positive number).
+    """
+    if value in domain:
+        return value
+    numbers = [x for x in domain if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0]
+    if not numbers or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return min(sorted(numbers), key=lambda x: max(x, value) / min(x, value))
 
 
 class CollectiveSite(Protocol):

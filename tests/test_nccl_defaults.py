@@ -63,8 +63,10 @@ def test_a_collective_s_defaults_are_what_nccl_was_seen_running_where_the_space_
     assert defaults({})["algo"] == "nvls" and defaults({})["proto"] == "simple"  # the space's: NVLS within the node
     assert defaults({"algo": "ring", "proto": "ll128"}) == {"algo": "ring", "proto": "ll128", "channels": 16}
     assert defaults({"algo": "ring", "proto": "ll128", "channels": 24}) == {"algo": "ring", "proto": "ll128", "channels": 24}
-    # a channel count the space does not offer: the space's, the algorithm and protocol still NCCL's
-    assert defaults({"algo": "ring", "proto": "ll", "channels": 20}) == {"algo": "ring", "proto": "ll", "channels": 16}
+    # a channel count the space does not offer (NCCL drops a small collective's one at a time): the nearest it does
+    assert defaults({"algo": "ring", "proto": "ll", "channels": 3}) == {"algo": "ring", "proto": "ll", "channels": 4}
+    assert defaults({"algo": "ring", "proto": "ll", "channels": 20})["channels"] == 24
+    assert defaults({"algo": "ring", "proto": "ll", "channels": 6})["channels"] == 8  # 8/6 < 6/4
     assert defaults({"algo": "nvls_tree", "proto": "simple", "channels": 24})["channels"] == 16  # nor with a choice not held
     # NCCL chose what the model has no term for (NVLS-tree), or a pair NCCL never runs: the space's defaults, both knobs
     for seen in ({"algo": "nvls_tree", "proto": "simple"}, {"algo": "nvls", "proto": "ll"}):

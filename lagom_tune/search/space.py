@@ -85,7 +85,7 @@ def observed_defaults(space: KnobSpace, chosen: BackendChoices, coll: Collective
     """What the backend was seen running ``coll`` with when nothing is set, where the space holds
     it (``KnobSpace.usable``): NCCL's own choice of an algorithm the model has no term for (PAT,
     NVLS-tree, CollNet) leaves the collective at the space's defaults, protocol and channels
-    included; a channel count the space does not offer leaves the channels at its default.
+    included; a channel count the space does not offer is taken as the nearest it does.
 
     Args:
         space: the backend's knobs.
