@@ -140,7 +140,7 @@ def test_worker_env_per_op_syntax_and_overrides_removed():
     logging = {**theirs, "NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": "/home/me/nccl.log", "NCCL_DEBUG_SUBSYS": "NET"}
     logged, _ = worker_env(dict(OBSERVING), {"all_reduce"}, (2, 26, 2), logging, None, "/tmp/lagom-nccl-log-x")
     assert (logged["NCCL_DEBUG"], logged["NCCL_DEBUG_SUBSYS"], logged["NCCL_DEBUG_FILE"]) == \
-        ("INFO", "INIT,TUNING", "/tmp/lagom-nccl-log-x/nccl.%p.log")
+        ("INFO", "TUNING", "/tmp/lagom-nccl-log-x/nccl.%p.log")
     swept, _ = worker_env({"algo": "ring"}, {"all_reduce"}, (2, 26, 2), logging, None, "/tmp/lagom-nccl-log-x")
     assert swept["NCCL_DEBUG_FILE"] == "/home/me/nccl.log"  # other batches leave the user's logging alone
 
@@ -266,7 +266,7 @@ def test_torchrun_profile_rank0_writes_all_ranks_agree_and_resume(tmp_path):
 def test_a_two_gpu_profile_observes_nccls_own_choice(tmp_path):
     """Two ranks, real NCCL: the all-reduce timed with nothing set records the algorithm and
     protocol NCCL chose (the tuner plugin, loaded with no rules, saw its cost table) and the
-    channels it ran them on (from how NCCL's log says it set up the communicator)."""
+    channels NCCL's log says it ran them on."""
     import pandas as pd
 
     wl = tmp_path / "one.yaml"
@@ -686,7 +686,7 @@ def test_a_default_point_runs_nccls_own_choices_and_records_the_one_it_saw(monke
     """A collective with nothing set runs on a communicator without CTA bounds, is timed as the sweep
     times collectives, and its rows carry the algorithm and protocol the worker's tuner plugin saw
     NCCL choose for its call (its size's bucket, its span), not another call's, and the channels
-    NCCL runs it on, from how its log says the communicator was set up."""
+    NCCL's log says it ran them on."""
     from lagom_tune.backends import nccl_worker
     from lagom_tune.backends.nccl_tuner import PLUGIN_ENV, NcclChoice
 
@@ -705,17 +705,20 @@ def test_a_default_point_runs_nccls_own_choices_and_records_the_one_it_saw(monke
     assert calls[0] == ("new_subgroups", [[0, 1]], "nccl", None, None)  # no min/max CTAs: NCCL's own channels
     assert len(rows) == 3 and all(r["time_us"] > 0 and r["chosen_algo"] == "ring" and r["chosen_proto"] == "ll128" for r in rows)
     assert {r["chosen_channels"] for r in rows} == {None}  # no NCCL log to read them from
-    # NCCL's log: the world's communicator (barriers), then the point's, which its first call set up
+    # NCCL's log (this rank is its communicators' rank 0): the barrier's all-reduce, then the point's first call
     log = tmp_path / f"nccl.{os.getpid()}.log"
-    log.write_text("h:1:2 [0] NCCL INFO 8 coll channels, 8 collnet channels, 0 nvls channels, 8 p2p channels, 2 p2p channels per peer\n"
-                   "h:1:2 [0] NCCL INFO threadThresholds 8/8/64 | 16/8/64 | 512 | 512\n"
-                   "h:1:2 [0] NCCL INFO 24 coll channels, 24 collnet channels, 0 nvls channels, 32 p2p channels, 2 p2p channels per peer\n")
+    said = lambda algo, proto, hi: f"h:1:2 [0] NCCL INFO AllReduce: 262144 Bytes -> Algo {algo} proto {proto} channel{{Lo..Hi}}={{0..{hi}}}\n"  # noqa: E731
+    log.write_text("h:1:2 [0] NCCL INFO AllReduce: 4 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..0}\n" + said("RING", "LL128", 23))
     monkeypatch.setenv("NCCL_DEBUG_FILE", str(tmp_path / "nccl.%p.log"))
     meter = nccl_worker.CudaMeter(nccl_worker.WorkerSpec(0, 2, 0, 2, "127.0.0.1", 0, "p/", (own,), 3, 60.0), fake_cuda_torch(), dist)
-    # LL128 on 24 channels of 640 threads drops none at 256 KiB (8 B a thread: 122,880 B)
-    assert {r["chosen_channels"] for r in meter.measure(own, 2)} == {24}
-    assert {r["chosen_channels"] for r in meter.measure(own, 2)} == {24}  # a later point on it: the log has nothing new
-    monkeypatch.delenv(PLUGIN_ENV)  # no plugin (no compiler): timed, the choice unknown
+    assert {(r["chosen_algo"], r["chosen_proto"], r["chosen_channels"]) for r in meter.measure(own, 2)} == {("ring", "ll128", 24)}
+    with log.open("a") as f:  # the log ran another pair than the plugin saw: the channels are that pair's, not known
+        f.write(said("TREE", "SIMPLE", 7))
+    assert {(r["chosen_algo"], r["chosen_proto"], r["chosen_channels"]) for r in meter.measure(own, 2)} == {("ring", "ll128", None)}
+    monkeypatch.delenv(PLUGIN_ENV)  # no plugin (no compiler): the log alone says what NCCL ran
+    meter = nccl_worker.CudaMeter(nccl_worker.WorkerSpec(0, 2, 0, 2, "127.0.0.1", 0, "p/", (own,), 3, 60.0), fake_cuda_torch(), dist)
+    assert {(r["chosen_algo"], r["chosen_proto"], r["chosen_channels"]) for r in meter.measure(own, 2)} == {("tree", "simple", 8)}
+    monkeypatch.delenv("NCCL_DEBUG_FILE")  # neither: timed, the choice unknown
     meter = nccl_worker.CudaMeter(nccl_worker.WorkerSpec(0, 2, 0, 2, "127.0.0.1", 0, "p/", (own,), 3, 60.0), fake_cuda_torch(), dist)
     assert [(r["chosen_algo"], r["chosen_proto"], r["chosen_channels"]) for r in meter.measure(own, 2)] == [(None, None, None)] * 2
 

@@ -290,12 +290,12 @@ class NcclBackend(RegisteredBackend):
 
     def _observer(self) -> str | None:
         """The tuner plugin that observes NCCL's own choices (built with ``cc`` once per machine),
-        or None, said once, where it cannot be built: NCCL's own choices are then timed, not observed."""
+        or None, said once, where it cannot be built: NCCL's log then says them alone."""
         if self.standin:  # gloo makes no choice to observe
             return None
         build = ensure_plugin()
         if not build.ok and self.writer:
-            print(f"lagom-tune: NCCL's own algorithm and protocol are timed but not observed: {build.reason}")
+            print(f"lagom-tune: NCCL's own algorithm and protocol are read from its log alone (the tuner plugin: {build.reason})")
         return str(build.path) if build.ok else None
 
     def _run_batch(self, spec: WorkerSpec, env: dict[str, str], sink: RowSink) -> tuple:

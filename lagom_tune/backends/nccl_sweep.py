@@ -12,7 +12,7 @@ LL; NCCL_BUFFSIZE: Simple; ``nccl_knobs.sized_by``); overlapped pairs over chann
 the op's own default where that is another (NVLS within an NVSwitch node). Beside the sweep, each of
 the workload's collectives is timed once more with nothing set (a ``default`` point), in a worker
 that runs the tuner plugin with no rules, which records the algorithm and protocol NCCL chose,
-and logs NCCL's set-up, from which the channels it ran follow (``nccl_log.py``).
+and has NCCL log the channels it ran each call on (``nccl_log.py``).
 """
 
 from __future__ import annotations
@@ -245,8 +245,8 @@ def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[in
     dropped, since the sweep sets channels per communicator; so are the user's own
     ``NCCL_ALGO``/``NCCL_PROTO``/``NCCL_NTHREADS``/``NCCL_BUFFSIZE``, which the sweep owns. The
     batch that observes NCCL's own choices (:data:`OBSERVING`) runs lagom-tune's tuner plugin with
-    no rules, in place of any the user names, and logs NCCL's set-up to a file of its own in
-    ``log_dir`` (``nccl_log``: the channels NCCL runs), in place of the user's ``NCCL_DEBUG*``.
+    no rules, in place of any the user names, and has NCCL log what it runs each call with to a
+    file of its own in ``log_dir`` (``nccl_log``: the channels), in place of the user's ``NCCL_DEBUG*``.
 
     Args:
         process: the batch's process settings (``algo``, ``proto``, ``threads``, ``buffsize``), or
@@ -254,9 +254,9 @@ def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[in
         ops: the collective ops the batch measures (``NCCL_ALGO``'s per-op syntax names them).
         nccl_version: NCCL's version, or None when unknown (then the global syntax is used).
         base: the parent's environment.
-        tuner_plugin: the built tuner plugin, for the observing batch (None: NCCL's choices are
-            timed but not observed).
-        log_dir: a folder for the observing batch's NCCL logs (None: its channels not observed).
+        tuner_plugin: the built tuner plugin, for the observing batch (None: NCCL's log alone
+            says its choices).
+        log_dir: a folder for the observing batch's NCCL logs (None: not logged; no channels seen).
     Returns:
         The worker's environment, and the user's variables it dropped.
     """

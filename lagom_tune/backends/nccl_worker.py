@@ -23,7 +23,7 @@ from lagom_tune.backends.gpu_timing import MAX_LAUNCHES, Launches, launch_count,
 from lagom_tune.backends.nccl_sweep import JOB_REFERENCE, PROBE, channel_options, job_key, subgroups
 from lagom_tune.backends.parent_watch import exit_with_parent
 from lagom_tune.backends.probe import Probe, probe_geometry, steps_for
-from lagom_tune.backends.nccl_log import FILE_ENV, CommChannels, LogReader, communicators, log_path, warnings
+from lagom_tune.backends.nccl_log import FILE_ENV, LogReader, last_call, log_path, warnings
 from lagom_tune.backends.nccl_tuner import PLUGIN_ENV, choice_between, hold_tuner, read_nccl_choices
 from lagom_tune.measurements import CHOSEN_COLUMNS, DEFAULT, PAIRED, overlap_columns, timed_columns
 
@@ -99,12 +99,6 @@ class StandInMeter:
         return self.table[point.kind](point, repeats, self.dist)
 
 
-def group_key(point: Point) -> tuple:
-    """A point's process group: its layout (ranks, nodes) and channels (None: NCCL's own)."""
-    s = point.settings
-    return point.ranks, s.get("nodes", 1), s.get("channels")
-
-
 def collective_words(nbytes: int, ranks: int, element_size: int) -> int:
     """The elements of a collective's buffer of about ``nbytes`` (nccl-tests sizes: an all-gather's
     output, a reduce-scatter's input): a multiple of ``ranks``, at least one per rank. NCCL hands
@@ -173,10 +167,9 @@ class CudaMeter:
         # the same library NCCL loads, held so its counts can be read
         plugin = os.environ.get(PLUGIN_ENV)
         self.tuner = hold_tuner(plugin) if plugin else None
-        # ... and NCCL's log there: how NCCL set up each communicator (its channels), per group key
+        # ... and NCCL's log there: what it ran each call with, channels included
         log = os.environ.get(FILE_ENV)
         self.nccl_log = LogReader(log_path(log)) if log else None
-        self.set_ups: dict[tuple, CommChannels] = {}
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -188,7 +181,7 @@ class CudaMeter:
         """The process group for the point's layout and channels (min_ctas = max_ctas = channels;
         NCCL's own channels for a point that sets none)."""
         s = point.settings
-        key = group_key(point)
+        key = (point.ranks, s.get("nodes", 1), s.get("channels"))
         if key not in self.groups:
             opts = channel_options(self.dist.ProcessGroupNCCL.Options, point.ranks, s["channels"]) if "channels" in s else None
             layout = subgroups(self.spec.world, point.ranks, s.get("nodes", 1), self.spec.gpus_per_node)
@@ -263,23 +256,24 @@ class CudaMeter:
 
     def default(self, point: Point, repeats: int) -> list[dict]:
         """The collective with nothing set (NCCL's own algorithm, protocol and channels), timed as
-        :meth:`collective` times one, with what NCCL chose for it: the algorithm and protocol the
-        tuner plugin this worker runs (with no rules) saw NCCL pick for its first call, and the
-        channels NCCL runs that pair on at this size, from how NCCL's log says it set up the
-        communicator (``nccl_log``)."""
+        :meth:`collective` times one, with what NCCL chose for its first call: the algorithm and
+        protocol the tuner plugin this worker runs (with no rules) saw NCCL pick, and the channels
+        NCCL's log says it ran them on (``nccl_log``; a communicator's rank 0 logs its calls). The
+        log's algorithm and protocol stand where the plugin saw none; where the two disagree, the
+        channels, which belong to the log's, are left unknown."""
         fn, _ = self.comm(point)
         before = read_nccl_choices(self.tuner) if self.tuner is not None else ()
         fn()  # the first call also creates the communicator; NCCL asks the tuner as it enqueues
         after = read_nccl_choices(self.tuner) if self.tuner is not None else ()
-        set_up = communicators(self.nccl_log.new_text()) if self.nccl_log is not None else []
-        if set_up:  # the last one this rank set up is the point's (one per group, at its first call)
-            self.set_ups[group_key(point)] = set_up[-1]
+        ran = last_call(self.nccl_log.new_text(), point.op) if self.nccl_log is not None else None
         element = self.torch.tensor([], dtype=self.torch.float32).element_size()  # collective_call's buffers
-        nbytes = collective_words(point.nbytes, point.ranks, element) * element  # as NCCL counts it
-        chosen = choice_between(before, after, point.op, nbytes, point.settings.get("nodes", 1) > 1)
-        comm = self.set_ups.get(group_key(point))
-        channels = comm.channels_for(*chosen, nbytes) if chosen and comm else None
-        observed = dict(zip(CHOSEN_COLUMNS, (*(chosen or (None, None)), channels)))
+        chosen = choice_between(before, after, point.op, collective_words(point.nbytes, point.ranks, element) * element,
+                                point.settings.get("nodes", 1) > 1)
+        if ran is not None and chosen in (None, (ran.algo, ran.proto)):
+            seen: tuple = (ran.algo, ran.proto, ran.channels)
+        else:
+            seen = (*(chosen or (None, None)), None)
+        observed = dict(zip(CHOSEN_COLUMNS, seen))
         return [{**row, **observed} for row in self.collective(point, repeats)]
 
     def job(self, point: Point, gemm_s: float) -> tuple[int, int]:
