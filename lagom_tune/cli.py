@@ -470,7 +470,6 @@ def show(
         raise UserError(f"{path}: not a plan, workload, trial record or run folder (kind: {kind!r})")
 
 
-
 def _recheck(plan: Plan, path: Path) -> PlanPredictions | str:
     """The plan's predictions as its run's model gives them now, or why they could not be rechecked."""
     try:

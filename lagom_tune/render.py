@@ -247,7 +247,7 @@ def plan_summary(plan: Plan) -> list[Any]:
                    + escape(", ".join(plan.search["left_to_backend"])))
     if plan.backend_defaults:
         out.append(f"the defaults as the {plan.backend} backend chose them where the profile saw it (the predictions' "
-                   "baseline there, never deployed): " + escape("; ".join(
+                   "baseline there, its channels the nearest the knob space offers; never deployed): " + escape("; ".join(
                        f"{r.op} on {r.group}, {r.min_bytes} B: {_choice_text(r.set)}" for r in plan.backend_defaults)))
     return out
 

@@ -3,7 +3,8 @@
 The tuner plugin sees the algorithm and protocol NCCL picks (``nccl_tuner.py``) but not its
 channels, which NCCL sets after asking the plugin (``topoGetAlgoInfo`` in src/enqueue.cc). Under
 ``NCCL_DEBUG=INFO`` with the ``TUNING`` subsystem, a communicator's rank 0 logs every collective
-it schedules, with what it runs it with (src/enqueue.cc, NCCL 2.19 to 2.28):
+it schedules, with what it runs it with (src/enqueue.cc of the NCCL 2.2x releases read, 2.28
+among them; older ones log the algorithm and protocol as numbers and no channels):
 ``AllGather: 65536 Bytes -> Algo RING proto LL128 channel{Lo..Hi}={0..23}``: the channels are
 ``Hi - Lo + 1``. The observing worker writes that log to ``NCCL_DEBUG_FILE``.
 """
@@ -45,7 +46,7 @@ def calls(text: str) -> list[NcclCall]:
     Args:
         text: log lines.
     Returns:
-        The calls (none from a rank that is no communicator's rank 0, or an NCCL before 2.19).
+        The calls (none from a rank that is no communicator's rank 0, or an NCCL that logs no such line).
     """
     out = []
     for m in _CALL.finditer(text):
