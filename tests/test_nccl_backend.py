@@ -465,6 +465,12 @@ def test_a_failing_worker_ends_the_run_names_the_rank_and_keeps_what_was_measure
     assert set(kept["kind"]) == {"gemm"} and len(kept) == 2 * 2  # both GEMM shapes, every repeat
     meta = yaml.safe_load((run / "meta.yaml").read_text())
     assert not meta["complete"] and meta["fingerprint"]["mode"] == "single-gpu-probe"
+    # where NCCL logs to a file (the observing worker's always does), its last warnings come with the error
+    log = tmp_path / "nccl.log"
+    log.write_text("h:1:2 [0] NCCL INFO Bootstrap : Using lo\nh:1:2 [0] NCCL WARN Cuda failure 2 'out of memory'\n")
+    again = cli("profile", "--backend", "nccl", "--workload", wl, "--out", run, "--repeats", "2",
+                env={"LAGOM_NCCL_STANDIN": "cpu", "NCCL_DEBUG_FILE": str(log)})
+    assert again.returncode == 1 and "needs a CUDA GPU; NCCL WARN Cuda failure 2 'out of memory'" in again.stderr, again.stderr
 
 
 def test_the_overlapped_probe_copies_what_ncc_defaults_copy_in_the_gemms_time():
