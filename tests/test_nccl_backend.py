@@ -120,7 +120,8 @@ def test_worker_env_per_op_syntax_and_overrides_removed():
     assert env["NCCL_ALGO"] == "allreduce:Tree" and env["NCCL_PROTO"] == "allreduce:LL128"
     assert env["NCCL_NTHREADS"] == "256" and env["NCCL_BUFFSIZE"] == str(2 << 20)
     assert "NCCL_MIN_CTAS" not in env and env["NCCL_DEBUG"] == "WARN" and env["PATH"] == "/bin"
-    assert removed == ["NCCL_MIN_CTAS"]  # NCCL_ALGO was replaced, not lost
+    assert removed == ["NCCL_MIN_CTAS", "NCCL_ALGO"]  # dropped, and replaced: the user's value is not what runs
+    assert worker_env(proc, {"all_reduce"}, (2, 26, 2), {"NCCL_ALGO": "allreduce:Tree"})[1] == []  # the same value kept
     env, _ = worker_env({"algo": "ring", "proto": "simple"}, {"all_gather", "reduce_scatter", "all_to_all"}, (2, 26, 2), {})
     assert env["NCCL_ALGO"] == "allgather:Ring;reducescatter:Ring"
     old, _ = worker_env(proc, {"all_reduce"}, (2, 21, 5), {})
@@ -133,14 +134,15 @@ def test_worker_env_per_op_syntax_and_overrides_removed():
     own, removed = worker_env(dict(OBSERVING), {"all_reduce"}, (2, 26, 2), theirs, "/cache/libnccl-tuner-lagom-tune.so")
     assert own["NCCL_TUNER_PLUGIN"] == "/cache/libnccl-tuner-lagom-tune.so" and "LAGOM_TUNE_TUNER_RULES" not in own
     assert not {"NCCL_ALGO", "NCCL_PROTO", "NCCL_NTHREADS", "NCCL_BUFFSIZE", "NCCL_MIN_CTAS"} & set(own)
-    assert set(removed) == {"NCCL_MIN_CTAS", "NCCL_ALGO", "NCCL_NTHREADS", "LAGOM_TUNE_TUNER_RULES"}
+    assert set(removed) == {"NCCL_MIN_CTAS", "NCCL_ALGO", "NCCL_NTHREADS", "LAGOM_TUNE_TUNER_RULES", "NCCL_TUNER_PLUGIN"}
     unobserved, _ = worker_env(dict(OBSERVING), {"all_reduce"}, (2, 26, 2), theirs)  # no compiler: timed, not observed
     assert "NCCL_TUNER_PLUGIN" not in unobserved
     # ... and NCCL logs its set-up to a file of the batch's own (the channels it runs), not where the user's went
     logging = {**theirs, "NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": "/home/me/nccl.log", "NCCL_DEBUG_SUBSYS": "NET"}
-    logged, _ = worker_env(dict(OBSERVING), {"all_reduce"}, (2, 26, 2), logging, None, "/tmp/lagom-nccl-log-x")
+    logged, removed = worker_env(dict(OBSERVING), {"all_reduce"}, (2, 26, 2), logging, None, "/tmp/lagom-nccl-log-x")
     assert (logged["NCCL_DEBUG"], logged["NCCL_DEBUG_SUBSYS"], logged["NCCL_DEBUG_FILE"]) == \
         ("INFO", "TUNING", "/tmp/lagom-nccl-log-x/nccl.%p.log")
+    assert {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"} <= set(removed)  # said: the user's logging is set aside there
     swept, _ = worker_env({"algo": "ring"}, {"all_reduce"}, (2, 26, 2), logging, None, "/tmp/lagom-nccl-log-x")
     assert swept["NCCL_DEBUG_FILE"] == "/home/me/nccl.log"  # other batches leave the user's logging alone
 

@@ -275,13 +275,16 @@ class NcclBackend(RegisteredBackend):
         if any(p.kind == "iteration" for p in points):
             raise UserError("the nccl backend does not replay whole iterations; measure a plan with `lagom-tune apply`")
         jobs: tuple = ()
+        said: set[str] = set()  # the user's variables a batch set aside, each said once
         for i, batch in enumerate(batches(points)):
             observing = batch.process == OBSERVING
             with tempfile.TemporaryDirectory(prefix="lagom-nccl-log-") if observing else contextlib.nullcontext() as log_dir:
                 env, removed = worker_env(dict(batch.process), batch.ops, self.nccl_version, os.environ,
                                           self._observer() if observing else None, log_dir)
-                if removed and self.writer and i == 0:
-                    print(f"lagom-tune: the profile sets these itself and ignores yours: {', '.join(removed)}")
+                if self.writer and set(removed) - said:
+                    print(f"lagom-tune: the profile sets these itself and ignores yours: {', '.join(k for k in removed if k not in said)}"
+                          + (" (while it times the collectives with nothing set)" if observing else ""))
+                    said.update(removed)
                 spec = WorkerSpec(self.coord.rank, self.coord.world, self.coord.local_rank, self.coord.gpus_per_node,
                                   self.coord.store_host, self.coord.store_port, f"lagom/{self.token}/{i}/", batch.points,
                                   repeats, self.options.timeout_s, self.standin, jobs)

@@ -258,7 +258,7 @@ def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[in
             says its choices).
         log_dir: a folder for the observing batch's NCCL logs (None: not logged; no channels seen).
     Returns:
-        The worker's environment, and the user's variables it dropped.
+        The worker's environment, and the user's variables it dropped or gave another value.
     """
     process_vars = {k.name: k.env for k in nccl_knob_space().knobs if k.env}  # NCCL_NTHREADS, NCCL_BUFFSIZE
     owned = ("NCCL_ALGO", "NCCL_PROTO", *process_vars.values())
@@ -280,7 +280,7 @@ def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[in
             continue
         value = names[process[key]]
         env[var] = ";".join(f"{f}:{value}" for f in funcs) if per_op else value
-    return env, [k for k in removed if k not in env]
+    return env, [k for k in removed if env.get(k) != base[k]]
 
 
 def channel_options(options_cls: Any, ranks: int, channels: int) -> Any:
