@@ -164,8 +164,9 @@ def fitted_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def nothing_set_points(df: pd.DataFrame, space: KnobSpace) -> pd.DataFrame:
     """The collectives timed with nothing set whose backend choice was observed and is in the
-    knob space, as collective points at that choice and the backend's other defaults (what the
-    search predicts them at, ``search.space.observed_defaults``).
+    knob space, as collective points at that choice (its channels the nearest offered, where
+    observed: ``KnobSpace.usable``) and the backend's other defaults (what the search predicts
+    them at, ``search.space.observed_defaults``).
 
     Args:
         df: measurement rows.
