@@ -21,7 +21,6 @@ from lagom_tune.plan_check import STALE_REASON, PlanPredictions
 from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.runtime.launch import describe, export_lines
 from lagom_tune.backends.nccl_tuner import RULES_ENV
-from lagom_tune.runtime.nccl import communicator_configs
 from lagom_tune.runtime.trial import TrialRecord, TrialRun
 from lagom_tune.search import TIE_TOLERANCE
 from lagom_tune.search.result import SearchResult
@@ -567,7 +566,7 @@ def deployment_lines(plan: Plan, env: dict[str, str], tuner: Any = None) -> list
     """
     out = ["[bold]environment[/]", escape(export_lines(env))]
     if backend_info(plan.backend).deploys_nccl_options:
-        for cfg in communicator_configs(plan).values():
+        for cfg in (tuner.bounds if tuner is not None else {}).values():  # no rules, no bounds
             out.append(f"[bold]ProcessGroupNCCL.Options[/] for {escape(cfg.role)} ({cfg.ranks} ranks): "
                        f"config.min_ctas={cfg.min_ctas}, config.max_ctas={cfg.max_ctas}")
     if tuner is not None and tuner.rules_file is not None:

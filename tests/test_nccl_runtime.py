@@ -66,6 +66,11 @@ def test_communicator_bounds_cover_every_rule_of_the_role():
     cfgs = nccl.communicator_configs(PLAN)
     assert (cfgs["dp"].min_ctas, cfgs["dp"].max_ctas, cfgs["dp"].ranks) == (2, 4, 16)
     assert nccl.role_for(cfgs, 8).role == "tp" and nccl.role_for(cfgs, 3) is None
+    # with the tuner plugin setting each call's channels, the communicator holds the largest rule's:
+    # NCCL sets it up with max(min(topology, max_ctas), min_ctas) channels and no call runs on more,
+    # so 2..4 on a topology of 3 would cut the 4-channel rule to 3
+    per_call = nccl.communicator_configs(PLAN, per_call=True)
+    assert (per_call["dp"].min_ctas, per_call["dp"].max_ctas) == (4, 4) and (per_call["tp"].min_ctas, per_call["tp"].max_ctas) == (8, 8)
 
 
 def test_shim_injects_options_into_process_groups(tmp_path, monkeypatch):
@@ -82,6 +87,18 @@ def test_shim_injects_options_into_process_groups(tmp_path, monkeypatch):
     assert (tp_opts.config.min_ctas, tp_opts.config.max_ctas) == (8, 8)
     assert none is None and gloo is None
     assert [r["setting"] for r in shim.records] == ["ctas[dp]", "ctas[tp]"]
+    # the plan's rules deployed through the tuner plugin in this process: the largest rule's channels for the role
+    plugin, rules = tmp_path / "libnccl-tuner.so", tmp_path / "x.rules"
+    plugin.write_bytes(b"")
+    rules.write_text("")
+    monkeypatch.setenv(nccl_tuner.PLUGIN_ENV, str(plugin))
+    monkeypatch.setenv(nccl_tuner.RULES_ENV, str(rules))
+    shim = Shim(PLAN, str(tmp_path / "p.yaml"), None)
+    c10d = fake_c10d()
+    shim.on_c10d(c10d)
+    c10d.init_process_group("nccl", world_size=16, rank=0)
+    (_, _, _, world_opts), = c10d.calls
+    assert (world_opts.config.min_ctas, world_opts.config.max_ctas) == (4, 4)
 
 
 def test_a_tuner_file_missing_on_this_node_is_named(tmp_path, monkeypatch):
@@ -132,11 +149,13 @@ def test_dry_run_shows_options_environment_and_tuner_plugin(tmp_path):
             env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
     out = r.stdout + r.stderr
     assert "NCCL_NTHREADS=256" in out and "NCCL_BUFFSIZE=2097152" in out
-    assert "config.min_ctas=2, config.max_ctas=4" in out and "allgather 16 2 1048576 268435456 ring simple 2" in out
+    assert "allgather 16 2 1048576 268435456 ring simple 2" in out
     if shutil.which("cc"):
         assert f"NCCL_TUNER_PLUGIN={tmp_path / 'cache'}/lagom-tune/" in out and f"{nccl_tuner.RULES_ENV}=" in out
+        # the plugin sets each call's channels: the communicator is set up with the role's largest rule's
+        assert "config.min_ctas=4, config.max_ctas=4" in out
     else:
-        assert "no C compiler found" in out
+        assert "no C compiler found" in out and "config.min_ctas=2, config.max_ctas=4" in out  # bounds are all there is
 
 
 def test_an_nccl_plan_is_refused_without_a_gpu(tmp_path):

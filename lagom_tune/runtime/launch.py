@@ -201,7 +201,7 @@ class TunerDeployment:
     rules_file: Path | None
     plugin: PluginBuild | None
     needs_plugin: tuple[TunerRule, ...]  # rules that CTA bounds alone cannot deploy
-    bounds: Mapping[str, CommunicatorConfig] = field(default_factory=dict)  # the roles' CTA bounds (communicator_configs)
+    bounds: Mapping[str, CommunicatorConfig] = field(default_factory=dict)  # the roles' CTA bounds as deployed (communicator_configs)
 
     @property
     def deployed(self) -> bool:
@@ -271,9 +271,9 @@ def prepare_tuner(plan: Plan, cache: Path | None = None) -> TunerDeployment | No
     """
     if not backend_info(plan.backend).deploys_tuner_rules or not plan.rules:
         return None
-    rules, bounds = tuner_rules(plan), communicator_configs(plan)
+    rules, alone = tuner_rules(plan), communicator_configs(plan)  # the bounds without the plugin
     if not rules.rules:
-        return TunerDeployment(rules, None, None, (), bounds)
+        return TunerDeployment(rules, None, None, (), alone)
     text = rules.text()
     path = _write_rules(text, cache)
     plugin = ensure_plugin(cache)
@@ -283,7 +283,7 @@ def prepare_tuner(plan: Plan, cache: Path | None = None) -> TunerDeployment | No
         plugin, refusal = PluginBuild(None, f"cannot load the NCCL tuner plugin {plugin.path}: {e}; delete it to rebuild"), ""
     if refusal:  # NCCL would load the plugin, which would then drop every rule
         raise UserError(f"the tuner plugin would refuse the plan's rules and NCCL would use none of them: {refusal} of {path}")
-    return TunerDeployment(rules, path, plugin, rules_needing_plugin(rules, bounds), bounds)
+    return TunerDeployment(rules, path, plugin, rules_needing_plugin(rules, alone), communicator_configs(plan, plugin.ok))
 
 
 def _write_rules(text: str, cache: Path | None) -> Path:

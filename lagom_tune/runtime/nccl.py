@@ -298,12 +298,21 @@ def ambiguous_roles(plan: Plan) -> list[tuple[str, ...]]:
     return list(dict.fromkeys(out))
 
 
-def communicator_configs(plan: Plan) -> dict[str, CommunicatorConfig]:
-    """CTA bounds per communicator role, derived from its rules' channels so NCCL's own channel
-    choice can never fall outside what the tuner asks for.
+def communicator_configs(plan: Plan, per_call: bool = False) -> dict[str, CommunicatorConfig]:
+    """CTA bounds per communicator role, derived from its rules' channels.
+
+    NCCL sets a communicator up with ``max(min(its topology's channels, max_ctas), min_ctas)``
+    channels (``ncclTopoPostset``, src/graph/connect.cc: it duplicates channels up to ``min_ctas``)
+    and runs no collective on more than that (``scheduleCollTasksToPlan`` caps a call's channels,
+    the tuner's included). So where the tuner plugin sets each call's channels (``per_call``),
+    ``min_ctas`` is the role's largest rule: bounds of min..max over its rules would let a
+    topology of fewer channels cut the larger rules down, with the plugin still saying it applied
+    them. Without the plugin, bounds are all there is: min..max over the role's rules (exact where
+    they all ask for one count).
 
     Args:
         plan: any plan.
+        per_call: whether the tuner plugin deploys the plan's rules in this job.
     Returns:
         Role name -> its bounds, for the roles that have a rule setting channels.
     """
@@ -311,7 +320,7 @@ def communicator_configs(plan: Plan) -> dict[str, CommunicatorConfig]:
     for role, ranks in plan.groups.items():
         channels = [int(r.set["channels"]) for r in plan.rules if r.group == role and "channels" in r.set]
         if channels:
-            out[role] = CommunicatorConfig(role, int(ranks), min(channels), max(channels))
+            out[role] = CommunicatorConfig(role, int(ranks), max(channels) if per_call else min(channels), max(channels))
     return out
 
 

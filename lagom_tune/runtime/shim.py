@@ -369,11 +369,22 @@ class Shim:
 
     # -- NCCL plans: environment, tuner rules, per-communicator Options ------------------------
 
+    def tuner_env(self) -> tuple[str | None, str | None, list[str]]:
+        """The tuner plugin and rules file this process's environment names, and those of them
+        that are no file here."""
+        plugin, rules = os.environ.get(PLUGIN_ENV), os.environ.get(RULES_ENV)
+        return plugin, rules, [f"{var}={path}" for var, path in ((PLUGIN_ENV, plugin), (RULES_ENV, rules))
+                               if path and not os.path.isfile(path)]
+
+    def tuner_deployed(self) -> bool:
+        """Whether NCCL in this process runs the plan's rules through the tuner plugin."""
+        plugin, rules, missing = self.tuner_env()
+        return bool(self.plan.rules and plugin and rules) and not missing
+
     def on_torch_nccl(self, torch) -> None:
         if self.plan.rules:
-            plugin, rules = os.environ.get(PLUGIN_ENV), os.environ.get(RULES_ENV)
-            missing = [f"{var}={path}" for var, path in ((PLUGIN_ENV, plugin), (RULES_ENV, rules)) if path and not os.path.isfile(path)]
-            ok = bool(plugin and rules) and not missing
+            plugin, rules, missing = self.tuner_env()
+            ok = self.tuner_deployed()
             self.tuner = hold_tuner(plugin) if ok else None
             self.record("collective_rules", len(self.plan.rules), ok,
                         f"NCCL_TUNER_PLUGIN={plugin} reads {RULES_ENV}={rules}" if ok else
@@ -404,7 +415,7 @@ class Shim:
         """
         self.c10d = c10d
         self.roles = plan_roles(self.plan)
-        self.configs = communicator_configs(self.plan) if self.info.deploys_nccl_options else {}
+        self.configs = communicator_configs(self.plan, self.tuner_deployed()) if self.info.deploys_nccl_options else {}
         self.overridden = overriding_env(os.environ) if self.configs else []
         self._record_existing(c10d)
         replaced: dict[int, tuple[Any, Any]] = {}
