@@ -19,6 +19,7 @@ from rich.markup import escape
 from lagom_tune import __version__, render
 from lagom_tune.artifact_io import check_writable, read_yaml
 from lagom_tune.backends.base import MAX_NOISE, BackendOptions, get_backend
+from lagom_tune.backends.nccl_log import read_logs
 from lagom_tune.backends.registry import backend_help, backend_info
 from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_signals, stop_signal, stopping
 from lagom_tune.model.contention import read_model_file, run_problems
@@ -29,6 +30,7 @@ from lagom_tune.profile.store import RunFolder, open_run
 from lagom_tune.profile.summary import collective_summary
 from lagom_tune.report import write_report
 from lagom_tune.runtime import launch
+from lagom_tune.runtime.nccl import nccl_ran
 from lagom_tune.runtime.shim import check_no_plan_in_effect
 from lagom_tune.runtime.trial import KIND as TRIAL_KIND, MAX_ROUNDS, TrialRecord, run_trial
 from lagom_tune.search import DEFAULT_MIN_GAIN
@@ -415,11 +417,21 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     collectives: bool = typer.Option(False, "--collectives", help="Run folder: every collective point in nccl-tests' "
                                      "columns (time median and trimmed mean, algbw, busbw)."),
+    nccl_log: Optional[list[Path]] = typer.Option(None, "--nccl-log", parser=_path, help="nccl plan: NCCL log files or "
+                                                  "folders of a run under it (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=TUNING): "
+                                                  "what NCCL ran each rule's calls with."),
 ) -> None:
     """Pretty-print a plan, a workload, or a run folder (with its model's accuracy)."""
     path = Path(target)
     if collectives and not path.is_dir():
         raise UserError(f"--collectives applies to a run folder; {target} is not one")
+    if nccl_log:
+        plan = load_plan(path)
+        if not backend_info(plan.backend).deploys_tuner_rules:
+            raise UserError(f"--nccl-log checks an nccl plan's rules; {target} is a {plan.backend} plan")
+        for line in render.nccl_ran_lines(*nccl_ran(plan, read_logs(nccl_log))):
+            render.console.print(line)
+        return
     if path.is_dir():
         run = open_run(path)
         meta = run.read_meta()

@@ -251,6 +251,22 @@ def plan_summary(plan: Plan) -> list[Any]:
     return out
 
 
+def nccl_ran_lines(checks: list[Any], unmatched: int) -> list[str]:
+    """What NCCL ran each plan rule's calls with (``runtime.nccl.nccl_ran``), one line each, those
+    not as planned marked, then the calls no rule matched.
+
+    Args:
+        checks: the ``RanCheck``s.
+        unmatched: calls no rule matched (NCCL's own choice).
+    Returns:
+        Console lines.
+    """
+    out = [("as planned: " if c.as_planned else "[yellow]not as planned:[/] ") + escape(c.describe()) for c in checks]
+    if not checks:
+        out.append("[yellow]no logged call matched a rule of the plan[/] (was the log made under this plan?)")
+    return out + ([f"{unmatched} logged call(s) matched no rule: NCCL's own choice"] if unmatched else [])
+
+
 def _choice_text(values: dict[str, Any]) -> str:
     """A backend's own choice for a collective: ``ring/ll128``, ``on 24 channels`` where those were seen."""
     on = f" on {values['channels']} channels" if "channels" in values else ""

@@ -255,3 +255,40 @@ def test_a_process_that_joins_a_group_itself_is_recorded_as_a_rank(tmp_path, mon
     c10d.init_process_group("nccl", init_method="tcp://127.0.0.1:29500?rank=5&world_size=16")
     (rec,) = rank_reports(url)["5"]["records"]
     assert rec["setting"] == "ctas[dp]" and rec["applied"]
+
+
+NCCL_LOG = """\
+h:1:2 [0] NCCL INFO AllReduce: 4 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..0}
+h:1:2 [0] NCCL INFO AllGather: 65536 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..1}
+h:1:2 [0] NCCL INFO AllGather: 65536 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..1}
+h:1:2 [0] NCCL INFO ReduceScatter: 1048576 Bytes -> Algo RING proto LL128 channel{Lo..Hi}={0..2}
+h:1:2 [0] NCCL INFO AllReduce: 4194304 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..7}
+"""
+
+
+def test_what_nccl_ran_each_rules_calls_with_is_held_against_the_rule():
+    """NCCL's log (a communicator's rank 0, NCCL_DEBUG_SUBSYS=TUNING) against the plan's rules: an
+    all-gather's logged bytes are one rank's (65536 x 16 ranks is in the rule's range); the
+    reduce-scatter ran on 3 channels where its rule asks for 4 (a communicator set up with fewer)."""
+    from lagom_tune.backends.nccl_log import calls
+
+    checks, unmatched = nccl.nccl_ran(PLAN, calls(NCCL_LOG + "h:1:2 [0] NCCL INFO Broadcast: 8 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}\n"))
+    assert [(c.rule.op, c.nbytes, c.algo, c.proto, c.channels, c.calls, c.as_planned) for c in checks] == [
+        ("all_gather", 65536, "ring", "simple", 2, 2, True), ("reduce_scatter", 1048576, "ring", "ll128", 3, 1, False),
+        # the barrier's 4 bytes ran on one channel: too small to give the rule's 8 channels 16 KiB each, as planned
+        ("all_reduce", 4, "tree", "ll", 1, 1, True), ("all_reduce", 4194304, "tree", "ll", 8, 1, True)]
+    assert unmatched == 1  # the broadcast: no rule
+    assert "the plan ring/ll128 on 4 channels, NCCL ran ring/ll128 on 3 channels x1" in checks[1].describe()
+
+
+def test_show_holds_nccls_log_against_the_plan(tmp_path):
+    plan = PLAN.save(tmp_path / "nccl.yaml")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "nccl.gpu01.4242.log").write_text(NCCL_LOG)
+    out = cli("show", plan, "--nccl-log", logs, check=True).stdout
+    assert "not as planned: reduce_scatter on dp 1048576..268435456 B: the plan ring/ll128 on 4 channels, NCCL ran" in out
+    assert "as planned: all_gather on dp" in out and "matched no rule" not in out
+    for args, said in (([logs / "gone"], "--nccl-log"), ([tmp_path / "nccl.yaml"], "no collective call in")):
+        r = cli("show", plan, *[x for a in args for x in ("--nccl-log", a)])
+        assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lagom_tune.backends.nccl_controls import TUNER_COLL
+from lagom_tune.errors import UserError
 
 FILE_ENV = "NCCL_DEBUG_FILE"
 # What the observing worker's NCCL logs, and only to its file: each call's algorithm, protocol
@@ -62,6 +63,31 @@ def last_call(text: str, op: str) -> NcclCall | None:
     read right after it), or None when none was logged."""
     mine = [c for c in calls(text) if c.op == op]
     return mine[-1] if mine else None
+
+
+def read_logs(paths: list[Path]) -> list[NcclCall]:
+    """The calls logged in NCCL log files: each path a file, or a folder whose files are read.
+
+    Args:
+        paths: files or folders (``NCCL_DEBUG_FILE``'s).
+    Returns:
+        The calls, file by file.
+    Raises:
+        UserError: a path that is neither, or no call logged in any of them.
+    """
+    files = []
+    for p in paths:
+        if p.is_dir():
+            files += sorted(f for f in p.iterdir() if f.is_file())
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UserError(f"--nccl-log {p}: no such file or folder")
+    out = [c for f in files for c in calls(f.read_text(errors="replace"))]
+    if not out:
+        raise UserError(f"no collective call in {', '.join(map(str, paths))}: NCCL logs each call on a communicator's "
+                        "rank 0 under NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=TUNING (set NCCL_DEBUG_FILE to keep it)")
+    return out
 
 
 def warnings(text: str, last: int = 3) -> list[str]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lagom_tune.backends.nccl_controls import TUNER_COLL, CommunicatorConfig
+from lagom_tune.backends.nccl_log import NcclCall
 from lagom_tune.backends.nccl_tuner import PLUGIN_NAME, NcclChoice, TunerCounts
 from lagom_tune.plan.schema import CollectiveRule, Plan, nodes_of
 
@@ -338,3 +339,70 @@ def role_for(configs: Mapping[str, CommunicatorConfig], group_size: int) -> Comm
     matches = [c for c in configs.values() if c.ranks == group_size]
     return matches[0] if len(matches) == 1 else None
 
+
+
+PER_RANK_SIZE = ("all_gather", "reduce_scatter")  # NCCL's log counts these per rank; a rule, all ranks' bytes
+# NCCL gives a channel at least this much of a call's traffic (scheduleCollTasksToPlan's
+# MinTrafficPerChannel): a small call runs on fewer channels than its rule allows
+MIN_TRAFFIC_PER_CHANNEL = 16 << 10
+
+
+@dataclass(frozen=True)
+class RanCheck:
+    """What NCCL's log says it ran the calls of one size a plan rule matches with."""
+
+    rule: TunerRule
+    nbytes: int  # as logged (an all-gather's or reduce-scatter's: one rank's)
+    algo: str
+    proto: str
+    channels: int
+    calls: int
+
+    @property
+    def traffic(self) -> int:
+        """Bytes a call moves as NCCL schedules it across channels (ncclFuncTrafficPerByte)."""
+        per_byte = (self.rule.n_ranks or 1) if self.rule.op in PER_RANK_SIZE else 2 if self.rule.op == "all_reduce" else 1
+        return self.nbytes * per_byte
+
+    @property
+    def as_planned(self) -> bool:
+        """Whether NCCL ran what the rule sets (the values it leaves to NCCL aside): its channels,
+        or fewer for a call too small to give each of them 16 KiB."""
+        want = self.rule.channels
+        channels_ok = want is None or self.channels == want or (self.channels < want and self.traffic < want * MIN_TRAFFIC_PER_CHANNEL)
+        return channels_ok and all(w is None or w == got for w, got in ((self.rule.algo, self.algo), (self.rule.proto, self.proto)))
+
+    def describe(self) -> str:
+        """One line: the rule, what NCCL ran calls of this size with, how many."""
+        wanted = "/".join(str(x or "any") for x in (self.rule.algo, self.rule.proto)) + \
+            (f" on {self.rule.channels} channels" if self.rule.channels else "")
+        return (f"{self.rule.op} on {self.rule.role} {self.rule.min_bytes}..{self.rule.max_bytes} B: the plan {wanted}, "
+                f"NCCL ran {self.algo}/{self.proto} on {self.channels} channels x{self.calls} ({self.nbytes} B logged)")
+
+
+def nccl_ran(plan: Plan, calls: list[NcclCall]) -> tuple[list[RanCheck], int]:
+    """What NCCL ran the calls of each of the plan's rules with, from NCCL's own log
+    (``backends.nccl_log``: a communicator's rank 0 logs each call under ``NCCL_DEBUG=INFO`` and
+    ``NCCL_DEBUG_SUBSYS=TUNING``), matched as the plugin matches them: the first rule of the call's
+    op whose byte range holds it (an all-gather's or reduce-scatter's logged bytes are one rank's,
+    times the rule's role size). The log does not name the communicator, so a call of one size on
+    two roles is held against the first rule.
+
+    Args:
+        plan: the plan.
+        calls: the logged calls.
+    Returns:
+        One check per (rule, size, what NCCL ran) with its calls, in rule order; and the calls no rule matched.
+    """
+    rules = tuner_rules(plan).rules
+    seen: dict[tuple, int] = {}
+    unmatched = 0
+    for c in calls:
+        rule = next((r for r in rules if r.op == c.op
+                     and r.min_bytes <= c.nbytes * ((r.n_ranks or 1) if c.op in PER_RANK_SIZE else 1) <= r.max_bytes), None)
+        if rule is None:
+            unmatched += 1
+            continue
+        key = (rules.index(rule), c.nbytes, c.algo, c.proto, c.channels)
+        seen[key] = seen.get(key, 0) + 1
+    return [RanCheck(rules[i], *rest, n) for (i, *rest), n in sorted(seen.items())], unmatched
