@@ -134,6 +134,28 @@ def test_a_hung_rank_ends_the_run_within_the_timeout_naming_it(tmp_path):
     assert "rank 1 is stopped (SIGSTOP or a debugger)" in err, err  # the tie in progress named rank 0, the lowest
 
 
+def test_a_measuring_child_is_shielded_from_ctrl_c_its_parent_stops_it():
+    """A rank that took Ctrl-C itself printed a traceback after "interrupted" now and then (a second
+    Ctrl-C of a burst inside multiprocessing's exit finalizers). Started shielded, it holds SIGINT
+    blocked from its first instruction, and the parent's own mask is as it was."""
+    import multiprocessing
+    from pathlib import Path
+
+    from lagom_tune.backends.parent_watch import start_shielded
+
+    proc = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(2,))
+    start_shielded(proc)
+    try:
+        blocked = int(next(ln for ln in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if ln.startswith("SigBlk:")).split()[1], 16)
+        assert blocked & (1 << (signal.SIGINT - 1)), hex(blocked)
+        os.kill(proc.pid, signal.SIGINT)
+        proc.join(timeout=30)
+        assert proc.exitcode == 0  # slept its two seconds out: the SIGINT never reached it
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    finally:
+        proc.kill()
+
+
 def test_a_cut_short_csv_is_reported_and_its_points_measured_again(tiny_workload, tmp_path):
     """A partial last line and a point with fewer rows than repeats: `show` says so, the readers
     leave them out, and a resume re-measures them whole (once read as complete: 'points 100 / 100')."""

@@ -26,7 +26,7 @@ import torch
 from lagom_tune.backends.base import GIB, BackendOptions, LocalBackend, Point, RowSink, reduce_ranks
 from lagom_tune.backends.gloo_knobs import gloo_knob_space
 from lagom_tune.backends.gloo_timing import MEASURE, point_threads
-from lagom_tune.backends.parent_watch import exit_with_parent
+from lagom_tune.backends.parent_watch import exit_with_parent, start_shielded
 from lagom_tune.backends.registry import usable_cores
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.workload.bucketing import bucket_group
@@ -147,7 +147,7 @@ class GlooBackend(LocalBackend):
             for r in range(self.options.ranks)
         ]
         for p in procs:
-            p.start()
+            start_shielded(p)
         try:
             _collect(procs, points, results, sink, self.options.timeout_s, persisted)
         finally:
@@ -172,6 +172,7 @@ def _quiet_resource_tracker() -> None:
         sys.warnoptions.append(option)
 
 
+RANK_PATIENCE = 3  # a rank's timeouts, in multiples of the parent's --timeout
 DEATH_NOTICE_S = 1.0  # how long a rank's failure waits for a peer's death to show (it is the cause, then)
 
 
@@ -273,22 +274,22 @@ def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: i
 
     exit_with_parent(parent)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # A rank waits longer than its parent's limit, so the parent names a hung peer first (a rank's
+    # own gloo timeout, as long as the parent's, now and then won the race and named itself).
+    patience = RANK_PATIENCE * timeout_s
     try:
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=datetime.timedelta(seconds=patience),
         )
         results.put(("ready", rank))
         for idx, point in enumerate(points):
             torch.set_num_threads(point_threads(point))
             rows = MEASURE[point.kind](point, repeats, dist)
             results.put(("rows", rank, idx, rows))
-            # Longer than the parent's own limit, so the parent names a hung peer first.
-            persisted.get(timeout=3 * timeout_s)
+            persisted.get(timeout=patience)
         dist.barrier()
         dist.destroy_process_group()
-    except KeyboardInterrupt:  # Ctrl-C reaches every process of the group: the parent says it once
-        raise SystemExit(130) from None
     except Exception as e:  # reported to the parent, which names the rank
         results.put(("error", rank, f"{type(e).__name__}: {e}"))
         raise SystemExit(1)

@@ -37,6 +37,7 @@ from lagom_tune.backends.gpu_timing import OPERANDS
 from lagom_tune.backends.nccl_knobs import NVLS, ll128_offered, nccl_knob_space
 from lagom_tune.backends.nccl_sweep import OBSERVING, batches, plan_collective_points, plan_probe_points, worker_env
 from lagom_tune.backends.nccl_worker import WorkerSpec, worker_main
+from lagom_tune.backends.parent_watch import start_shielded
 from lagom_tune.backends.tuner_build import ensure_plugin
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.workload.spec import Workload
@@ -309,7 +310,7 @@ class NcclBackend(RegisteredBackend):
         results = ctx.Queue()
         with _environ(env):  # a spawned process starts with the parent's environment of the moment
             proc = ctx.Process(target=worker_main, args=(spec, results, os.getpid()), daemon=True)
-            proc.start()
+            start_shielded(proc)
         try:
             for i, point in enumerate(spec.points):
                 mine = _next_rows(proc, results, i, spec, len(spec.points))
@@ -321,6 +322,9 @@ class NcclBackend(RegisteredBackend):
                 if self.writer:
                     sink(point, reduce_ranks(point, [m[1] for m in everyone]))
             return _await_done(proc, results, spec.timeout_s)
+        except BaseException:  # a stop or a failure: nothing the worker measures now has a reader
+            proc.terminate()
+            raise
         finally:
             proc.join(timeout=10)
             if proc.is_alive():

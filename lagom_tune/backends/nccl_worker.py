@@ -74,8 +74,6 @@ def worker_main(spec: WorkerSpec, results, parent: int) -> None:
         dist.barrier()
         dist.destroy_process_group()
         results.put(("done", tuple((k, n, b) for k, (n, b) in getattr(meter, "jobs", {}).items())))
-    except KeyboardInterrupt:  # Ctrl-C reaches every process of the group: the parent says it once
-        raise SystemExit(130) from None
     except Exception as e:  # the parent names the rank and ends the run
         log = os.environ.get(FILE_ENV)  # where NCCL wrote its warnings instead of the terminal
         said = warnings(LogReader(log_path(log)).new_text()) if log else []

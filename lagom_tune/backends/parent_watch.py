@@ -1,15 +1,18 @@
-"""A spawned measuring process ends when the process that spawned it does.
+"""A spawned measuring process is stopped by the process that spawned it, and ends when it does.
 
 A profile's ranks (gloo) and GPU workers (nccl) are ``multiprocessing`` children. A parent killed
 outright (SIGKILL, the OOM killer) runs no clean-up, and its children, re-parented, would go on
 holding cores and GPUs until their own timeouts, slowing the very rerun that resumes the profile.
+A terminal's Ctrl-C reaches the whole process group; the parent, told once, stops its children.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
+from multiprocessing import resource_tracker
 
 POLL_S = 0.5  # how often a child looks for its parent
 
@@ -33,3 +36,23 @@ def exit_with_parent(parent: int, poll_s: float = POLL_S) -> threading.Thread:
     thread = threading.Thread(target=watch, name="lagom-parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+def start_shielded(proc) -> None:
+    """Start ``proc`` (a spawned ``multiprocessing`` process) with SIGINT blocked, for its whole life.
+
+    A child that took Ctrl-C itself printed a traceback after the parent's one "interrupted" line
+    now and then: a second Ctrl-C of a burst landed in multiprocessing's exit finalizers, or the
+    first in the spawn bootstrap while it imported torch. The blocked mask is inherited through
+    fork and exec and Python leaves it so; its parent stops it (``terminate``) on the way out.
+
+    Args:
+        proc: the process, not yet started.
+    """
+    # Started first: starting the resource tracker (spawn's first child does) unblocks SIGINT after.
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        proc.start()
+    finally:  # a Ctrl-C meanwhile is pending in this thread, and raised here once unblocked
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
