@@ -20,6 +20,7 @@ from lagom_tune.plan.schema import Plan
 from lagom_tune.plan_check import STALE_REASON, PlanPredictions
 from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.runtime.launch import describe, export_lines
+from lagom_tune.runtime.nccl import RanCheck
 from lagom_tune.backends.nccl_tuner import RULES_ENV
 from lagom_tune.runtime.trial import TrialRecord, TrialRun
 from lagom_tune.search import TIE_TOLERANCE
@@ -251,7 +252,7 @@ def plan_summary(plan: Plan) -> list[Any]:
     return out
 
 
-def nccl_ran_lines(checks: list[Any], unmatched: int) -> list[str]:
+def nccl_ran_lines(checks: list[RanCheck], unmatched: int) -> list[str]:
     """What NCCL ran each plan rule's calls with (``runtime.nccl.nccl_ran``), one line each, those
     not as planned marked, then the calls no rule matched.
 

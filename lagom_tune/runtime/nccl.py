@@ -340,11 +340,23 @@ def role_for(configs: Mapping[str, CommunicatorConfig], group_size: int) -> Comm
     return matches[0] if len(matches) == 1 else None
 
 
-
 PER_RANK_SIZE = ("all_gather", "reduce_scatter")  # NCCL's log counts these per rank; a rule, all ranks' bytes
 # NCCL gives a channel at least this much of a call's traffic (scheduleCollTasksToPlan's
 # MinTrafficPerChannel): a small call runs on fewer channels than its rule allows
 MIN_TRAFFIC_PER_CHANNEL = 16 << 10
+
+
+def rule_bytes(rule: TunerRule, logged: int) -> int:
+    """A logged call's size as the rule's byte range counts it (NCCL's nBytes): an all-gather's or
+    reduce-scatter's logged bytes are one rank's, times the rule's role size.
+
+    Args:
+        rule: the plan rule the call is held against.
+        logged: the bytes NCCL's log gives the call.
+    Returns:
+        The call's bytes as the rule counts them.
+    """
+    return logged * ((rule.n_ranks or 1) if rule.op in PER_RANK_SIZE else 1)
 
 
 @dataclass(frozen=True)
@@ -361,8 +373,7 @@ class RanCheck:
     @property
     def traffic(self) -> int:
         """Bytes a call moves as NCCL schedules it across channels (ncclFuncTrafficPerByte)."""
-        per_byte = (self.rule.n_ranks or 1) if self.rule.op in PER_RANK_SIZE else 2 if self.rule.op == "all_reduce" else 1
-        return self.nbytes * per_byte
+        return rule_bytes(self.rule, self.nbytes) * (2 if self.rule.op == "all_reduce" else 1)
 
     @property
     def as_planned(self) -> bool:
@@ -398,11 +409,10 @@ def nccl_ran(plan: Plan, calls: list[NcclCall]) -> tuple[list[RanCheck], int]:
     seen: dict[tuple, int] = {}
     unmatched = 0
     for c in calls:
-        rule = next((r for r in rules if r.op == c.op
-                     and r.min_bytes <= c.nbytes * ((r.n_ranks or 1) if c.op in PER_RANK_SIZE else 1) <= r.max_bytes), None)
-        if rule is None:
+        i = next((i for i, r in enumerate(rules) if r.op == c.op and r.min_bytes <= rule_bytes(r, c.nbytes) <= r.max_bytes), None)
+        if i is None:
             unmatched += 1
             continue
-        key = (rules.index(rule), c.nbytes, c.algo, c.proto, c.channels)
+        key = (i, c.nbytes, c.algo, c.proto, c.channels)
         seen[key] = seen.get(key, 0) + 1
     return [RanCheck(rules[i], *rest, n) for (i, *rest), n in sorted(seen.items())], unmatched
