@@ -31,6 +31,7 @@ from lagom_tune.plan.schema import knob_space_for
 from lagom_tune.profile.store import RunFolder
 from lagom_tune.search.replay import validate
 from lagom_tune.profile.campaign import run_profile
+from lagom_tune.profile.summary import backend_choices
 from lagom_tune.search.evaluate import ModelEvaluator
 from lagom_tune.search import DEFAULT_MIN_GAIN
 from lagom_tune.search.run import deployed as deploy, run_optimizer
@@ -58,7 +59,8 @@ def overlap_costs(cluster: str, workloads: dict[str, Workload]) -> pd.DataFrame:
     (by name): the iteration's GEMM time beside its collectives over alone, and the two streams run
     one after the other over overlapped."""
     sim, space = SimCluster(CLUSTERS[cluster]), knob_space_for("sim", {"cluster": cluster})
-    return pd.DataFrame([{"cluster": cluster, "workload": name, **asdict(sim.overlap_cost(w, default_settings(variables(w, space))))}
+    return pd.DataFrame([{"cluster": cluster, "workload": name,
+                          **asdict(sim.overlap_cost(w, default_settings(variables(w, space, sim.own_choices(w, space)))))}
                          for name, w in workloads.items()])
 
 
@@ -129,7 +131,7 @@ def run_one(cluster: str, name: str, trials: int, work: Path) -> dict:
     fit_s = time.perf_counter() - t0
     fp = run.read_meta()["fingerprint"]
     space = knob_space_for("sim", fp)
-    vars_ = variables(w, space)
+    vars_ = variables(w, space, backend_choices(run.read()[0], w))  # NCCL's defaults as the profile saw the simulated NCCL choose
     res, hist = {}, {}
     for opt in ("default", "autoccl", "lagom", "optuna"):
         ev = Recording(w, fit.model, space)

@@ -55,10 +55,10 @@ def test_the_builders_fill_their_groups_in_order():
 
 def test_a_sim_profile_writes_the_schema(sim_csv):
     df = check_against_schema(sim_csv)
-    # The column order measurements.csv has always had for the simulator (first appearance: GEMM, collective, overlapped rows).
+    # The simulator's column order (first appearance: GEMM, collective, nothing-set since 2026-12-05, overlapped rows).
     assert list(df.columns) == [*m.IDENTITY_COLUMNS, *m.GEMM_COLUMNS, "time_us", "repeat", *m.COLLECTIVE_COLUMNS,
                                 "algo", "proto", "channels", "threads", "buffsize", "nodes", *m.BANDWIDTH_COLUMNS,
-                                "comm_us", "window_us", *m.ALONE_COLUMNS, "n_compute", "baseline"]
+                                *m.CHOSEN_COLUMNS, "comm_us", "window_us", *m.ALONE_COLUMNS, "n_compute", "baseline"]
     over = df[df["kind"] == "overlap"]
     assert over[list(m.TIMED_COLUMNS)].notna().all().all() and (over["baseline"] == m.PAIRED).all()
     assert df["simulated"].all() and (df["backend"] == "sim").all()

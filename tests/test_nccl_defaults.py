@@ -2,8 +2,9 @@
 nothing set, whose algorithm and protocol the tuner plugin saw NCCL choose) to the search's
 defaults, the plan's ``backend_defaults`` and what `apply` holds NCCL's choices against.
 
-The simulator makes no choice of its own; these tests add the rows a GPU profile writes to a
-simulated run folder, to follow them through the layers above the backend."""
+The simulated NCCL's own choices (``test_sim_nccl_choice.py``) are blanked here: these tests put
+the rows a GPU profile writes in a simulated run folder, to follow them through the layers above
+the backend."""
 
 import shutil
 
@@ -76,20 +77,26 @@ def test_a_collective_s_defaults_are_what_nccl_was_seen_running_where_the_space_
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A simulated profile of the workload, and a copy whose rows say NCCL ran its all-gather at
-    ring/LL128 on 24 channels when nothing was set (what a GPU profile observes; its reduce-scatter
-    not seen), refitted."""
+    """A simulated profile of the workload whose collectives timed with nothing set have their
+    choice blanked (a GPU profile where neither the plugin nor NCCL's log saw it), and a copy whose
+    rows say NCCL ran its all-gather at ring/LL128 on 24 channels (what a GPU profile observes; its
+    reduce-scatter not seen), each refitted."""
     base = tmp_path_factory.mktemp("defaults")
     plain = base / "plain"
     cli("profile", "--backend", "sim", "--hardware", "h100-nvlink", "--workload", WORKLOAD, "--out", plain, "--repeats", 2,
         check=True)
+    measured = pd.read_csv(plain / "measurements.csv")
+    own = measured["kind"] == "default"
+    assert own.any() and measured.loc[own, "chosen_proto"].notna().all()  # what the simulated NCCL chose: blanked
+    measured.loc[own, ["chosen_algo", "chosen_proto", "chosen_channels"]] = None
+    measured.to_csv(plain / "measurements.csv", index=False)
+    cli("fit", plain, check=True)
     seen = base / "seen"
     shutil.copytree(plain, seen)
     w = build_preset(WORKLOAD)
     gather = next(c for c in w.collectives() if c.op == "all_gather")
     rows = default_rows(w, {("all_gather", gather.nbytes): ("ring", "ll128", 24)})
-    df = pd.read_csv(seen / "measurements.csv")
-    pd.concat([df, rows], ignore_index=True).to_csv(seen / "measurements.csv", index=False)
+    pd.concat([measured[~own], rows], ignore_index=True).to_csv(seen / "measurements.csv", index=False)
     cli("fit", seen, check=True)
     return plain, seen, gather
 
@@ -137,7 +144,8 @@ def test_show_lists_the_collectives_timed_with_nothing_set_with_the_choice_seen(
     table = json.loads(cli("show", seen, "--collectives", "--json", check=True).stdout)
     own = [(r["op"], r["size_B"], r["algo"], r["proto"], r["channels"]) for r in table if r["own"]]
     assert sorted(own) == [("all_gather", gather.nbytes, "ring", "ll128", 24), ("reduce_scatter", gather.nbytes, "?", "?", None)]
-    assert all("own" not in r for r in json.loads(cli("show", plain, "--collectives", "--json", check=True).stdout))
+    plain_own = [r for r in json.loads(cli("show", plain, "--collectives", "--json", check=True).stdout) if r.get("own")]
+    assert plain_own and {(r["algo"], r["proto"]) for r in plain_own} == {("?", "?")}
     from lagom_tune.profile.summary import collective_summary
     from lagom_tune.render import own_choice_lines
 

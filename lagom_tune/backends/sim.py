@@ -33,14 +33,14 @@ from lagom_tune.backends.nccl_knobs import knob_space_from_fingerprint, measured
 from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Cluster
 from lagom_tune.backends.sim_comm import IB, comm_seconds, copy_slowdown, hbm_draw, link_of
 from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_run
+from lagom_tune.backends.sim_nccl_choice import nccl_choice
 from lagom_tune.backends.sim_overlap import CommRun, play
 from lagom_tune.errors import UserError
-from lagom_tune.knobs import Settings, settings_from_items
-from lagom_tune.measurements import ALONE_COLUMNS, OVERLAPPED_COLUMNS, PAIRED, overlap_columns, timed_columns
+from lagom_tune.knobs import BackendChoices, KnobSpace, Settings, settings_from_items
+from lagom_tune.measurements import ALONE_COLUMNS, CHOSEN, DEFAULT, OVERLAPPED_COLUMNS, PAIRED, overlap_columns, timed_columns
 from lagom_tune.timeline import Timeline
 from lagom_tune.workload.presets import GPUS_PER_NODE, nodes_spanned
 from lagom_tune.workload.spec import Gemm, OverlapGroup, Workload
-
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,35 @@ class SimCluster:
         (over ``seconds``, its time alone, computed when not given), L2."""
         t = self.comm_time(op, nbytes, ranks, nodes, s) if seconds is None else seconds
         return Contention(int(s["channels"]), hbm_draw(op, s["algo"], ranks, nbytes * bus_factor(op, ranks), t), True)
+
+    def own_choice(self, space: KnobSpace, op: str, nbytes: int, ranks: int, nodes: int) -> dict[str, Any]:
+        """What the simulated NCCL runs a call with when nothing is set: the algorithm and protocol
+        NCCL's cost model gives it (``sim_nccl_choice``), on its default channels.
+
+        Args:
+            space: the cluster's NCCL knobs (the pairs it offers, its default channels).
+            op: the collective.
+            nbytes: its bytes.
+            ranks: communicator size.
+            nodes: nodes it spans.
+        Returns:
+            ``algo``, ``proto`` and ``channels``.
+        """
+        algo, proto = nccl_choice(self.c, op, nbytes, ranks, nodes, measured_pairs(space, op, nodes),
+                                  link_of(self.c, nodes, self.ib_gbps).rate)
+        return {"algo": algo, "proto": proto, "channels": space["channels"].default}
+
+    def own_choices(self, workload: Workload, space: KnobSpace) -> BackendChoices:
+        """:meth:`own_choice` for each of ``workload``'s collectives, as a profile's ``default``
+        rows record them (what ``search`` takes as NCCL's defaults).
+
+        Args:
+            workload: the workload.
+            space: the cluster's NCCL knobs.
+        Returns:
+            The choices, by rule key.
+        """
+        return BackendChoices({c.rule_key: self.own_choice(space, c.op, c.nbytes, c.ranks, c.nodes) for c in workload.collectives()})
 
     def gemm_time(self, g: Gemm, load: Contention = IDLE) -> float:
         """A GEMM's seconds, alone or beside what a collective takes."""
@@ -182,6 +211,8 @@ class SimBackend(LocalBackend):
             for size in sorted({nbytes, max(1 << 16, nbytes // 8)}):
                 for a, p, ch, t, b in cells:
                     points.append(Point("collective", nccl_config(a, p, ch, t, b, nodes), op=op, nbytes=size, ranks=ranks))
+        for op, nbytes, ranks, nodes in sorted(colls):  # each at the simulated NCCL's own choice
+            points.append(Point(DEFAULT, (("nodes", nodes),), op=op, nbytes=nbytes, ranks=ranks))
         # Overlapped pairs: every GEMM shape that runs beside a collective, against each
         # collective of the workload, over channels and buffer sizes (the protocol and threads at
         # their defaults, as the nccl sweep's), on the ring and on the op's own default algorithm
@@ -238,15 +269,18 @@ class SimBackend(LocalBackend):
             first = self._rounds.get(p.key, 0)
             self._rounds[p.key] = first + repeats
             played = self._overlap(p, nodes) if p.kind == "overlap" else {}  # deterministic: once, noise per repeat
+            chosen = self.sim.own_choice(self.knob_space, p.op, p.nbytes, p.ranks, nodes) if p.kind == DEFAULT else {}
             for r in range(repeats):
                 z = _noise(p.key, first + r, self.options.seed, self.options.noise)
                 if p.kind == "iteration":
                     row = timed_columns(self.iteration(p.workload, p.config) * 1e6 * z)
                 elif p.kind == "gemm":
                     row = timed_columns(self.sim.gemm_time(p.gemm) * 1e6 * z)
-                elif p.kind == "collective":
-                    t = self.sim.comm_time(p.op, p.nbytes, p.ranks, nodes, s)
-                    row = {**timed_columns(t * 1e6 * z), **bandwidth_columns(p.op, p.nbytes, p.ranks, t * z)}
+                elif p.kind in ("collective", DEFAULT):
+                    run = s if p.kind == "collective" else {**self.knob_space.defaults(p.op, nodes), **chosen}
+                    t = self.sim.comm_time(p.op, p.nbytes, p.ranks, nodes, run)
+                    row = {**timed_columns(t * 1e6 * z), **bandwidth_columns(p.op, p.nbytes, p.ranks, t * z),
+                           **({CHOSEN[k]: v for k, v in chosen.items()} if p.kind == DEFAULT else {})}
                 else:
                     row = dict(played)
                     for col in OVERLAPPED_COLUMNS:

@@ -21,8 +21,8 @@ def backend_choices(df: pd.DataFrame, workload: Workload) -> BackendChoices:
         df: a run folder's measurements.
         workload: its workload.
     Returns:
-        The choices, by rule key; none for a profile without such rows (the simulator's, gloo's, a
-        profile before 2026-12-05) or where the plugin saw nothing.
+        The choices, by rule key; none for a profile without such rows (gloo's, a profile before
+        2026-12-05) or where the plugin saw nothing.
     """
     if not set(CHOICE_COLUMNS) <= set(df.columns):
         return BackendChoices()
