@@ -275,7 +275,7 @@ def test_what_nccl_ran_each_rules_calls_with_is_held_against_the_rule():
     checks, unmatched = nccl.nccl_ran(PLAN, calls(NCCL_LOG + "h:1:2 [0] NCCL INFO Broadcast: 8 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}\n"))
     assert [(c.rule.op, c.nbytes, c.algo, c.proto, c.channels, c.calls, c.as_planned) for c in checks] == [
         ("all_gather", 65536, "ring", "simple", 2, 2, True), ("reduce_scatter", 1048576, "ring", "ll128", 3, 1, False),
-        # the barrier's 4 bytes ran on one channel: too small to give the rule's 8 channels 16 KiB each, as planned
+        # the barrier's 4 bytes ran on one channel: too small to give the rule's 8 channels NCCL's minimum traffic each, as planned
         ("all_reduce", 4, "tree", "ll", 1, 1, True), ("all_reduce", 4194304, "tree", "ll", 8, 1, True)]
     assert unmatched == 1  # the broadcast: no rule
     assert "the plan ring/ll128 on 4 channels, NCCL ran ring/ll128 on 3 channels x1" in checks[1].describe()

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from lagom_tune.backends.base import BackendOptions, get_backend
-from lagom_tune.backends.nccl_knobs import cluster_knob_space, measured_pairs
+from lagom_tune.backends.nccl_knobs import MIN_TRAFFIC_PER_CHANNEL, channels_for_call, cluster_knob_space, measured_pairs
 from lagom_tune.backends.sim import CLUSTERS, SimCluster
 from lagom_tune.backends.sim_nccl_choice import nccl_estimate_us
 from lagom_tune.measurements import DEFAULT
@@ -88,3 +88,17 @@ def test_a_simulated_profile_records_the_choices_and_search_starts_from_them(tmp
         got = defaults.for_collective(c)
         assert (got["algo"], got["proto"]) == (want["algo"], want["proto"]), (c.name, got, want)
     assert pd.api.types.is_numeric_dtype(own["time_us"])
+
+
+def test_a_small_call_runs_on_fewer_channels_as_nccl_schedules_it():
+    """NCCL gives each channel at least MIN_TRAFFIC_PER_CHANNEL of a call's traffic (an all-reduce's
+    twice its bytes, LL's four times): the simulated NCCL's small calls run on fewer channels, and
+    its DEFAULT rows say so as NCCL's log does."""
+    assert channels_for_call("all_reduce", 4, "ll", 16) == 1
+    assert channels_for_call("all_gather", 3 * MIN_TRAFFIC_PER_CHANNEL, "simple", 16) == 3
+    assert channels_for_call("all_reduce", 3 * MIN_TRAFFIC_PER_CHANNEL, "simple", 16) == 6
+    assert channels_for_call("all_reduce", 3 * MIN_TRAFFIC_PER_CHANNEL, "ll", 16) == 16  # LL: 24 wanted, capped
+    assert channels_for_call("all_gather", 256 * MiB, "simple", 16) == 16
+    c = CLUSTERS["h100-nvlink"]
+    small = SimCluster(c).own_choice(cluster_knob_space(c), "all_gather", 64 * KiB, 8, 1)
+    assert (small["proto"], small["channels"]) == ("ll", 8)  # 256 KiB of LL traffic over 32 KiB a channel

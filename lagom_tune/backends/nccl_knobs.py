@@ -72,6 +72,42 @@ def sized_by(proto: str, knob: str) -> bool:
     return proto != "ll128" if knob == "threads" else proto not in PROTOCOL_BUFFERS
 
 
+# NCCL gives each channel at least this much of a call's traffic (scheduleCollTasksToPlan's
+# MinTrafficPerChannel: 16 KiB in NCCL 2.2x, 32 KiB in newer releases, src/include/channel.h's
+# ncclMinTrafficPerChannel), so a small call runs on fewer channels than its communicator has.
+# The larger is taken: no NCCL's own trimming then reads as a rule not applied.
+MIN_TRAFFIC_PER_CHANNEL = 32 << 10
+
+
+def call_traffic(op: str, nbytes: int, proto: str) -> int:
+    """The traffic NCCL spreads a call over its channels with (ncclFuncTrafficPerByte: an
+    all-reduce's twice its bytes; LL's four times, flags included).
+
+    Args:
+        op: the collective.
+        nbytes: its bytes (an all-gather's or reduce-scatter's: every rank's).
+        proto: the protocol it runs.
+    Returns:
+        Bytes of traffic.
+    """
+    return nbytes * (2 if op == "all_reduce" else 1) * (4 if proto == "ll" else 1)
+
+
+def channels_for_call(op: str, nbytes: int, proto: str, most: int) -> int:
+    """The channels NCCL runs a call on: as many as give each :data:`MIN_TRAFFIC_PER_CHANNEL`, at
+    most ``most`` (the communicator's), at least one.
+
+    Args:
+        op: the collective.
+        nbytes: its bytes (every rank's).
+        proto: the protocol it runs.
+        most: the channels it may run on.
+    Returns:
+        The channel count.
+    """
+    return max(1, min(most, -(-call_traffic(op, nbytes, proto) // MIN_TRAFFIC_PER_CHANNEL)))
+
+
 def ll128_offered(capabilities: list[tuple[int, int]], nvlink: bool) -> bool:
     """Whether NCCL offers the LL128 protocol on a job (what the knob space may then hold).
 

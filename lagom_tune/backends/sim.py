@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from lagom_tune.backends.base import BackendOptions, LocalBackend, Point, RowSink, bandwidth_columns, bus_factor
-from lagom_tune.backends.nccl_knobs import knob_space_from_fingerprint, measured_pairs, nccl_config, overlap_algos
+from lagom_tune.backends.nccl_knobs import channels_for_call, knob_space_from_fingerprint, measured_pairs, nccl_config, overlap_algos
 from lagom_tune.backends.sim_clusters import CLUSTERS, DEFAULT_CLUSTER, GB, Cluster
 from lagom_tune.backends.sim_comm import IB, comm_seconds, copy_slowdown, hbm_draw, link_of
 from lagom_tune.backends.sim_compute import IDLE, Contention, gemm_run
@@ -73,7 +73,8 @@ class SimCluster:
 
     def own_choice(self, space: KnobSpace, op: str, nbytes: int, ranks: int, nodes: int) -> dict[str, Any]:
         """What the simulated NCCL runs a call with when nothing is set: the algorithm and protocol
-        NCCL's cost model gives it (``sim_nccl_choice``), on its default channels.
+        NCCL's cost model gives it (``sim_nccl_choice``), on its default channels, fewer for a call
+        too small to give each of them NCCL's minimum traffic (``nccl_knobs.channels_for_call``).
 
         Args:
             space: the cluster's NCCL knobs (the pairs it offers, its default channels).
@@ -86,7 +87,7 @@ class SimCluster:
         """
         algo, proto = nccl_choice(self.c, op, nbytes, ranks, nodes, measured_pairs(space, op, nodes),
                                   link_of(self.c, nodes, self.ib_gbps).rate)
-        return {"algo": algo, "proto": proto, "channels": space["channels"].default}
+        return {"algo": algo, "proto": proto, "channels": channels_for_call(op, nbytes, proto, space["channels"].default)}
 
     def own_choices(self, workload: Workload, space: KnobSpace) -> BackendChoices:
         """:meth:`own_choice` for each of ``workload``'s collectives, as a profile's ``default``

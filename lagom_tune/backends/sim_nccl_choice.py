@@ -11,8 +11,7 @@ defaults (Simple) at every size, while NCCL's model gives LL to small calls and 
 offered) to mid-sized ones: tuning a small collective then beat a "default" NCCL never runs.
 
 The choice is NCCL's estimate, not the simulator's timing: like the real one, it can pick a pair
-the simulated ground truth runs slower (AutoCCL's point). Not modelled: PAT, CollNet, NVLS-tree,
-and NCCL's fewer channels for small calls (the simulated NCCL runs its default channel count).
+the simulated ground truth runs slower (AutoCCL's point). Not modelled: PAT, CollNet, NVLS-tree.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lagom_tune.backends.nccl_controls import TUNER_COLL, CommunicatorConfig
+from lagom_tune.backends.nccl_knobs import channels_for_call
 from lagom_tune.backends.nccl_log import NcclCall
 from lagom_tune.backends.nccl_tuner import PLUGIN_NAME, NcclChoice, TunerCounts
 from lagom_tune.plan.schema import CollectiveRule, Plan, nodes_of
@@ -341,9 +342,6 @@ def role_for(configs: Mapping[str, CommunicatorConfig], group_size: int) -> Comm
 
 
 PER_RANK_SIZE = ("all_gather", "reduce_scatter")  # NCCL's log counts these per rank; a rule, all ranks' bytes
-# NCCL gives a channel at least this much of a call's traffic (scheduleCollTasksToPlan's
-# MinTrafficPerChannel): a small call runs on fewer channels than its rule allows
-MIN_TRAFFIC_PER_CHANNEL = 16 << 10
 
 
 def rule_bytes(rule: TunerRule, logged: int) -> int:
@@ -371,16 +369,12 @@ class RanCheck:
     calls: int
 
     @property
-    def traffic(self) -> int:
-        """Bytes a call moves as NCCL schedules it across channels (ncclFuncTrafficPerByte)."""
-        return rule_bytes(self.rule, self.nbytes) * (2 if self.rule.op == "all_reduce" else 1)
-
-    @property
     def as_planned(self) -> bool:
         """Whether NCCL ran what the rule sets (the values it leaves to NCCL aside): its channels,
-        or fewer for a call too small to give each of them 16 KiB."""
+        or fewer for a call too small to give each of them ``MIN_TRAFFIC_PER_CHANNEL``."""
         want = self.rule.channels
-        channels_ok = want is None or self.channels == want or (self.channels < want and self.traffic < want * MIN_TRAFFIC_PER_CHANNEL)
+        fewest = channels_for_call(self.rule.op, rule_bytes(self.rule, self.nbytes), self.proto, want) if want else 0
+        channels_ok = want is None or fewest <= self.channels <= want
         return channels_ok and all(w is None or w == got for w, got in ((self.rule.algo, self.algo), (self.rule.proto, self.proto)))
 
     def describe(self) -> str:
