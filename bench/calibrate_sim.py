@@ -98,8 +98,7 @@ def autoccl_gains(c: Cluster) -> list[float]:
     for op, nbytes in itertools.product(("all_reduce", "all_gather", "reduce_scatter"), (64 << 20, 256 << 20)):
         valid = (dict(zip(KNOBS, v)) for v in itertools.product(*(space[n].domain_for({op}) for n in KNOBS)))
         best = min(sim.comm_time(op, nbytes, 8, 1, s) for s in valid if space.conflict(s) is None)
-        own = {**space.defaults(op), **sim.own_choice(space, op, nbytes, 8, 1)}  # what NCCL runs with nothing set
-        gains.append(sim.comm_time(op, nbytes, 8, 1, own) / best)
+        gains.append(sim.comm_time(op, nbytes, 8, 1, sim.nothing_set(space, op, nbytes, 8, 1)) / best)
     return gains
 
 

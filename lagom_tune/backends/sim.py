@@ -89,6 +89,21 @@ class SimCluster:
                                   link_of(self.c, nodes, self.ib_gbps).rate)
         return {"algo": algo, "proto": proto, "channels": channels_for_call(op, nbytes, proto, space["channels"].default)}
 
+    def nothing_set(self, space: KnobSpace, op: str, nbytes: int, ranks: int, nodes: int) -> dict[str, Any]:
+        """The settings a call runs with when nothing is set: :meth:`own_choice` over the space's
+        other defaults (threads, buffer size).
+
+        Args:
+            space: the cluster's NCCL knobs.
+            op: the collective.
+            nbytes: its bytes.
+            ranks: communicator size.
+            nodes: nodes it spans.
+        Returns:
+            Every knob's value.
+        """
+        return {**space.defaults(op, nodes), **self.own_choice(space, op, nbytes, ranks, nodes)}
+
     def own_choices(self, workload: Workload, space: KnobSpace) -> BackendChoices:
         """:meth:`own_choice` for each of ``workload``'s collectives, as a profile's ``default``
         rows record them (what ``search`` takes as NCCL's defaults).
@@ -270,7 +285,7 @@ class SimBackend(LocalBackend):
             first = self._rounds.get(p.key, 0)
             self._rounds[p.key] = first + repeats
             played = self._overlap(p, nodes) if p.kind == "overlap" else {}  # deterministic: once, noise per repeat
-            chosen = self.sim.own_choice(self.knob_space, p.op, p.nbytes, p.ranks, nodes) if p.kind == DEFAULT else {}
+            own = self.sim.nothing_set(self.knob_space, p.op, p.nbytes, p.ranks, nodes) if p.kind == DEFAULT else {}
             for r in range(repeats):
                 z = _noise(p.key, first + r, self.options.seed, self.options.noise)
                 if p.kind == "iteration":
@@ -278,10 +293,9 @@ class SimBackend(LocalBackend):
                 elif p.kind == "gemm":
                     row = timed_columns(self.sim.gemm_time(p.gemm) * 1e6 * z)
                 elif p.kind in ("collective", DEFAULT):
-                    run = s if p.kind == "collective" else {**self.knob_space.defaults(p.op, nodes), **chosen}
-                    t = self.sim.comm_time(p.op, p.nbytes, p.ranks, nodes, run)
+                    t = self.sim.comm_time(p.op, p.nbytes, p.ranks, nodes, own or s)
                     row = {**timed_columns(t * 1e6 * z), **bandwidth_columns(p.op, p.nbytes, p.ranks, t * z),
-                           **({CHOSEN[k]: v for k, v in chosen.items()} if p.kind == DEFAULT else {})}
+                           **{column: own[k] for k, column in CHOSEN.items() if own}}
                 else:
                     row = dict(played)
                     for col in OVERLAPPED_COLUMNS:

@@ -19,17 +19,19 @@ from __future__ import annotations
 import math
 
 from lagom_tune.backends.sim_clusters import GB, Cluster
+from lagom_tune.backends.sim_comm import NVLS_CHANNELS
 
 # Latencies in microseconds (baseLat, hwLat), bandwidths in GB/s, as tuning.cc states them.
+# NVLS runs Simple only (sim_comm refuses the rest), so it has no LL or LL128 entry.
 BASE_LAT = {"tree": {"ll": 6.8, "ll128": 14.0, "simple": 8.4}, "ring": {"ll": 6.6, "ll128": 14.0, "simple": 8.4},
-            "nvls": {"ll": 0.0, "ll128": 0.0, "simple": 0.0}}
+            "nvls": {"simple": 0.0}}
 HW_LAT = {  # per link kind: within a node over NVLink or PCIe, or between nodes
     "nvlink": {"tree": {"ll": 0.6, "ll128": 1.25, "simple": 4.0}, "ring": {"ll": 0.6, "ll128": 1.9, "simple": 3.4},
-               "nvls": {"ll": 0.0, "ll128": 0.0, "simple": 25.0}},
+               "nvls": {"simple": 25.0}},
     "pci": {"tree": {"ll": 1.0, "ll128": 1.9, "simple": 4.0}, "ring": {"ll": 1.0, "ll128": 2.5, "simple": 5.7},
-            "nvls": {"ll": 0.0, "ll128": 0.0, "simple": 0.0}},
+            "nvls": {"simple": 0.0}},
     "net": {"tree": {"ll": 5.0, "ll128": 8.5, "simple": 14.0}, "ring": {"ll": 2.7, "ll128": 4.0, "simple": 14.0},
-            "nvls": {"ll": 0.0, "ll128": 0.0, "simple": 18.0}},
+            "nvls": {"simple": 18.0}},
 }
 # Per GPU generation (Volta, Ampere, Hopper) and node count (1, 2, 4 or more). LL's cap: within a
 # node by the GPU, across nodes by the CPU (Intel's row, Volta's, is taken: x86 Intel hosts).
@@ -44,7 +46,6 @@ TREE_CORRECTION = {
     "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
 }
 NET_OVERHEAD_US = 1.0  # an x86 Intel host's per-step network post overhead (AMD's: 2.0)
-NVLS_CHANNELS = 16  # NCCL's NVLS channels on Hopper (comm->nvlsChannels)
 ORDER = {"algo": ("tree", "ring", "nvls"), "proto": ("ll", "ll128", "simple")}  # NCCL's loop order: a tie keeps the first
 
 
