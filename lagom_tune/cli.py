@@ -110,6 +110,9 @@ def _global(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tr
 
 
 VERBOSE_FLAGS = ("--verbose", "-v")
+REDUCE_DTYPE_HELP = ("Model presets: the dtype gradients are reduced in, fp32 | bf16 | fp16 (default: the compute dtype for "
+                     "fsdp and ddp, as FSDP2 with only param_dtype set; fp32 for tp's dp, as Megatron). torchtitan reduces in "
+                     "fp32: give fp32, or the plan's reduce-scatter rules match no call.")
 
 
 def _take_verbose(argv: list[str]) -> list[str]:
@@ -140,6 +143,7 @@ def profile(
     parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | tp=8,dp=2 | ep=8 | ddp=2 (a Table 2 preset fixes its own)."),
     seq: Optional[int] = typer.Option(None, min=1, max=MAX_SEQ, help="Sequence length for presets."),
     mbs: Optional[int] = typer.Option(None, min=1, max=MAX_MBS, help="Micro-batch size for presets."),
+    reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_DTYPE_HELP),
     timeout: float = typer.Option(60.0, parser=_number(1.0, 86400.0), help="Seconds (1 to 86400) a rank may go without progress "
                                  "before the run is ended."),
 ) -> None:
@@ -156,7 +160,7 @@ def profile(
            if val is not None}
     sized = workload in PRESETS and PRESETS[workload].sized_by_ranks  # --ranks is its world, whatever the backend
     backend_info(backend, "--backend: ").check_options(set(own) - ({"ranks"} if sized else set()))
-    w = resolve_workload(workload, parallel=parallel, seq=seq, mbs=mbs, ranks=ranks)
+    w = resolve_workload(workload, parallel=parallel, seq=seq, mbs=mbs, reduce_dtype=reduce_dtype, ranks=ranks)
     extra = {"ib_gbps": own.pop("ib_gbps")} if "ib_gbps" in own else {}
     b = get_backend(backend, BackendOptions(timeout_s=timeout, extra=extra, **own))
     if not b.writer:  # another rank of a torchrun job: measure, and leave the run folder to rank 0
@@ -519,10 +523,11 @@ def workload_show(
     parallel: Optional[str] = typer.Option(None, help="fsdp=8 | tp=8,dp=2 | ep=8 | ddp=2 (model presets; a Table 2 preset fixes its own)."),
     seq: Optional[int] = typer.Option(None, min=1, max=MAX_SEQ, help="Sequence length."),
     mbs: Optional[int] = typer.Option(None, min=1, max=MAX_MBS, help="Micro-batch size."),
+    reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_DTYPE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Overlap groups of a workload: GEMM shapes and FLOPs, collective ops and bytes, repeats."""
-    _print_workload(resolve_workload(name, parallel=parallel, seq=seq, mbs=mbs), as_json)
+    _print_workload(resolve_workload(name, parallel=parallel, seq=seq, mbs=mbs, reduce_dtype=reduce_dtype), as_json)
 
 
 def _print_workload(w: Workload, as_json: bool) -> None:

@@ -74,6 +74,13 @@ def test_bad_workload_file(tmp_path):
     (["fit", ""], "'' is empty: give a file or folder"),
     (["report", "plans/demo-cpu.yaml", "--out", " "], "' ' is empty"),
     (["apply", "plans/demo-cpu.yaml", "--applied", "", "--", "true"], "'--applied': '' is empty"),
+    # --reduce-dtype where the workload reduces no gradients would be ignored: refused, as --seq is for a file
+    (["workload", "show", "phi-2", "--reduce-dtype", "fp8"], "--reduce-dtype 'fp8': expected one of fp32, bf16, fp16"),
+    (["workload", "show", "olmoe-1b-7b", "--reduce-dtype", "fp32"], "ep=8 reduces no gradients across ranks"),
+    (["workload", "show", "phi-2", "--parallel", "tp=8", "--reduce-dtype", "fp32"], "tp=8 reduces no gradients"),
+    (["workload", "show", "cpu-demo", "--reduce-dtype", "bf16"], "--reduce-dtype applies to model presets"),
+    (["profile", "--workload", "mine.yaml", "--reduce-dtype", "fp32", "--out", "x"],
+     "--reduce-dtype applies to presets"),
 ])
 def test_bad_flags_and_arguments(args, fragment):
     assert_one_line_error(cli(*args), fragment)

@@ -28,6 +28,30 @@ def test_llama3_8b_fsdp8_gathers_one_layer_in_bf16():
     assert shapes["L0.scores"] == (2048, 2048, 128, 32)
 
 
+def test_reduce_dtype_sizes_the_gradient_reductions_and_nothing_else():
+    """torchtitan's FSDP2 reduces bf16 training's gradients in fp32: a plan from the bf16 default
+    holds its reduce-scatter rules to half the bytes NCCL is asked for, and they match no call.
+    ``--reduce-dtype`` sizes every gradient reduction (FSDP's reduce-scatters, DDP's and tp's dp
+    all-reduces) and leaves GEMMs, all-gathers and activation all-reduces as they were."""
+    def sizes(w):
+        return {(g.name, c.name): c.nbytes for g in w.groups for c in g.comm}
+
+    for parallel, reduction, default in (("fsdp=8", "reduce_scatter.grads", "bf16"), ("ddp=8", "grad.", "bf16"),
+                                          ("tp=8,dp=2", "all_reduce.dp_grads", "fp32")):
+        base = build_preset("phi-2", parallel=parallel)
+        assert base.meta["reduce_dtype"] == default
+        for dtype, scale in (("fp32", 4), ("fp16", 2)):
+            w = build_preset("phi-2", parallel=parallel, reduce_dtype=dtype)
+            assert w.meta["reduce_dtype"] == dtype and [g.compute for g in w.groups] == [g.compute for g in base.groups]
+            new, old = sizes(w), sizes(base)
+            for key, n in old.items():
+                ratio = scale / {"bf16": 2, "fp32": 4}[default] if key[1].startswith(reduction) else 1
+                assert new[key] == n * ratio, (parallel, dtype, key)
+    # the default is unchanged: every Table 2 workload (and the committed plans' digests) as before
+    assert build_preset("phi-2-fsdp16", reduce_dtype="bf16").digest == build_preset("phi-2-fsdp16").digest
+    assert "reduce_dtype" not in build_preset("phi-2", parallel="tp=8").meta  # no gradient reduction to size
+
+
 def test_phi2_tp8_domino_shapes_and_all_reduce_bytes():
     w = build_preset("phi-2-tp8-dp2")  # the paper's micro-batch 8, split in two halves of 4
     attn = next(g for g in w.groups if g.name == "forward.attention")

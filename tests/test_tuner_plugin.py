@@ -666,6 +666,32 @@ def test_rules_that_did_not_reach_nccl_are_recorded_by_name():
     assert summary[2] is True
 
 
+def test_a_rule_no_call_matched_says_what_sizes_nccl_was_called_with():
+    """A torchtitan job reduces bf16 training's gradients in fp32: a plan profiled with the bf16
+    default holds its reduce-scatter rule to half the bytes NCCL is called with. The record said
+    only "no NCCL call matched it"; it now lists the op's sizes NCCL's tuner saw in the process and
+    names the dtype when one is the rule's size times 2 or 4 (or over), for a gradient reduction."""
+    from lagom_tune.backends.nccl_tuner import NcclChoice, TunerCounts, size_bucket
+    from lagom_tune.runtime.nccl import TunerRule, rule_reach
+
+    bf16 = 157_352_960  # Phi-2's layer in bf16: the reduce-scatter the plan was profiled with
+    rule = lambda op: TunerRule(op, "dp_shard", 8, 1, bf16, bf16, "ring", "simple", 4)
+    rules = TunerRules((rule("reduce_scatter"), rule("all_gather"), rule("all_reduce")), ())
+    seen = lambda op, n, calls: NcclChoice(op, False, *size_bucket(n), "ring", "simple", calls)
+    choices = (seen("reduce_scatter", 2 * bf16, 32), seen("all_gather", 3 * bf16 // 4, 64))
+    records = {r[0].split()[0]: r[3] for r in rule_reach(rules, TunerCounts((0, 0, 0), (0, 0, 0), {}, choices))[1:]}
+    lo, hi = size_bucket(2 * bf16)
+    assert f"NCCL's tuner saw reduce_scatter calls of {lo}..{hi} B x32 here" in records["rule[reduce_scatter"]
+    assert "in another dtype" in records["rule[reduce_scatter"] and "--reduce-dtype" in records["rule[reduce_scatter"]
+    # an all-gather is no gradient reduction: its sizes are listed, no dtype is blamed
+    assert "all_gather calls of" in records["rule[all_gather"] and "dtype" not in records["rule[all_gather"]
+    assert "asked about no all_reduce at all" in records["rule[all_reduce"]
+    # a same-size call in another bucket than x2/x4 names no dtype; without cost tables nothing is added
+    off = rule_reach(rules, TunerCounts((0, 0, 0), (0, 0, 0), {}, (seen("reduce_scatter", 8 * bf16 + 1, 1),)))[1][3]
+    assert "reduce_scatter calls of" in off and "dtype" not in off
+    assert rule_reach(rules, TunerCounts((0, 0, 0), (0, 0, 0), {}))[1][3].endswith("a role this rank is not in)")
+
+
 def test_a_ranks_record_says_which_rules_reached_nccl(lib, library, tmp_path, monkeypatch):
     """At exit the shim reads the plugin NCCL ran in its process and records each rule NCCL's calls
     did not get (here the reduce-scatter's LL128, which NCCL did not offer)."""

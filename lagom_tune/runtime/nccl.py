@@ -82,7 +82,8 @@ def rule_reach(rules: TunerRules, counts: TunerCounts) -> list[tuple[str, str, b
         setting = f"rule[{rule.op} {rule.role} {rule.min_bytes}..{rule.max_bytes} B]"
         if not applied and not skipped:
             problems.append((setting, value, False, "no NCCL call matched it in this process (no collective of that op and size "
-                        "on that communicator asked NCCL's tuner: another workload than the plan's, or a role this rank is not in)"))
+                        "on that communicator asked NCCL's tuner: another workload than the plan's, or a role this rank is not in)"
+                        + sizes_seen(rule, counts.nccl_choices)))
         elif skipped:
             problems.append((setting, value, False, f"algorithm/protocol skipped on {skipped} of {applied + skipped} calls: NCCL did not "
                         "offer it for them (channels still set)"))
@@ -91,6 +92,39 @@ def rule_reach(rules: TunerRules, counts: TunerCounts) -> list[tuple[str, str, b
     return [("collective_rules_reached", f"{reached} of {total} matched calls", bool(total) and not problems,
              f"NCCL's tuner calls in this process: {total} matched a rule, {reached} got all of it; "
              f"{left} matched none (NCCL's own choice)"), *problems]
+
+
+# A gradient reduction NCCL is called with at another size than the rule's by this factor is the
+# same reduction in another dtype (bf16 profiled, fp32 reduced: torchtitan's FSDP2 default).
+DTYPE_RATIOS = (2, 4)
+GRADIENT_REDUCTIONS = ("reduce_scatter", "all_reduce")
+
+
+def sizes_seen(rule: TunerRule, choices: tuple[NcclChoice, ...]) -> str:
+    """For a rule no call matched: the sizes NCCL's tuner was asked about for the rule's op in this
+    process, and, where one is the rule's size in another dtype, the likely cause.
+
+    Args:
+        rule: the rule no call matched.
+        choices: NCCL's own choices in the process (``TunerCounts.nccl_choices``: one per size bucket).
+    Returns:
+        A clause to append to the record's explanation ('' when NCCL gave the plugin no cost tables).
+    """
+    if not choices:
+        return ""
+    calls: dict[tuple[int, int], int] = {}
+    for c in choices:
+        if c.op == rule.op:
+            calls[c.min_bytes, c.max_bytes] = calls.get((c.min_bytes, c.max_bytes), 0) + c.calls
+    if not calls:
+        return f"; NCCL's tuner was asked about no {rule.op} at all here"
+    seen = ", ".join(f"{lo}..{hi} B x{n}" for (lo, hi), n in sorted(calls.items()))
+    scales = [*DTYPE_RATIOS, *(1 / r for r in DTYPE_RATIOS)]
+    other_dtype = rule.op in GRADIENT_REDUCTIONS and any(
+        lo <= rule.max_bytes * f and rule.min_bytes * f <= hi for lo, hi in calls for f in scales)
+    hint = (": one is the rule's size in another dtype, as when a job reduces its gradients in fp32 (torchtitan) and was "
+            "profiled in bf16; profile with the job's --reduce-dtype") if other_dtype else ""
+    return f"; NCCL's tuner saw {rule.op} calls of {seen} here{hint}"
 
 
 def assumed_default(plan: Plan, choice: NcclChoice) -> tuple[str, str] | None:

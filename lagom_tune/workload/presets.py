@@ -19,13 +19,15 @@ Iteration structure per parallelism (DESIGN.md §4; each an overlap group):
 * ``ddp=N``: forward, then backward with one gradient all-reduce per parameter tensor issued when
   its weight gradient is ready (``bucket_cap_mb`` coalesces them, see bucketing.py).
 * ``fsdp=N``: layer ``l+1``'s all-gather (its parameters, compute dtype) overlaps layer ``l``'s
-  forward; in backward, layer ``l-1``'s all-gather and layer ``l``'s gradient reduce-scatter overlap
-  layer ``l-1``'s backward. Embedding and head run without overlap.
+  forward; in backward, layer ``l-1``'s all-gather and layer ``l``'s gradient reduce-scatter (in the
+  reduce dtype: by default the compute dtype, as FSDP2's ``MixedPrecisionPolicy`` with only
+  ``param_dtype`` set; torchtitan reduces in fp32) overlap layer ``l-1``'s backward. Embedding and
+  head run without overlap.
 * ``tp=N,dp=M``: Megatron tensor parallelism with Domino-style overlap: the micro-batch (even) is
   split in two halves and one half's all-reduce (``T/2 x d`` activations, after attention and
   after the MLP, forward and backward) overlaps the other half's GEMMs, and the other way round:
-  every phase twice a layer; with ``dp > 1`` each layer's gradient all-reduce (fp32, as Megatron
-  reduces bf16 training's gradients) on the data-parallel communicator, over as many nodes as the
+  every phase twice a layer; with ``dp > 1`` each layer's gradient all-reduce (by default fp32, as
+  Megatron reduces bf16 training's gradients) on the data-parallel communicator, over as many nodes as the
   job has (``tp x dp`` GPUs), overlaps one half's backward attention.
 * ``ep=N``: expert parallelism; a micro-batch's dispatch and combine all-to-alls (``T*top_k x d``
   per rank) overlap the other micro-batch's expert GEMMs, forward and backward; attention and
@@ -53,6 +55,12 @@ DP_REPLICATE = "dp_replicate"  # replicated data parallelism: DDP's (and HSDP's)
 DP_SHARD = "dp_shard"  # sharded data parallelism: FSDP's all-gathers and reduce-scatters
 TP = "tp"  # tensor parallelism
 EP = "ep"  # expert parallelism
+
+# The dtype a family reduces gradients in when --reduce-dtype is not given, as its framework does
+# by default (None: the compute dtype). DDP and FSDP2 reduce in the gradients' (the parameters')
+# dtype; Megatron accumulates and all-reduces bf16/fp16 training's gradients in fp32
+# (accumulate_allreduce_grads_in_fp32). Expert parallelism models no gradient reduction.
+REDUCE_DTYPE_DEFAULT: dict[str, str | None] = {"ddp": None, "fsdp": None, "tp": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -236,7 +244,7 @@ def nodes_spanned(ranks: int, gpus_per_node: int = GPUS_PER_NODE) -> int:
 # Parallelisms
 
 
-def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", grad_dtype: str = "fp32") -> Workload:
+def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", reduce_dtype: str | None = None) -> Workload:
     """Data-parallel (DDP) training: forward, then backward with per-tensor gradient all-reduces.
 
     Models a GPT-2-style block (LayerNorm, biased linears, GELU MLP), as examples/train_gpt.py.
@@ -247,13 +255,13 @@ def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", 
         mbs: micro-batch size.
         ranks: data-parallel ranks.
         dtype: the GEMMs' dtype.
-        grad_dtype: the gradients' dtype (sizes the all-reduces).
+        reduce_dtype: the gradient all-reduces' dtype (None: ``dtype``).
     Returns:
         The Workload.
     """
     _check_seq(arch, seq)
     d, f, t = arch.hidden, arch.ffn, seq * mbs
-    gb = DTYPES[grad_dtype]
+    gb = DTYPES[reduce_dtype or dtype]
 
     fwd: list[Gemm] = []
     for layer in range(arch.layers):
@@ -285,11 +293,11 @@ def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", 
         name=f"{arch.name}-ddp{ranks}",
         groups=(OverlapGroup("forward", tuple(fwd)), OverlapGroup("backward", tuple(bwd), comm)),
         meta={"model": arch.name, "parallel": f"ddp={ranks}", "seq": seq, "mbs": mbs, "dtype": dtype,
-              "parameters": sum(n for _, n, _ in grads)},
+              "reduce_dtype": reduce_dtype or dtype, "parameters": sum(n for _, n, _ in grads)},
     )
 
 
-def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "bf16") -> Workload:
+def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "bf16", reduce_dtype: str | None = None) -> Workload:
     """FSDP (ZeRO-3): per-layer all-gather prefetch in forward and backward, reduce-scatter of gradients.
 
     Args:
@@ -297,28 +305,31 @@ def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "bf16") -> 
         seq: sequence length.
         mbs: micro-batch size.
         ranks: sharding ranks.
-        dtype: the GEMMs' and collectives' dtype.
+        dtype: the GEMMs' and all-gathers' dtype.
+        reduce_dtype: the reduce-scatters' dtype (None: ``dtype``).
     Returns:
         The Workload.
     """
     _check_seq(arch, seq)
     b, t, nodes = DTYPES[dtype], seq * mbs, nodes_spanned(ranks)
+    rb = DTYPES[reduce_dtype or dtype]
     groups = []
     # Layers differ only in MoE models (dense leading layers); group identical layers.
     for kind, layers in _layer_kinds(arch).items():
         lp = arch.layer_params(layers[0])
         fwd = tuple(layer_gemms(arch, layers[0], seq, mbs, dtype))
         ag = Collective("all_gather.next_layer", "all_gather", lp * b, group=DP_SHARD, ranks=ranks, nodes=nodes)
-        rs = Collective("reduce_scatter.grads", "reduce_scatter", lp * b, group=DP_SHARD, ranks=ranks, nodes=nodes)
+        rs = Collective("reduce_scatter.grads", "reduce_scatter", lp * rb, group=DP_SHARD, ranks=ranks, nodes=nodes)
         groups.append(OverlapGroup(f"forward.{kind}", fwd, (ag,), repeat=len(layers)))
         groups.append(OverlapGroup(f"backward.{kind}", tuple(backward_of(list(fwd))),
                                    (replace(ag, name="all_gather.prev_layer"), rs), repeat=len(layers)))
     head = Gemm("head", t, arch.vocab, arch.hidden, dtype)
     groups.append(OverlapGroup("head", (head, *_bwd(head))))
-    return _workload(arch, f"fsdp{ranks}", groups, seq, mbs, dtype, f"fsdp={ranks}")
+    return _workload(arch, f"fsdp{ranks}", groups, seq, mbs, dtype, f"fsdp={ranks}", reduce_dtype or dtype)
 
 
-def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dtype: str = "bf16") -> Workload:
+def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dtype: str = "bf16",
+                    reduce_dtype: str | None = REDUCE_DTYPE_DEFAULT["tp"]) -> Workload:
     """Megatron TP with Domino-style overlap of one half-batch's all-reduce with the other's GEMMs.
 
     Args:
@@ -327,7 +338,8 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
         mbs: micro-batch size.
         tp: tensor-parallel degree.
         dp: data-parallel degree (gradient all-reduces across it).
-        dtype: the GEMMs' and collectives' dtype.
+        dtype: the GEMMs' and activation all-reduces' dtype.
+        reduce_dtype: the gradient all-reduces' dtype (None: ``dtype``).
     Returns:
         The Workload.
     """
@@ -353,8 +365,7 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
     bwd_attn = tuple(backward_of(attn))
     if dp > 1:  # the layer's gradients, once per layer, beside its second half-batch's backward attention
         shard = arch.layer_params() // tp
-        # Megatron all-reduces bf16/fp16 training's gradients in fp32 (accumulate_allreduce_grads_in_fp32)
-        grad_bytes = DTYPES["fp32"] if b < DTYPES["fp32"] else b
+        grad_bytes = DTYPES[reduce_dtype or dtype]
         dp_nodes = min(dp, nodes_spanned(tp * dp))  # a tp=4,dp=2 job fits one node: its dp group with it
         dp_grads = Collective("all_reduce.dp_grads", "all_reduce", shard * grad_bytes, group=DP_REPLICATE, ranks=dp, nodes=dp_nodes)
         groups.append(OverlapGroup("backward.attention", bwd_attn, (ar("all_reduce.attn_in_grad.other_half"),), repeat=arch.layers))
@@ -364,7 +375,8 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
         groups.append(OverlapGroup("backward.attention", bwd_attn, (ar("all_reduce.attn_in_grad.other_half"),), repeat=twice))
     head = Gemm("head", seq * mbs, arch.vocab // tp, arch.hidden, dtype)
     groups.append(OverlapGroup("head", (head, *_bwd(head))))
-    return _workload(arch, f"tp{tp}-dp{dp}", groups, seq, mbs, dtype, f"tp={tp},dp={dp}")
+    return _workload(arch, f"tp{tp}-dp{dp}", groups, seq, mbs, dtype, f"tp={tp},dp={dp}",
+                     (reduce_dtype or dtype) if dp > 1 else None)
 
 
 def expert_parallel(arch: Arch, *, seq: int, mbs: int, ep: int, dtype: str = "bf16") -> Workload:
@@ -413,9 +425,11 @@ def _check_seq(arch: Arch, seq: int) -> None:
         raise UserError(f"--seq {seq} exceeds {arch.name}'s context of {arch.max_seq}")
 
 
-def _workload(arch: Arch, suffix: str, groups: list[OverlapGroup], seq: int, mbs: int, dtype: str, parallel: str) -> Workload:
+def _workload(arch: Arch, suffix: str, groups: list[OverlapGroup], seq: int, mbs: int, dtype: str, parallel: str,
+              reduce_dtype: str | None = None) -> Workload:
+    reduced = {"reduce_dtype": reduce_dtype} if reduce_dtype else {}  # a workload that reduces gradients says in what
     return Workload(f"{arch.name}-{suffix}", tuple(groups),
-                    meta={"model": arch.name, "parallel": parallel, "seq": seq, "mbs": mbs, "dtype": dtype,
+                    meta={"model": arch.name, "parallel": parallel, "seq": seq, "mbs": mbs, "dtype": dtype, **reduced,
                           "layer_parameters": arch.layer_params(arch.dense_layers if arch.experts else 0)})
 
 
@@ -480,7 +494,7 @@ def parse_parallel(spec: str) -> dict[str, int]:
 
 
 def build_model(model: str, parallel: str | None = None, seq: int | None = None, mbs: int | None = None,
-                dtype: str = "bf16", **_: Any) -> Workload:
+                dtype: str = "bf16", reduce_dtype: str | None = None, **_: Any) -> Workload:
     """A model preset's workload under a parallelism.
 
     Args:
@@ -490,10 +504,13 @@ def build_model(model: str, parallel: str | None = None, seq: int | None = None,
         mbs: micro-batch size (default: the paper's for the model and parallelism, else 1; 2 for
             tensor parallelism, whose two half-batches need an even one).
         dtype: the GEMMs' dtype.
+        reduce_dtype: ``--reduce-dtype``, the gradient reductions' dtype (default: the family's
+            framework's, ``REDUCE_DTYPE_DEFAULT``).
     Returns:
         The Workload.
     Raises:
-        UserError: for an MoE model under tensor parallelism or DDP (its experts: use ep=N).
+        UserError: for an MoE model under tensor parallelism or DDP (its experts: use ep=N), or a
+            reduce dtype the parallelism has no gradient reduction for.
     """
     arch = ARCHS[model]
     par = parse_parallel(("ep=8" if arch.experts else "fsdp=8") if parallel is None else parallel)  # '' is refused, not the default
@@ -503,13 +520,34 @@ def build_model(model: str, parallel: str | None = None, seq: int | None = None,
     # Domino's two half-batches need an even micro-batch: 1, the default of a model the paper gives none, was refused
     mbs = mbs or PAPER_MBS.get((model, family), 2 if family == "tp" else 1)
     seq = seq or min(DEFAULT_SEQ, arch.max_seq)
+    if reduce_dtype is not None:
+        check_reduce_dtype(reduce_dtype)
+        if family == "ep" or (family == "tp" and par.get("dp", 1) == 1):  # the option would be ignored
+            raise UserError(f"--reduce-dtype: {','.join(f'{k}={n}' for k, n in par.items())} reduces no gradients across ranks "
+                            f"({'expert parallelism models none' if family == 'ep' else 'give dp=2 or more'})")
+    reduced = reduce_dtype or REDUCE_DTYPE_DEFAULT.get(family)
     if family == "fsdp":
-        return fsdp(arch, seq=seq, mbs=mbs, ranks=par["fsdp"], dtype=dtype)
+        return fsdp(arch, seq=seq, mbs=mbs, ranks=par["fsdp"], dtype=dtype, reduce_dtype=reduced)
     if family == "tp":
-        return tensor_parallel(arch, seq=seq, mbs=mbs, tp=par["tp"], dp=par.get("dp", 1), dtype=dtype)
+        return tensor_parallel(arch, seq=seq, mbs=mbs, tp=par["tp"], dp=par.get("dp", 1), dtype=dtype, reduce_dtype=reduced)
     if family == "ep":
         return expert_parallel(arch, seq=seq, mbs=mbs, ep=par["ep"], dtype=dtype)
-    return gpt_ddp(arch, seq=seq, mbs=mbs, ranks=par["ddp"], dtype=dtype, grad_dtype=dtype)
+    return gpt_ddp(arch, seq=seq, mbs=mbs, ranks=par["ddp"], dtype=dtype, reduce_dtype=reduced)
+
+
+def check_reduce_dtype(value: str) -> str:
+    """``--reduce-dtype``'s value, checked.
+
+    Args:
+        value: the option's value.
+    Returns:
+        The value.
+    Raises:
+        UserError: for a dtype the workloads have no size for.
+    """
+    if value not in DTYPES:
+        raise UserError(f"--reduce-dtype {value!r}: expected one of {', '.join(DTYPES)}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -520,7 +558,9 @@ class Preset:
 
 
 def _cpu_demo(seq: int | None = None, mbs: int | None = None, ranks: int | None = None, parallel: str | None = None,
-              **_: Any) -> Workload:
+              reduce_dtype: str | None = None, **_: Any) -> Workload:
+    if reduce_dtype is not None:  # the example script trains and reduces in fp32: another would size calls it never makes
+        _reject("--reduce-dtype applies to model presets; cpu-demo is examples/train_gpt.py, which reduces its fp32 gradients")
     if parallel is not None:
         ddp = parse_parallel(parallel).get("ddp") or _reject(f"cpu-demo is a DDP workload: --parallel ddp=N, not {parallel!r}")
         if ranks is not None and ranks != ddp:  # one was silently dropped (an audit, 2026-12-03)
@@ -579,7 +619,7 @@ def build_preset(name: str, **shape: Any) -> Workload:
 
     Args:
         name: a preset's name (``PRESETS``).
-        **shape: ``parallel``, ``seq``, ``mbs``, ``ranks`` (None: the preset's default).
+        **shape: ``parallel``, ``seq``, ``mbs``, ``reduce_dtype``, ``ranks`` (None: the preset's default).
     Returns:
         The Workload.
     Raises:
@@ -590,7 +630,7 @@ def build_preset(name: str, **shape: Any) -> Workload:
     return PRESETS[name].build(**{k: val for k, val in shape.items() if val is not None})
 
 
-PRESET_SHAPE = ("parallel", "seq", "mbs")  # the options that reshape a preset (--ranks also sizes gloo's ranks)
+PRESET_SHAPE = ("parallel", "seq", "mbs", "reduce_dtype")  # the options that reshape a preset (--ranks also sizes gloo's ranks)
 
 
 def resolve_workload(name_or_file: str, **shape: Any) -> Workload:
@@ -598,7 +638,8 @@ def resolve_workload(name_or_file: str, **shape: Any) -> Workload:
 
     Args:
         name_or_file: a preset's name or a workload file.
-        **shape: the preset's parallelism and sizes (``parallel``, ``seq``, ``mbs``, ``ranks``).
+        **shape: the preset's parallelism and sizes (``parallel``, ``seq``, ``mbs``, ``reduce_dtype``,
+            ``ranks``).
     Returns:
         The Workload.
     Raises:
@@ -611,6 +652,6 @@ def resolve_workload(name_or_file: str, **shape: Any) -> Workload:
     if Path(name_or_file).suffix in (".yaml", ".yml") or Path(name_or_file).exists():
         given = [k for k in PRESET_SHAPE if shape.get(k) is not None]
         if given:  # a file's shapes are its own: the option was ignored
-            raise UserError(f"--{given[0]} applies to presets; {name_or_file} is a workload file, whose shapes are its own")
+            raise UserError(f"--{given[0].replace('_', '-')} applies to presets; {name_or_file} is a workload file, whose shapes are its own")
         return load_workload(name_or_file)
     raise UserError(f"unknown workload {name_or_file!r}: not a preset (see `lagom-tune workload list`) nor a file")
