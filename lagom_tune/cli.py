@@ -433,7 +433,7 @@ def show(
         plan = load_plan(path)
         if not backend_info(plan.backend).deploys_tuner_rules:
             raise UserError(f"--nccl-log checks an nccl plan's rules; {target} is a {plan.backend} plan")
-        for line in render.nccl_ran_lines(*nccl_ran(plan, read_logs(nccl_log))):
+        for line in render.nccl_ran_lines(nccl_ran(plan, read_logs(nccl_log))):
             render.console.print(line)
         return
     if path.is_dir():

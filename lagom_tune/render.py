@@ -20,7 +20,7 @@ from lagom_tune.plan.schema import Plan
 from lagom_tune.plan_check import STALE_REASON, PlanPredictions
 from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.runtime.launch import describe, export_lines
-from lagom_tune.runtime.nccl import RanCheck
+from lagom_tune.runtime.nccl import RanReport
 from lagom_tune.backends.nccl_tuner import RULES_ENV
 from lagom_tune.runtime.trial import TrialRecord, TrialRun
 from lagom_tune.search import TIE_TOLERANCE
@@ -252,20 +252,22 @@ def plan_summary(plan: Plan) -> list[Any]:
     return out
 
 
-def nccl_ran_lines(checks: list[RanCheck], unmatched: int) -> list[str]:
+def nccl_ran_lines(report: RanReport) -> list[str]:
     """What NCCL ran each plan rule's calls with (``runtime.nccl.nccl_ran``), one line each, those
-    not as planned marked, then the calls no rule matched.
+    not as planned marked; the rules no logged call matched, with the sizes of their op the log
+    has; then the calls no rule matched.
 
     Args:
-        checks: the ``RanCheck``s.
-        unmatched: calls no rule matched (NCCL's own choice).
+        report: the log held against the plan.
     Returns:
         Console lines.
     """
-    out = [("as planned: " if c.as_planned else "[yellow]not as planned:[/] ") + escape(c.describe()) for c in checks]
-    if not checks:
+    out = [("as planned: " if c.as_planned else "[yellow]not as planned:[/] ") + escape(c.describe()) for c in report.checks]
+    if not report.checks:
         out.append("[yellow]no logged call matched a rule of the plan[/] (was the log made under this plan?)")
-    return out + ([f"{unmatched} logged call(s) matched no rule: NCCL's own choice"] if unmatched else [])
+    out += [f"[yellow]no logged call matched:[/] {escape(f'{r.op} on {r.role} {r.min_bytes}..{r.max_bytes} B{sizes}')}"
+            for r, sizes in report.missed]
+    return out + ([f"{report.unmatched} logged call(s) matched no rule: NCCL's own choice"] if report.unmatched else [])
 
 
 def _choice_text(values: dict[str, Any]) -> str:

@@ -272,13 +272,36 @@ def test_what_nccl_ran_each_rules_calls_with_is_held_against_the_rule():
     reduce-scatter ran on 3 channels where its rule asks for 4 (a communicator set up with fewer)."""
     from lagom_tune.backends.nccl_log import calls
 
-    checks, unmatched = nccl.nccl_ran(PLAN, calls(NCCL_LOG + "h:1:2 [0] NCCL INFO Broadcast: 8 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}\n"))
+    report = nccl.nccl_ran(PLAN, calls(NCCL_LOG + "h:1:2 [0] NCCL INFO Broadcast: 8 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}\n"))
+    checks, unmatched = report.checks, report.unmatched
     assert [(c.rule.op, c.nbytes, c.algo, c.proto, c.channels, c.calls, c.as_planned) for c in checks] == [
         ("all_gather", 65536, "ring", "simple", 2, 2, True), ("reduce_scatter", 1048576, "ring", "ll128", 3, 1, False),
         # the barrier's 4 bytes ran on one channel: too small to give the rule's 8 channels NCCL's minimum traffic each, as planned
         ("all_reduce", 4, "tree", "ll", 1, 1, True), ("all_reduce", 4194304, "tree", "ll", 8, 1, True)]
     assert unmatched == 1  # the broadcast: no rule
     assert "the plan ring/ll128 on 4 channels, NCCL ran ring/ll128 on 3 channels x1" in checks[1].describe()
+    assert report.missed == ()  # every rule had calls
+
+
+def test_show_names_a_rule_no_logged_call_matched_and_the_sizes_nccl_was_called_with(tmp_path):
+    """A plan profiled with bf16 gradients against a job that reduces them in fp32 (torchtitan):
+    its exact-size reduce-scatter rule matched no logged call and `show --nccl-log` said nothing
+    of it. It now names the rule, the reduce-scatter sizes the log has (one rank's bytes times the
+    role's 8 ranks, as the rule counts them) and the dtype."""
+    bf16 = 157_352_960
+    plan = Plan(backend="nccl", world_size=8, nodes=1, hardware={"gpu": "NVIDIA H100 80GB HBM3"}, groups={"dp_shard": 8},
+                settings=Settings({}), rules=(CollectiveRule("reduce_scatter", "dp_shard", bf16, bf16, {"channels": 4}),
+                                              CollectiveRule("all_gather", "dp_shard", bf16, bf16, {"channels": 4})))
+    path = plan.save(tmp_path / "fsdp.yaml")
+    log = tmp_path / "nccl.log"
+    per_rank = 2 * bf16 // 8  # fp32: twice the bytes, one rank's share logged
+    log.write_text(f"h:1:2 [0] NCCL INFO AllGather: {bf16 // 8} Bytes -> Algo RING proto SIMPLE channel{{Lo..Hi}}={{0..3}}\n"
+                   + f"h:1:2 [0] NCCL INFO ReduceScatter: {per_rank} Bytes -> Algo RING proto SIMPLE channel{{Lo..Hi}}={{0..7}}\n" * 2)
+    out = cli("show", path, "--nccl-log", log, check=True).stdout
+    assert "as planned: all_gather on dp_shard" in out
+    line = next(x for x in out.splitlines() if x.startswith("no logged call matched:"))
+    assert f"reduce_scatter on dp_shard {bf16}..{bf16} B; NCCL's log has reduce_scatter calls of {2 * bf16} B x2" in line
+    assert "another dtype" in line and "--reduce-dtype" in line and "2 logged call(s) matched no rule" in out
 
 
 def test_show_holds_nccls_log_against_the_plan(tmp_path):

@@ -7,6 +7,7 @@ itself is ``backends/lagom_tuner.c`` (built by ``backends/tuner_build.py``, its 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -83,7 +84,7 @@ def rule_reach(rules: TunerRules, counts: TunerCounts) -> list[tuple[str, str, b
         if not applied and not skipped:
             problems.append((setting, value, False, "no NCCL call matched it in this process (no collective of that op and size "
                         "on that communicator asked NCCL's tuner: another workload than the plan's, or a role this rank is not in)"
-                        + sizes_seen(rule, counts.nccl_choices)))
+                        + tuner_sizes_seen(rule, counts.nccl_choices)))
         elif skipped:
             problems.append((setting, value, False, f"algorithm/protocol skipped on {skipped} of {applied + skipped} calls: NCCL did not "
                         "offer it for them (channels still set)"))
@@ -98,33 +99,45 @@ def rule_reach(rules: TunerRules, counts: TunerCounts) -> list[tuple[str, str, b
 # same reduction in another dtype (bf16 profiled, fp32 reduced: torchtitan's FSDP2 default).
 DTYPE_RATIOS = (2, 4)
 GRADIENT_REDUCTIONS = ("reduce_scatter", "all_reduce")
+SIZES_SHOWN = 3  # a DDP job all-reduces dozens of sizes: the nearest to the rule's
 
 
-def sizes_seen(rule: TunerRule, choices: tuple[NcclChoice, ...]) -> str:
-    """For a rule no call matched: the sizes NCCL's tuner was asked about for the rule's op in this
-    process, and, where one is the rule's size in another dtype, the likely cause.
+def tuner_sizes_seen(rule: TunerRule, choices: tuple[NcclChoice, ...]) -> str:
+    """:func:`sizes_seen` from NCCL's own choices in a process (one per size bucket), or '' when
+    NCCL handed the plugin no cost tables (then nothing was counted)."""
+    if not choices:
+        return ""
+    sizes: dict[tuple[int, int], int] = {}
+    for c in choices:
+        if c.op == rule.op:
+            sizes[c.min_bytes, c.max_bytes] = sizes.get((c.min_bytes, c.max_bytes), 0) + c.calls
+    return sizes_seen(rule, sizes, "NCCL's tuner saw")
+
+
+def sizes_seen(rule: TunerRule, sizes: Mapping[tuple[int, int], int], who: str) -> str:
+    """For a rule no call matched: the sizes of the rule's op NCCL was called with (the nearest
+    few), and, where one is the rule's size in another dtype, the likely cause.
 
     Args:
         rule: the rule no call matched.
-        choices: NCCL's own choices in the process (``TunerCounts.nccl_choices``: one per size bucket).
+        sizes: (smallest, largest) bytes -> calls, of every call of the rule's op, counted as the
+            rule counts them (a size bucket of the tuner's, or one logged size twice).
+        who: what saw them ("NCCL's tuner saw", "NCCL's log has").
     Returns:
-        A clause to append to the record's explanation ('' when NCCL gave the plugin no cost tables).
+        A clause to append to the explanation.
     """
-    if not choices:
-        return ""
-    calls: dict[tuple[int, int], int] = {}
-    for c in choices:
-        if c.op == rule.op:
-            calls[c.min_bytes, c.max_bytes] = calls.get((c.min_bytes, c.max_bytes), 0) + c.calls
-    if not calls:
-        return f"; NCCL's tuner was asked about no {rule.op} at all here"
-    seen = ", ".join(f"{lo}..{hi} B x{n}" for (lo, hi), n in sorted(calls.items()))
+    if not sizes:
+        return f"; {who} no {rule.op} call at all"
+    middle = math.sqrt(max(rule.min_bytes, 1) * max(rule.max_bytes, 1))
+    nearest = sorted(sizes, key=lambda r: abs(math.log(max(r[0] + r[1], 2) / 2 / middle)))[:SIZES_SHOWN]
+    seen = ", ".join((f"{lo}..{hi}" if lo != hi else str(lo)) + f" B x{sizes[lo, hi]}" for lo, hi in sorted(nearest))
+    more = f" (+{len(sizes) - len(nearest)} other sizes)" if len(sizes) > len(nearest) else ""
     scales = [*DTYPE_RATIOS, *(1 / r for r in DTYPE_RATIOS)]
     other_dtype = rule.op in GRADIENT_REDUCTIONS and any(
-        lo <= rule.max_bytes * f and rule.min_bytes * f <= hi for lo, hi in calls for f in scales)
+        lo <= rule.max_bytes * f and rule.min_bytes * f <= hi for lo, hi in sizes for f in scales)
     hint = (": one is the rule's size in another dtype, as when a job reduces its gradients in fp32 (torchtitan) and was "
             "profiled in bf16; profile with the job's --reduce-dtype") if other_dtype else ""
-    return f"; NCCL's tuner saw {rule.op} calls of {seen} here{hint}"
+    return f"; {who} {rule.op} calls of {seen}{more}{hint}"
 
 
 def assumed_default(plan: Plan, choice: NcclChoice) -> tuple[str, str] | None:
@@ -419,7 +432,16 @@ class RanCheck:
                 f"NCCL ran {self.algo}/{self.proto} on {self.channels} channels x{self.calls} ({self.nbytes} B logged)")
 
 
-def nccl_ran(plan: Plan, calls: list[NcclCall]) -> tuple[list[RanCheck], int]:
+@dataclass(frozen=True)
+class RanReport:
+    """NCCL's log held against a plan's rules (:func:`nccl_ran`)."""
+
+    checks: tuple[RanCheck, ...]  # per (rule, size, what NCCL ran), in rule order
+    unmatched: int  # logged calls no rule matched (NCCL's own choice)
+    missed: tuple[tuple[TunerRule, str], ...]  # rules no logged call matched, each with the sizes of its op the log has
+
+
+def nccl_ran(plan: Plan, calls: list[NcclCall]) -> RanReport:
     """What NCCL ran the calls of each of the plan's rules with, from NCCL's own log
     (``backends.nccl_log``: a communicator's rank 0 logs each call under ``NCCL_DEBUG=INFO`` and
     ``NCCL_DEBUG_SUBSYS=TUNING``), matched as the plugin matches them: the first rule of the call's
@@ -431,7 +453,7 @@ def nccl_ran(plan: Plan, calls: list[NcclCall]) -> tuple[list[RanCheck], int]:
         plan: the plan.
         calls: the logged calls.
     Returns:
-        One check per (rule, size, what NCCL ran) with its calls, in rule order; and the calls no rule matched.
+        The checks, the calls no rule matched, and the rules no call matched.
     """
     rules = tuner_rules(plan).rules
     seen: dict[tuple, int] = {}
@@ -443,4 +465,13 @@ def nccl_ran(plan: Plan, calls: list[NcclCall]) -> tuple[list[RanCheck], int]:
             continue
         key = (i, c.nbytes, c.algo, c.proto, c.channels)
         seen[key] = seen.get(key, 0) + 1
-    return [RanCheck(rules[i], *rest, n) for (i, *rest), n in sorted(seen.items())], unmatched
+    missed = []
+    for i, r in enumerate(rules):
+        if not any(key[0] == i for key in seen):
+            sizes: dict[tuple[int, int], int] = {}
+            for c in calls:
+                if c.op == r.op:
+                    n = rule_bytes(r, c.nbytes)
+                    sizes[n, n] = sizes.get((n, n), 0) + 1
+            missed.append((r, sizes_seen(r, sizes, "NCCL's log has")))
+    return RanReport(tuple(RanCheck(rules[i], *rest, n) for (i, *rest), n in sorted(seen.items())), unmatched, tuple(missed))
