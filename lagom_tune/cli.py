@@ -473,8 +473,10 @@ def show(
             render.console.print(item)
     elif kind == "lagom-plan":
         plan = Plan.from_dict(data, str(path))
-        if as_json:
-            print(json.dumps(plan.to_dict(), indent=1))
+        if as_json:  # the recheck the table's last line gives, beside the plan
+            check = _recheck(plan, path)
+            print(json.dumps({"plan": plan.to_dict(), "predictions_check": check.to_dict() if isinstance(check, PlanPredictions)
+                              else {"rechecked": False, "why": check}}, indent=1))
             return
         for item in render.plan_summary(plan):  # as search printed it, the reason it kept the defaults too
             render.console.print(item)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import load_model
@@ -62,6 +63,13 @@ class PlanPredictions:
     default: Evaluation
     plan: Evaluation
     drift: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recheck for ``show --json``: the iteration times the model gives now and the
+        recorded ones that differ (``held`` false where any does)."""
+        return {"rechecked": True, "held": not self.drift,
+                "iteration_ms_now": {"default": self.default.iteration_s * 1e3, "plan": self.plan.iteration_s * 1e3},
+                "drift": {name: {"recorded_ms": was, "now_ms": now} for name, (was, now) in self.drift.items()}}
 
     def drift_text(self) -> str:
         """The differing predictions in one phrase (empty when none differ)."""

@@ -1,5 +1,6 @@
 """`lagom-tune report`: one self-contained HTML page, checked in headless Chromium when it is installed."""
 
+import json
 import shutil
 import subprocess
 
@@ -142,8 +143,17 @@ def test_show_rechecks_a_plans_predictions_against_its_runs_model(sim_plan, tmp_
     r = cli("show", edited, check=True)
     assert "warning: the predictions above are not what the plan's run's model gives it now (plan" in r.stdout, r.stdout
     assert "edited since `lagom-tune search` wrote it; search again" in r.stdout, r.stdout
+    # --json carried the plan alone, the recheck nowhere: a script read the edited predictions as good
+    shown = json.loads(cli("show", edited, "--json", check=True).stdout)
+    check, recorded = shown["predictions_check"], plan["predicted"]["iteration_ms"]
+    assert shown["plan"]["predicted"]["iteration_ms"] == recorded and check["rechecked"] and not check["held"]
+    assert list(check["drift"]) == ["plan"] and check["drift"]["plan"]["recorded_ms"] == recorded["plan"]
+    assert check["iteration_ms_now"]["plan"] == check["drift"]["plan"]["now_ms"]
+    assert json.loads(cli("show", sim_plan / "plan.yaml", "--json", check=True).stdout)["predictions_check"]["held"]
     plan["model"]["run"] = str(tmp_path / "gone")
     edited.write_text(yaml.safe_dump(plan, sort_keys=False))
     r = cli("show", edited, check=True)
     assert "not rechecked:" in r.stdout and "gone is not here" in r.stdout and "warning" not in r.stdout, r.stdout
     assert r.stdout.count("\n") > 5  # the plan itself is still printed
+    check = json.loads(cli("show", edited, "--json", check=True).stdout)["predictions_check"]
+    assert not check["rechecked"] and "gone is not here" in check["why"]
