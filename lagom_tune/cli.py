@@ -140,7 +140,7 @@ def profile(
     seed: Optional[int] = typer.Option(None, min=0, help="sim: noise seed (default 0)."),
     out: Path = typer.Option(..., "--out", "-o", parser=_path, help="Run folder to create or resume."),
     repeats: int = typer.Option(7, min=1, max=1000, help="Timed repeats per point (every one is kept)."),
-    parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | tp=8,dp=2 | ep=8 | ddp=2 (a Table 2 preset fixes its own)."),
+    parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | fsdp=8,dp=2 (HSDP) | tp=8,dp=2 | ep=8 | ddp=2 (a Table 2 preset fixes its own)."),
     seq: Optional[int] = typer.Option(None, min=1, max=MAX_SEQ, help="Sequence length for presets."),
     mbs: Optional[int] = typer.Option(None, min=1, max=MAX_MBS, help="Micro-batch size for presets."),
     reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_DTYPE_HELP),
@@ -522,7 +522,7 @@ def workload_list(as_json: bool = typer.Option(False, "--json", help="Machine-re
 @workload_app.command("show")
 def workload_show(
     name: str = typer.Argument(..., help="Preset name or workload YAML."),
-    parallel: Optional[str] = typer.Option(None, help="fsdp=8 | tp=8,dp=2 | ep=8 | ddp=2 (model presets; a Table 2 preset fixes its own)."),
+    parallel: Optional[str] = typer.Option(None, help="fsdp=8 | fsdp=8,dp=2 (HSDP) | tp=8,dp=2 | ep=8 | ddp=2 (model presets; a Table 2 preset fixes its own)."),
     seq: Optional[int] = typer.Option(None, min=1, max=MAX_SEQ, help="Sequence length."),
     mbs: Optional[int] = typer.Option(None, min=1, max=MAX_MBS, help="Micro-batch size."),
     reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_DTYPE_HELP),

@@ -1,6 +1,7 @@
 """Presets are derived from architectures: check them against hand-computed shapes and bytes."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -50,6 +51,44 @@ def test_reduce_dtype_sizes_the_gradient_reductions_and_nothing_else():
     # the default is unchanged: every Table 2 workload (and the committed plans' digests) as before
     assert build_preset("phi-2-fsdp16", reduce_dtype="bf16").digest == build_preset("phi-2-fsdp16").digest
     assert "reduce_dtype" not in build_preset("phi-2", parallel="tp=8").meta  # no gradient reduction to size
+
+
+def test_hsdp_all_reduces_each_shard_across_the_replicas():
+    """torchtitan's HSDP (mesh dp_replicate x dp_shard): FSDP within a node, then each layer's
+    reduce-scatter output, one rank's shard, all-reduced across the replicas on dp_replicate, in
+    the reduce dtype, beside the same backward; nothing else changes. `--parallel fsdp=8,dp=2`
+    was refused ("dp= goes with tp="), so an HSDP job had no workload its rules could match."""
+    plain, w = build_preset("llama3-8b", parallel="fsdp=8"), build_preset("llama3-8b", parallel="fsdp=8,dp=2", reduce_dtype="fp32")
+    assert w.name == "llama3-8b-fsdp8-dp2" and w.meta["parallel"] == "fsdp=8,dp=2"
+    bwd = next(g for g in w.groups if g.name == "backward.layer")
+    ag, rs, ar = bwd.comm
+    assert (ar.op, ar.group, ar.ranks, ar.nodes, ar.nbytes) == ("all_reduce", "dp_replicate", 2, 2, 218_112_000 // 8 * 4)
+    assert (rs.group, rs.nbytes, ag.nbytes) == ("dp_shard", 218_112_000 * 4, 218_112_000 * 2) and bwd.repeat == 32
+    assert [g.compute for g in w.groups] == [g.compute for g in plain.groups]
+    assert [c for c in w.collectives() if c.group == "dp_shard"] == [replace(c, nbytes=c.nbytes * (2 if c.op == "reduce_scatter" else 1))
+                                                                   for c in plain.collectives()]
+    # four replicas of 4 ranks fill two nodes: each replica group spans both; a shard a node holds, no more
+    assert {(c.group, c.nodes) for c in build_preset("phi-2", parallel="fsdp=4,dp=4").collectives()} == {("dp_shard", 1), ("dp_replicate", 2)}
+    with pytest.raises(UserError, match="HSDP .* shards within a node here: fsdp=16"):
+        build_preset("phi-2", parallel="fsdp=16,dp=2")
+    # a Table 2 FSDP preset takes its own parallelism written with dp=1, and refuses HSDP
+    assert build_preset("phi-2-fsdp16", parallel="fsdp=16,dp=1").digest == build_preset("phi-2-fsdp16").digest
+    with pytest.raises(UserError, match="asks for another"):
+        build_preset("phi-2-fsdp16", parallel="fsdp=8,dp=2")
+
+
+def test_an_hsdp_job_is_simulated_on_the_nodes_its_replicas_span():
+    """The simulated job of fsdp=8,dp=2 is 16 GPUs on two nodes, its replicas' all-reduce over
+    InfiniBand, and every collective is planned at NCCL's own choice too."""
+    from lagom_tune.backends.base import BackendOptions, get_backend
+
+    w = build_preset("phi-2", parallel="fsdp=8,dp=2")
+    b = get_backend("sim", BackendOptions(hardware="h100-nvlink"))
+    points = b.plan_points(w)
+    fp = b.fingerprint()
+    assert (fp["nodes"], fp["ranks"]) == (2, 16)
+    defaults = {(p.op, p.ranks) for p in points if p.kind == "default"}
+    assert defaults == {("all_gather", 8), ("reduce_scatter", 8), ("all_reduce", 2)}
 
 
 def test_phi2_tp8_domino_shapes_and_all_reduce_bytes():

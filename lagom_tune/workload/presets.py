@@ -23,6 +23,10 @@ Iteration structure per parallelism (DESIGN.md §4; each an overlap group):
   reduce dtype: by default the compute dtype, as FSDP2's ``MixedPrecisionPolicy`` with only
   ``param_dtype`` set; torchtitan reduces in fp32) overlap layer ``l-1``'s backward. Embedding and
   head run without overlap.
+* ``fsdp=N,dp=M``: HSDP, as FSDP2 and torchtitan run it: FSDP within each group of ``N`` ranks
+  (``N`` at most a node's GPUs), replicated ``M`` times; after each layer's reduce-scatter, an
+  all-reduce of its gradient shard (``1/N`` of the layer, reduce dtype) across the ``M`` replicas
+  (``dp_replicate``), beside the same backward.
 * ``tp=N,dp=M``: Megatron tensor parallelism with Domino-style overlap: the micro-batch (even) is
   split in two halves and one half's all-reduce (``T/2 x d`` activations, after attention and
   after the MLP, forward and backward) overlaps the other half's GEMMs, and the other way round:
@@ -297,22 +301,30 @@ def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", 
     )
 
 
-def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "bf16", reduce_dtype: str | None = None) -> Workload:
-    """FSDP (ZeRO-3): per-layer all-gather prefetch in forward and backward, reduce-scatter of gradients.
+def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dp: int = 1, dtype: str = "bf16",
+         reduce_dtype: str | None = None) -> Workload:
+    """FSDP (ZeRO-3): per-layer all-gather prefetch in forward and backward, reduce-scatter of
+    gradients; with ``dp > 1``, HSDP: each shard's gradients all-reduced across the replicas.
 
     Args:
         arch: the architecture.
         seq: sequence length.
         mbs: micro-batch size.
         ranks: sharding ranks.
+        dp: replicas of the sharded group (HSDP; 1: plain FSDP).
         dtype: the GEMMs' and all-gathers' dtype.
-        reduce_dtype: the reduce-scatters' dtype (None: ``dtype``).
+        reduce_dtype: the gradient reductions' dtype (None: ``dtype``).
     Returns:
         The Workload.
+    Raises:
+        UserError: for HSDP whose sharded group spans nodes (its replicas' layout is not modelled).
     """
     _check_seq(arch, seq)
+    if dp > 1 and ranks > GPUS_PER_NODE:
+        raise UserError(f"HSDP (fsdp=N,dp=M) shards within a node here: fsdp={ranks} is more than a node's {GPUS_PER_NODE} GPUs")
     b, t, nodes = DTYPES[dtype], seq * mbs, nodes_spanned(ranks)
     rb = DTYPES[reduce_dtype or dtype]
+    dp_nodes = min(dp, nodes_spanned(ranks * dp))  # replica i of every shard on another node, as far as there are nodes
     groups = []
     # Layers differ only in MoE models (dense leading layers); group identical layers.
     for kind, layers in _layer_kinds(arch).items():
@@ -320,12 +332,16 @@ def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "bf16", red
         fwd = tuple(layer_gemms(arch, layers[0], seq, mbs, dtype))
         ag = Collective("all_gather.next_layer", "all_gather", lp * b, group=DP_SHARD, ranks=ranks, nodes=nodes)
         rs = Collective("reduce_scatter.grads", "reduce_scatter", lp * rb, group=DP_SHARD, ranks=ranks, nodes=nodes)
+        # HSDP: the reduce-scatter's output, one rank's shard (FSDP2 pads each to a whole share)
+        replicas = (Collective("all_reduce.replicate_grads", "all_reduce", -(-lp // ranks) * rb, group=DP_REPLICATE, ranks=dp,
+                               nodes=dp_nodes),) if dp > 1 else ()
         groups.append(OverlapGroup(f"forward.{kind}", fwd, (ag,), repeat=len(layers)))
         groups.append(OverlapGroup(f"backward.{kind}", tuple(backward_of(list(fwd))),
-                                   (replace(ag, name="all_gather.prev_layer"), rs), repeat=len(layers)))
+                                   (replace(ag, name="all_gather.prev_layer"), rs, *replicas), repeat=len(layers)))
     head = Gemm("head", t, arch.vocab, arch.hidden, dtype)
     groups.append(OverlapGroup("head", (head, *_bwd(head))))
-    return _workload(arch, f"fsdp{ranks}", groups, seq, mbs, dtype, f"fsdp={ranks}", reduce_dtype or dtype)
+    suffix, parallel = (f"fsdp{ranks}-dp{dp}", f"fsdp={ranks},dp={dp}") if dp > 1 else (f"fsdp{ranks}", f"fsdp={ranks}")
+    return _workload(arch, suffix, groups, seq, mbs, dtype, parallel, reduce_dtype or dtype)
 
 
 def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dtype: str = "bf16",
@@ -463,7 +479,7 @@ CPU_DEMO_ARCH = Arch("tiny-gpt", hidden=256, ffn=1024, heads=4, layers=4, vocab=
 
 
 def parse_parallel(spec: str) -> dict[str, int]:
-    """``fsdp=8`` | ``tp=8,dp=2`` | ``ep=8`` | ``ddp=2`` -> {"fsdp": 8} ...
+    """``fsdp=8`` | ``fsdp=8,dp=2`` | ``tp=8,dp=2`` | ``ep=8`` | ``ddp=2`` -> {"fsdp": 8} ...
 
     Args:
         spec: ``--parallel``'s value.
@@ -476,15 +492,15 @@ def parse_parallel(spec: str) -> dict[str, int]:
     for part in spec.replace(" ", "").split(","):
         m = re.fullmatch(r"(fsdp|tp|dp|ep|ddp)=(\d+)", part)
         if not m or int(m.group(2)) < 1:
-            raise UserError(f"--parallel {spec!r}: expected e.g. fsdp=8, tp=8,dp=2, ep=8 or ddp=2")
+            raise UserError(f"--parallel {spec!r}: expected e.g. fsdp=8, fsdp=8,dp=2, tp=8,dp=2, ep=8 or ddp=2")
         if m.group(1) in out:  # the last one won, silently
             raise UserError(f"--parallel {spec!r}: {m.group(1)}= is given twice")
         out[m.group(1)] = int(m.group(2))
     families = {"fsdp", "tp", "ep", "ddp"} & set(out)
     if len(families) != 1:
         raise UserError(f"--parallel {spec!r}: name exactly one of fsdp, tp, ep, ddp")
-    if "dp" in out and "tp" not in out:
-        raise UserError(f"--parallel {spec!r}: dp= goes with tp=")
+    if "dp" in out and not {"tp", "fsdp"} & set(out):
+        raise UserError(f"--parallel {spec!r}: dp= goes with tp= or fsdp=")
     family = families.pop()
     if math.prod(out.values()) > MAX_RANKS:
         raise UserError(f"--parallel {spec!r}: {math.prod(out.values())} ranks, more than {MAX_RANKS}")
@@ -527,7 +543,7 @@ def build_model(model: str, parallel: str | None = None, seq: int | None = None,
                             f"({'expert parallelism models none' if family == 'ep' else 'give dp=2 or more'})")
     reduced = reduce_dtype or REDUCE_DTYPE_DEFAULT.get(family)
     if family == "fsdp":
-        return fsdp(arch, seq=seq, mbs=mbs, ranks=par["fsdp"], dtype=dtype, reduce_dtype=reduced)
+        return fsdp(arch, seq=seq, mbs=mbs, ranks=par["fsdp"], dp=par.get("dp", 1), dtype=dtype, reduce_dtype=reduced)
     if family == "tp":
         return tensor_parallel(arch, seq=seq, mbs=mbs, tp=par["tp"], dp=par.get("dp", 1), dtype=dtype, reduce_dtype=reduced)
     if family == "ep":
@@ -577,7 +593,7 @@ def _reject(message: str):
 def _degrees(parallel: str) -> dict[str, int]:
     """``--parallel``'s degrees, a data-parallel degree of 1 written or not (``tp=8`` is ``tp=8,dp=1``)."""
     par = parse_parallel(parallel)
-    return {"dp": 1, **par} if "tp" in par else par
+    return {"dp": 1, **par} if {"tp", "fsdp"} & set(par) else par
 
 
 def _model_preset(model: str, parallel: str | None = None) -> Preset:
