@@ -5,15 +5,16 @@ beside the CLI that calls it."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import BackendChoices, KnobSpace, Settings
 from lagom_tune.model.contention import CostModel, load_model, stale_reason
-from lagom_tune.plan.schema import (HARDWARE_COUNTS, HARDWARE_NAMES, HARDWARE_OFFERS, MAX_ITERATION_MS, SEARCH_OPTIONS,
-                                    CollectiveRule, Plan, knob_space_for)
+from lagom_tune.plan.schema import (HARDWARE_COUNTS, HARDWARE_NAMES, HARDWARE_OFFERS, MAX_ITERATION_MS, MAX_RULE_BYTES,
+                                    SEARCH_OPTIONS, CollectiveRule, Plan, knob_space_for)
 from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.profile.store import open_run
 from lagom_tune.profile.summary import backend_choices
@@ -75,9 +76,38 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
     return SearchInputs(run.path, meta, workload, model, accuracy, knob_space_for(fp["backend"], fp), backend_choices(df, workload))
 
 
+# A rule matches its collective's size within this share either way: the job's model need not be
+# the preset's to the byte (FSDP2 pads each parameter's rows to a multiple of the ranks; a model
+# may hold one norm a layer where the preset counts two), while another dtype (x2) or micro-batch
+# is another collective. Never past the midpoint to the next size of the op (see size_bands).
+SIZE_TOLERANCE = 0.10
+
+
+def size_bands(sizes: Iterable[int]) -> dict[int, tuple[int, int]]:
+    """The byte range a rule for each of ``sizes`` (one op's collectives) matches: within
+    ``SIZE_TOLERANCE`` of the size, and short of the geometric midpoint to each neighbouring size,
+    so no two bands overlap and each size stays in its own.
+
+    Args:
+        sizes: the op's collective sizes, any order, repeats allowed.
+    Returns:
+        size -> (min_bytes, max_bytes).
+    """
+    ordered = sorted(set(sizes))
+    bands = {}
+    for i, n in enumerate(ordered):
+        lo, hi = math.ceil(n / (1 + SIZE_TOLERANCE)), math.floor(n * (1 + SIZE_TOLERANCE))
+        if i:
+            lo = max(lo, math.isqrt(ordered[i - 1] * n) + 1)
+        if i + 1 < len(ordered):
+            hi = min(hi, math.isqrt(n * ordered[i + 1]))
+        bands[n] = (min(lo, n), min(max(hi, n), MAX_RULE_BYTES))
+    return bands
+
+
 def collective_rules(workload: Workload, outcome: SearchOutcome) -> tuple[CollectiveRule, ...]:
-    """One exact-size rule per collective of each communicator role where the search changed a
-    collective-scope setting.
+    """One rule per collective of each communicator role where the search changed a
+    collective-scope setting, matching its size within ``SIZE_TOLERANCE`` (:func:`size_bands`).
 
     A role whose collectives all stay at the defaults gets no rule, as a plan that keeps every
     default sets nothing: NCCL then makes its own choice for them (NVLS, tree, LL for small sizes),
@@ -93,11 +123,13 @@ def collective_rules(workload: Workload, outcome: SearchOutcome) -> tuple[Collec
     """
     chosen, default = outcome.chosen.settings.collectives, outcome.default.settings.collectives
     changed = {c.group for c in workload.collectives() if chosen.get(c.rule_key) != default.get(c.rule_key)}
+    # bands per op over every role: NCCL's tuner tells communicators apart by size only
+    bands = {op: size_bands(c.nbytes for c in workload.collectives() if c.op == op) for op in {c.op for c in workload.collectives()}}
     rules = {}
     for c in workload.collectives():
         s = chosen.get(c.rule_key)
         if s and c.group in changed:
-            rules[c.rule_key] = CollectiveRule(c.op, c.group, c.nbytes, c.nbytes, dict(s))
+            rules[c.rule_key] = CollectiveRule(c.op, c.group, *bands[c.op][c.nbytes], dict(s))
     return tuple(rules.values())
 
 

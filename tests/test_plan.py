@@ -1,4 +1,5 @@
 import copy
+import math
 from dataclasses import replace
 
 import pytest
@@ -6,7 +7,8 @@ import yaml
 
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Settings
-from lagom_tune.plan.schema import Plan, load_plan
+from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
+from lagom_tune.workload.presets import build_preset
 from lagom_tune.render import replay_rows, replay_shortfall
 
 from conftest import ROOT, RULES_PLAN
@@ -185,6 +187,27 @@ def test_a_communicator_the_search_left_at_the_defaults_gets_no_rule():
     assert rules("phi-2-tp8-dp2", "all_reduce") == [("all_reduce", "tp", "ring", 4)]
     # the all-gather changed: the reduce-scatter on the same communicator keeps its rule
     assert rules("phi-2-fsdp16", "all_gather") == [("all_gather", "dp_shard", "ring", 4), ("reduce_scatter", "dp_shard", "ring", 16)]
+
+
+def test_a_rule_matches_its_collective_within_a_tolerance_short_of_the_next_size():
+    """Rules were exact-size: a job whose model differs from the preset by a norm or FSDP2's row
+    padding (a few KB of a layer) matched none of them. Each rule now holds its size within 10%,
+    never reaching the midpoint to the next size of the op on any role, so another dtype (x2) or
+    a neighbouring collective still matches no rule of the wrong size."""
+    from lagom_tune.planning import SIZE_TOLERANCE, size_bands
+
+    bands = size_bands([1000, 2000, 2100, 1000, 50_000])
+    assert bands[1000] == (910, 1100) and bands[50_000] == (45455, 55000)
+    assert bands[2000][1] < bands[2100][0] and bands[2000][1] == math.isqrt(2000 * 2100)  # midpoint, not +10%
+    ordered = sorted(bands.items())
+    assert all(lo <= n <= hi for n, (lo, hi) in ordered) and all(a[1][1] < b[1][0] for a, b in zip(ordered, ordered[1:]))
+    w = build_preset("phi-2-fsdp16")
+    (rs,) = [c for c in w.collectives() if c.op == "reduce_scatter"]
+    lo, hi = size_bands([c.nbytes for c in w.collectives() if c.op == "reduce_scatter"])[rs.nbytes]
+    rule = CollectiveRule("reduce_scatter", "dp_shard", lo, hi, {"channels": 4})
+    one_norm_fewer = replace(rs, nbytes=rs.nbytes - 2 * 2560 * 2)  # HF's Phi-2 has one LayerNorm a layer
+    assert rule.matches(one_norm_fewer) and not rule.matches(replace(rs, nbytes=2 * rs.nbytes))  # fp32: another size
+    assert hi == math.floor(rs.nbytes * (1 + SIZE_TOLERANCE))
 
 
 def test_a_cluster_the_simulator_does_not_have_is_named_not_blamed_on_the_rows():
