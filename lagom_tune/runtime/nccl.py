@@ -8,6 +8,7 @@ itself is ``backends/lagom_tuner.c`` (built by ``backends/tuner_build.py``, its 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -107,10 +108,10 @@ def tuner_sizes_seen(rule: TunerRule, choices: tuple[NcclChoice, ...]) -> str:
     NCCL handed the plugin no cost tables (then nothing was counted)."""
     if not choices:
         return ""
-    sizes: dict[tuple[int, int], int] = {}
+    sizes: Counter[tuple[int, int]] = Counter()
     for c in choices:
         if c.op == rule.op:
-            sizes[c.min_bytes, c.max_bytes] = sizes.get((c.min_bytes, c.max_bytes), 0) + c.calls
+            sizes[c.min_bytes, c.max_bytes] += c.calls
     return sizes_seen(rule, sizes, "NCCL's tuner saw")
 
 
@@ -468,10 +469,6 @@ def nccl_ran(plan: Plan, calls: list[NcclCall]) -> RanReport:
     missed = []
     for i, r in enumerate(rules):
         if not any(key[0] == i for key in seen):
-            sizes: dict[tuple[int, int], int] = {}
-            for c in calls:
-                if c.op == r.op:
-                    n = rule_bytes(r, c.nbytes)
-                    sizes[n, n] = sizes.get((n, n), 0) + 1
+            sizes = Counter((rule_bytes(r, c.nbytes),) * 2 for c in calls if c.op == r.op)
             missed.append((r, sizes_seen(r, sizes, "NCCL's log has")))
     return RanReport(tuple(RanCheck(rules[i], *rest, n) for (i, *rest), n in sorted(seen.items())), unmatched, tuple(missed))
