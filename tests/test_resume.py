@@ -259,6 +259,10 @@ def test_a_folder_of_another_workload_names_what_it_holds(tmp_path):
     cli("profile", "--backend", "sim", "--workload", tmp_path / "first.yaml", "--out", tmp_path / "run", check=True)
     assert_one_line_error(cli("profile", "--backend", "sim", "--workload", tmp_path / "second.yaml", "--out", tmp_path / "run"),
                           "holds a profile of workload 'first' on the sim backend, not of 'second' on sim")
+    # the same name of another shape said "holds a profile of 'x' ... not of 'x'": it names what differs
+    (tmp_path / "first.yaml").write_text((tmp_path / "second.yaml").read_text().replace("second", "first"))
+    assert_one_line_error(cli("profile", "--backend", "sim", "--workload", tmp_path / "first.yaml", "--out", tmp_path / "run"),
+                          "holds a profile of 'first' on sim of another shape (other GEMMs or collectives: the workload changed since)")
 
 
 def test_a_stop_signal_waits_for_the_block_that_writes_rows(monkeypatch):

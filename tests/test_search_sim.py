@@ -245,3 +245,16 @@ def test_show_collectives_piped_keeps_every_digit_one_row_a_line(phi2):
     rows = [line for line in shown.splitlines() if line.startswith("│")]
     assert "…" not in shown and len(rows) == len(records), (len(rows), len(records))
     assert all(str(r["size_B"]) in line and r["op"] in line for r, line in zip(records, rows))
+
+
+def test_resuming_a_preset_with_another_option_names_the_option(phi2):
+    """`--reduce-dtype fp32` on a folder profiled with the bf16 default said "holds a profile of
+    workload 'phi-2-fsdp16' ... not of 'phi-2-fsdp16'": it names the option, and writes nothing."""
+    out = phi2[0]
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".lock"}  # the folder's lock is taken
+    r = cli("profile", "--backend", "sim", "--hardware", "a40-nvlink", "--nodes", "2", "--noise", "0.02",
+            "--workload", "phi-2-fsdp16", "--reduce-dtype", "fp32", "--out", out, "--repeats", "3")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "holds a profile of 'phi-2-fsdp16' on sim of another shape (reduce_dtype bf16, not fp32); resume it" in r.stderr
+    after = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".lock"}
+    assert after == before, {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}

@@ -31,8 +31,15 @@ def _resume_state(run: RunFolder, workload: Workload, backend: Backend, fingerpr
         return None, set()
     meta = run.read_meta()
     if meta.get("workload_digest") != workload.digest or meta["fingerprint"].get("backend") != backend.name:
-        held = (meta.get("workload") or {}).get("name", "?") if isinstance(meta.get("workload"), dict) else "?"
-        raise UserError(f"{run.path} holds a profile of workload {held!r} on the {meta['fingerprint'].get('backend')} backend, "
+        held_doc = meta.get("workload") if isinstance(meta.get("workload"), dict) else {}
+        held, held_backend = held_doc.get("name", "?"), meta["fingerprint"].get("backend")
+        if (held, held_backend) == (workload.name, backend.name):  # one name, another shape: say which
+            theirs = held_doc.get("meta") if isinstance(held_doc.get("meta"), dict) else {}
+            differ = [f"{k} {theirs.get(k)}, not {v}" for k, v in workload.meta.items() if k in theirs and theirs[k] != v]
+            raise UserError(f"{run.path} holds a profile of {held!r} on {held_backend} of another shape ("
+                            + ("; ".join(differ) if differ else "other GEMMs or collectives: the workload changed since")
+                            + "); resume it with the same options, or choose a new --out")
+        raise UserError(f"{run.path} holds a profile of workload {held!r} on the {held_backend} backend, "
                         f"not of {workload.name!r} on {backend.name}; choose a new --out")
     changed = backend_info(backend.name).setup_change(meta["fingerprint"], fingerprint)
     if changed:  # its points and these would be one profile of two setups
