@@ -244,6 +244,14 @@ def nodes_spanned(ranks: int, gpus_per_node: int = GPUS_PER_NODE) -> int:
     return max(1, -(-ranks // gpus_per_node))
 
 
+def replica_nodes(group: int, replicas: int) -> int:
+    """The nodes a data-parallel group of ``replicas`` ranks spans when each replica is a block of
+    ``group`` consecutive ranks (its tp or fsdp group): a rank's replicas sit ``group`` ranks
+    apart, on other nodes as far as the job has nodes (a tp=4,dp=2 job fits one node, and its dp
+    group with it)."""
+    return min(replicas, nodes_spanned(group * replicas))
+
+
 # ---------------------------------------------------------------------------------------------
 # Parallelisms
 
@@ -324,7 +332,6 @@ def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dp: int = 1, dtype: str 
         raise UserError(f"HSDP (fsdp=N,dp=M) shards within a node here: fsdp={ranks} is more than a node's {GPUS_PER_NODE} GPUs")
     b, t, nodes = DTYPES[dtype], seq * mbs, nodes_spanned(ranks)
     rb = DTYPES[reduce_dtype or dtype]
-    dp_nodes = min(dp, nodes_spanned(ranks * dp))  # replica i of every shard on another node, as far as there are nodes
     groups = []
     # Layers differ only in MoE models (dense leading layers); group identical layers.
     for kind, layers in _layer_kinds(arch).items():
@@ -334,7 +341,7 @@ def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dp: int = 1, dtype: str 
         rs = Collective("reduce_scatter.grads", "reduce_scatter", lp * rb, group=DP_SHARD, ranks=ranks, nodes=nodes)
         # HSDP: the reduce-scatter's output, one rank's shard (FSDP2 pads each to a whole share)
         replicas = (Collective("all_reduce.replicate_grads", "all_reduce", -(-lp // ranks) * rb, group=DP_REPLICATE, ranks=dp,
-                               nodes=dp_nodes),) if dp > 1 else ()
+                               nodes=replica_nodes(ranks, dp)),) if dp > 1 else ()
         groups.append(OverlapGroup(f"forward.{kind}", fwd, (ag,), repeat=len(layers)))
         groups.append(OverlapGroup(f"backward.{kind}", tuple(backward_of(list(fwd))),
                                    (replace(ag, name="all_gather.prev_layer"), rs, *replicas), repeat=len(layers)))
@@ -382,8 +389,8 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
     if dp > 1:  # the layer's gradients, once per layer, beside its second half-batch's backward attention
         shard = arch.layer_params() // tp
         grad_bytes = DTYPES[reduce_dtype or dtype]
-        dp_nodes = min(dp, nodes_spanned(tp * dp))  # a tp=4,dp=2 job fits one node: its dp group with it
-        dp_grads = Collective("all_reduce.dp_grads", "all_reduce", shard * grad_bytes, group=DP_REPLICATE, ranks=dp, nodes=dp_nodes)
+        dp_grads = Collective("all_reduce.dp_grads", "all_reduce", shard * grad_bytes, group=DP_REPLICATE, ranks=dp,
+                              nodes=replica_nodes(tp, dp))
         groups.append(OverlapGroup("backward.attention", bwd_attn, (ar("all_reduce.attn_in_grad.other_half"),), repeat=arch.layers))
         groups.append(OverlapGroup("backward.attention.dp_grads", bwd_attn, (ar("all_reduce.attn_in_grad.other_half.dp"), dp_grads),
                                    repeat=arch.layers))
