@@ -474,9 +474,7 @@ def show(
     elif kind == "lagom-plan":
         plan = Plan.from_dict(data, str(path))
         if as_json:  # the recheck the table's last line gives, beside the plan
-            check = _recheck(plan, path)
-            print(json.dumps({"plan": plan.to_dict(), "predictions_check": check.to_dict() if isinstance(check, PlanPredictions)
-                              else {"rechecked": False, "why": check}}, indent=1))
+            print(json.dumps({"plan": plan.to_dict(), "predictions_check": PlanPredictions.record(_recheck(plan, path))}, indent=1))
             return
         for item in render.plan_summary(plan):  # as search printed it, the reason it kept the defaults too
             render.console.print(item)

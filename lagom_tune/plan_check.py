@@ -71,6 +71,11 @@ class PlanPredictions:
                 "iteration_ms_now": {"default": self.default.iteration_s * 1e3, "plan": self.plan.iteration_s * 1e3},
                 "drift": {name: {"recorded_ms": was, "now_ms": now} for name, (was, now) in self.drift.items()}}
 
+    @staticmethod
+    def record(check: "PlanPredictions | str") -> dict[str, Any]:
+        """A recheck (:meth:`to_dict`) or why there is none (``rechecked`` false, ``why``), for ``show --json``."""
+        return check.to_dict() if isinstance(check, PlanPredictions) else {"rechecked": False, "why": check}
+
     def drift_text(self) -> str:
         """The differing predictions in one phrase (empty when none differ)."""
         return ", ".join(f"{name} {ms_text(was)} ms, now {ms_text(now)} ms" for name, (was, now) in self.drift.items())

@@ -457,18 +457,15 @@ def nccl_ran(plan: Plan, calls: list[NcclCall]) -> RanReport:
         The checks, the calls no rule matched, and the rules no call matched.
     """
     rules = tuner_rules(plan).rules
-    seen: dict[tuple, int] = {}
+    seen: Counter[tuple] = Counter()
     unmatched = 0
     for c in calls:
         i = next((i for i, r in enumerate(rules) if r.op == c.op and r.min_bytes <= rule_bytes(r, c.nbytes) <= r.max_bytes), None)
         if i is None:
             unmatched += 1
-            continue
-        key = (i, c.nbytes, c.algo, c.proto, c.channels)
-        seen[key] = seen.get(key, 0) + 1
-    missed = []
-    for i, r in enumerate(rules):
-        if not any(key[0] == i for key in seen):
-            sizes = Counter((rule_bytes(r, c.nbytes),) * 2 for c in calls if c.op == r.op)
-            missed.append((r, sizes_seen(r, sizes, "NCCL's log has")))
+        else:
+            seen[i, c.nbytes, c.algo, c.proto, c.channels] += 1
+    matched = {key[0] for key in seen}
+    missed = [(r, sizes_seen(r, Counter((rule_bytes(r, c.nbytes),) * 2 for c in calls if c.op == r.op), "NCCL's log has"))
+              for i, r in enumerate(rules) if i not in matched]
     return RanReport(tuple(RanCheck(rules[i], *rest, n) for (i, *rest), n in sorted(seen.items())), unmatched, tuple(missed))
