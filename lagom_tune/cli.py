@@ -34,7 +34,7 @@ from lagom_tune.runtime.nccl import nccl_ran
 from lagom_tune.runtime.shim import check_no_plan_in_effect
 from lagom_tune.runtime.trial import KIND as TRIAL_KIND, MAX_ROUNDS, TrialRecord, run_trial
 from lagom_tune.search import DEFAULT_MIN_GAIN
-from lagom_tune.workload.presets import GPUS_PER_NODE, MAX_MBS, MAX_SEQ, PRESETS, resolve_workload
+from lagom_tune.workload.presets import GPUS_PER_NODE, MAX_MBS, MAX_SEQ, PARALLEL_EXAMPLES, PRESETS, resolve_workload
 from lagom_tune.workload.spec import FILE_MARK as WORKLOAD_FILE_MARK, Workload
 from lagom_tune.workload.trace import import_trace, summary
 
@@ -110,6 +110,7 @@ def _global(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tr
 
 
 VERBOSE_FLAGS = ("--verbose", "-v")
+PARALLEL_HELP = f"Model presets' parallelism: {PARALLEL_EXAMPLES} (a Table 2 preset fixes its own)."
 REDUCE_DTYPE_HELP = ("Model presets: the dtype gradients are reduced in, fp32 | bf16 | fp16 (default: the compute dtype for "
                      "fsdp and ddp, as FSDP2 with only param_dtype set; fp32 for tp's dp, as Megatron). torchtitan reduces in "
                      "fp32: give fp32, or the plan's reduce-scatter rules match no call.")
@@ -140,7 +141,7 @@ def profile(
     seed: Optional[int] = typer.Option(None, min=0, help="sim: noise seed (default 0)."),
     out: Path = typer.Option(..., "--out", "-o", parser=_path, help="Run folder to create or resume."),
     repeats: int = typer.Option(7, min=1, max=1000, help="Timed repeats per point (every one is kept)."),
-    parallel: Optional[str] = typer.Option(None, help="Parallelism for model presets: fsdp=8 | fsdp=8,dp=2 (HSDP) | tp=8,dp=2 | ep=8 | ddp=2 (a Table 2 preset fixes its own)."),
+    parallel: Optional[str] = typer.Option(None, help=PARALLEL_HELP),
     seq: Optional[int] = typer.Option(None, min=1, max=MAX_SEQ, help="Sequence length for presets."),
     mbs: Optional[int] = typer.Option(None, min=1, max=MAX_MBS, help="Micro-batch size for presets."),
     reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_DTYPE_HELP),
@@ -520,7 +521,7 @@ def workload_list(as_json: bool = typer.Option(False, "--json", help="Machine-re
 @workload_app.command("show")
 def workload_show(
     name: str = typer.Argument(..., help="Preset name or workload YAML."),
-    parallel: Optional[str] = typer.Option(None, help="fsdp=8 | fsdp=8,dp=2 (HSDP) | tp=8,dp=2 | ep=8 | ddp=2 (model presets; a Table 2 preset fixes its own)."),
+    parallel: Optional[str] = typer.Option(None, help=PARALLEL_HELP),
     seq: Optional[int] = typer.Option(None, min=1, max=MAX_SEQ, help="Sequence length."),
     mbs: Optional[int] = typer.Option(None, min=1, max=MAX_MBS, help="Micro-batch size."),
     reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_DTYPE_HELP),

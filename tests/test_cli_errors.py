@@ -79,6 +79,10 @@ def test_bad_workload_file(tmp_path):
     (["workload", "show", "olmoe-1b-7b", "--reduce-dtype", "fp32"], "ep=8 reduces no gradients across ranks"),
     (["workload", "show", "phi-2", "--parallel", "tp=8", "--reduce-dtype", "fp32"], "tp=8 reduces no gradients"),
     (["workload", "show", "cpu-demo", "--reduce-dtype", "bf16"], "--reduce-dtype applies to model presets"),
+    # 2-D (fsdp with tp) is a preset; a third dimension, or one of one rank, is refused by name
+    (["workload", "show", "llama3-8b", "--parallel", "fsdp=2,tp=4,dp=2"], "dp= goes with tp= or fsdp=, not both (3-D is not a preset)"),
+    (["workload", "show", "llama3-8b", "--parallel", "fsdp=1,tp=8"], "fsdp=1 runs no collective"),
+    (["workload", "show", "olmoe-1b-7b", "--parallel", "fsdp=2,tp=4"], "MoE model: use --parallel ep=N"),
     (["profile", "--workload", "mine.yaml", "--reduce-dtype", "fp32", "--out", "x"],
      "--reduce-dtype applies to presets"),
 ])

@@ -91,6 +91,49 @@ def test_an_hsdp_job_is_simulated_on_the_nodes_its_replicas_span():
     assert defaults == {("all_gather", 8), ("reduce_scatter", 8), ("all_reduce", 2)}
 
 
+def test_2d_fsdp_tp_gathers_a_layers_tp_shard_and_puts_sequence_parallel_collectives_on_the_critical_path():
+    """torchtitan's 2-D (mesh dp_shard x tp): each tp rank's GEMMs are the tp preset's shapes over
+    the whole micro-batch; FSDP gathers the layer's tp shard with its norms whole, beside the
+    layer's GEMMs; the four sequence-parallel collectives a layer (all-gather in, reduce-scatter
+    out, around attention and the MLP) run alone, mirrored in backward, and once around the head.
+    No preset took both, so a torchtitan 2-D job had no workload its rules could match."""
+    w = build_preset("llama3-8b", parallel="fsdp=2,tp=8", reduce_dtype="fp32")
+    assert w.name == "llama3-8b-fsdp2-tp8" and w.meta["parallel"] == "fsdp=2,tp=8" and w.meta["reduce_dtype"] == "fp32"
+    groups = {g.name: g for g in w.groups}
+    # llama3-8b's layer (218,112,000 parameters, two RMSNorms of 4,096) over tp=8, norms whole
+    shard = (218_112_000 - 8192) // 8 + 8192
+    fwd, bwd = groups["forward.layer"], groups["backward.layer"]
+    assert [(c.op, c.group, c.ranks, c.nodes, c.nbytes) for c in fwd.comm] == [("all_gather", "dp_shard", 2, 2, shard * 2)]
+    assert [(c.op, c.nbytes) for c in bwd.comm] == [("all_gather", shard * 2), ("reduce_scatter", shard * 4)]
+    shapes = {g.name: (g.m, g.n, g.k, g.batch) for g in fwd.compute}
+    assert shapes["L0.qkv"] == (2048, (32 + 2 * 8) // 8 * 128, 4096, 1) and shapes["L0.mlp.down"] == (2048, 4096, 14336 // 8, 1)
+    act = 2048 * 4096 * 2  # one micro-batch's whole sequence, bf16
+    for name in ("forward.layer.tp", "backward.layer.tp"):
+        g = groups[name]
+        assert not g.compute and g.repeat == 32 and [c.op for c in g.comm] == ["all_gather", "reduce_scatter"] * 2
+        assert {(c.group, c.ranks, c.nodes, c.nbytes) for c in g.comm} == {("tp", 8, 1, act)}
+    assert len(groups["head.tp"].comm) == 2 and groups["head"].compute[0].n == 128256 // 8
+    # tp=4 blocks, fsdp=2: one node holds the job and its dp_shard groups
+    assert {(c.group, c.nodes) for c in build_preset("phi-2", parallel="fsdp=2,tp=4").collectives()} == {("dp_shard", 1), ("tp", 1)}
+    # the reduce dtype sizes FSDP's reduce-scatters only, never the activations' collectives
+    bf16 = build_preset("llama3-8b", parallel="fsdp=2,tp=8")
+    assert [c for c in w.collectives() if c.op != "reduce_scatter" or c.group == "tp"] == \
+        [c for c in bf16.collectives() if c.op != "reduce_scatter" or c.group == "tp"]
+
+
+def test_a_2d_job_is_simulated_on_two_nodes_with_each_communicators_collectives():
+    """fsdp=2,tp=8 on the simulated H100s: 16 GPUs on two nodes, and each of the four collectives
+    (two ops on two communicators, tp within a node, dp_shard across) profiled at NCCL's own choice."""
+    from lagom_tune.backends.base import BackendOptions, get_backend
+
+    w = build_preset("phi-2", parallel="fsdp=2,tp=8")
+    b = get_backend("sim", BackendOptions(hardware="h100-nvlink"))
+    points = b.plan_points(w)
+    assert (b.fingerprint()["nodes"], b.fingerprint()["ranks"]) == (2, 16)
+    assert {(p.op, p.ranks) for p in points if p.kind == "default"} == {("all_gather", 8), ("reduce_scatter", 8),
+                                                                      ("all_gather", 2), ("reduce_scatter", 2)}
+
+
 def test_phi2_tp8_domino_shapes_and_all_reduce_bytes():
     w = build_preset("phi-2-tp8-dp2")  # the paper's micro-batch 8, split in two halves of 4
     attn = next(g for g in w.groups if g.name == "forward.attention")
@@ -152,7 +195,7 @@ def test_scale_presets():
     assert build_preset("gpt3-175b", parallel="tp=8,dp=2", mbs=2).collectives()
 
 
-@pytest.mark.parametrize("spec", ["fsdp", "tp=8,ep=8", "dp=2", "fsdp=0", "zero=3", "fsdp=1000000000000", "tp=8,dp=1000000"])
+@pytest.mark.parametrize("spec", ["fsdp", "tp=8,ep=8", "fsdp=2,ep=4", "fsdp=2,tp=4,dp=2", "dp=2", "fsdp=0", "zero=3", "fsdp=1000000000000", "tp=8,dp=1000000"])
 def test_bad_parallel_specs(spec):
     with pytest.raises(UserError, match="--parallel"):
         parse_parallel(spec)

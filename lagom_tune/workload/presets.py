@@ -33,6 +33,12 @@ Iteration structure per parallelism (DESIGN.md §4; each an overlap group):
   every phase twice a layer; with ``dp > 1`` each layer's gradient all-reduce (by default fp32, as
   Megatron reduces bf16 training's gradients) on the data-parallel communicator, over as many nodes as the
   job has (``tp x dp`` GPUs), overlaps one half's backward attention.
+* ``fsdp=N,tp=M``: torchtitan's 2-D parallelism: tensor parallelism with sequence parallelism
+  within each block of ``M`` consecutive ranks, FSDP2 over the ``N`` blocks (each layer's ``1/M``
+  tp shard, norms whole). A layer's all-gathers of the sequence-sharded input and reduce-scatters
+  of the output (``T x d`` activations, around attention and around the MLP, mirrored in backward)
+  sit on the critical path in groups of their own; FSDP's all-gather and reduce-scatter overlap
+  the layer's GEMMs as under ``fsdp=N``.
 * ``ep=N``: expert parallelism; a micro-batch's dispatch and combine all-to-alls (``T*top_k x d``
   per rank) overlap the other micro-batch's expert GEMMs, forward and backward; attention and
   router are data-parallel and run without overlap.
@@ -64,7 +70,7 @@ EP = "ep"  # expert parallelism
 # by default (None: the compute dtype). DDP and FSDP2 reduce in the gradients' (the parameters')
 # dtype; Megatron accumulates and all-reduces bf16/fp16 training's gradients in fp32
 # (accumulate_allreduce_grads_in_fp32). Expert parallelism models no gradient reduction.
-REDUCE_DTYPE_DEFAULT: dict[str, str | None] = {"ddp": None, "fsdp": None, "tp": "fp32"}
+REDUCE_DTYPE_DEFAULT: dict[str, str | None] = {"ddp": None, "fsdp": None, "fsdp+tp": None, "tp": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -402,6 +408,60 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
                      (reduce_dtype or dtype) if dp > 1 else None)
 
 
+def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int, dtype: str = "bf16",
+                         reduce_dtype: str | None = None) -> Workload:
+    """torchtitan's 2-D parallelism: tensor parallelism with sequence parallelism within each block
+    of ``tp`` consecutive ranks, FSDP2 over the ``ranks`` blocks (mesh ``dp_shard`` x ``tp``).
+
+    Each layer's four sequence-parallel collectives (all-gather of the sequence-sharded input and
+    reduce-scatter of the output, around attention and around the MLP; mirrored in backward) sit on
+    the critical path: without async TP the GEMMs wait for them, so they run in groups of their
+    own. FSDP's all-gathers (the layer's tp shard, compute dtype) and reduce-scatters overlap the
+    layer's GEMMs as in ``fsdp``; their overlap with the TP collectives is not modelled (an upper
+    bound on the iteration: FSDP's collectives share no time with TP's).
+
+    Args:
+        arch: the architecture.
+        seq: sequence length.
+        mbs: micro-batch size.
+        ranks: sharding ranks (the dp_shard degree).
+        tp: tensor-parallel degree.
+        dtype: the GEMMs', all-gathers' and TP collectives' dtype.
+        reduce_dtype: FSDP's gradient reduce-scatters' dtype (None: ``dtype``).
+    Returns:
+        The Workload.
+    Raises:
+        UserError: for an MoE model (its experts: use ep=N) or heads that do not split over ``tp``.
+    """
+    _check_seq(arch, seq)
+    if arch.experts:
+        raise UserError(f"{arch.name} is an MoE model: use --parallel ep=N")
+    b, rb, layers = DTYPES[dtype], DTYPES[reduce_dtype or dtype], arch.layers
+    norms = 2 * arch.norm_params()  # sequence parallelism keeps the norms whole on every tp rank
+    shard = -(-(arch.layer_params() - norms) // tp) + norms  # what FSDP gathers of a layer on one tp rank
+    nodes = replica_nodes(tp, ranks)
+    ag = Collective("all_gather.next_layer", "all_gather", shard * b, group=DP_SHARD, ranks=ranks, nodes=nodes)
+    rs = Collective("reduce_scatter.grads", "reduce_scatter", shard * rb, group=DP_SHARD, ranks=ranks, nodes=nodes)
+    act = seq * mbs * arch.hidden * b  # the whole sequence's activations: all-gather output, reduce-scatter input
+    sp = lambda name, op: Collective(name, op, act, group=TP, ranks=tp, nodes=nodes_spanned(tp))
+    fwd = layer_gemms(arch, 0, seq, mbs, dtype, tp)
+    head = Gemm("head", seq * mbs, arch.vocab // tp, arch.hidden, dtype)  # the output projection, vocab-parallel
+    groups = [
+        OverlapGroup("forward.layer", tuple(fwd), (ag,), repeat=layers),
+        OverlapGroup("forward.layer.tp", (), (sp("all_gather.attention_in", "all_gather"), sp("reduce_scatter.attention_out", "reduce_scatter"),
+                                              sp("all_gather.mlp_in", "all_gather"), sp("reduce_scatter.mlp_out", "reduce_scatter")),
+                     repeat=layers),
+        OverlapGroup("backward.layer", tuple(backward_of(fwd)), (replace(ag, name="all_gather.prev_layer"), rs), repeat=layers),
+        OverlapGroup("backward.layer.tp", (), (sp("all_gather.mlp_out_grad", "all_gather"), sp("reduce_scatter.mlp_in_grad", "reduce_scatter"),
+                                               sp("all_gather.attention_out_grad", "all_gather"),
+                                               sp("reduce_scatter.attention_in_grad", "reduce_scatter")),
+                     repeat=layers),
+        OverlapGroup("head", (head, *_bwd(head))),
+        OverlapGroup("head.tp", (), (sp("all_gather.head_in", "all_gather"), sp("reduce_scatter.head_in_grad", "reduce_scatter"))),
+    ]
+    return _workload(arch, f"fsdp{ranks}-tp{tp}", groups, seq, mbs, dtype, f"fsdp={ranks},tp={tp}", reduce_dtype or dtype)
+
+
 def expert_parallel(arch: Arch, *, seq: int, mbs: int, ep: int, dtype: str = "bf16") -> Workload:
     """Expert parallelism: one micro-batch's dispatch/combine all-to-alls beside the other's expert GEMMs.
 
@@ -485,35 +545,52 @@ MAX_MBS = 1 << 16  # --mbs at most
 CPU_DEMO_ARCH = Arch("tiny-gpt", hidden=256, ffn=1024, heads=4, layers=4, vocab=8192, max_seq=128)
 
 
+PARALLEL_EXAMPLES = "fsdp=8, fsdp=8,dp=2 (HSDP), fsdp=2,tp=8 (2-D), tp=8,dp=2, ep=8 or ddp=2"
+
+
 def parse_parallel(spec: str) -> dict[str, int]:
-    """``fsdp=8`` | ``fsdp=8,dp=2`` | ``tp=8,dp=2`` | ``ep=8`` | ``ddp=2`` -> {"fsdp": 8} ...
+    """``fsdp=8`` | ``fsdp=8,dp=2`` | ``fsdp=2,tp=8`` | ``tp=8,dp=2`` | ``ep=8`` | ``ddp=2`` -> {"fsdp": 8} ...
 
     Args:
         spec: ``--parallel``'s value.
     Returns:
         Parallelism -> degree.
     Raises:
-        UserError: for anything but exactly one of fsdp, tp (with dp), ep, ddp.
+        UserError: for anything but one of fsdp (with dp or tp), tp (with dp), ep, ddp.
     """
     out: dict[str, int] = {}
     for part in spec.replace(" ", "").split(","):
         m = re.fullmatch(r"(fsdp|tp|dp|ep|ddp)=(\d+)", part)
         if not m or int(m.group(2)) < 1:
-            raise UserError(f"--parallel {spec!r}: expected e.g. fsdp=8, fsdp=8,dp=2, tp=8,dp=2, ep=8 or ddp=2")
+            raise UserError(f"--parallel {spec!r}: expected e.g. {PARALLEL_EXAMPLES}")
         if m.group(1) in out:  # the last one won, silently
             raise UserError(f"--parallel {spec!r}: {m.group(1)}= is given twice")
         out[m.group(1)] = int(m.group(2))
-    families = {"fsdp", "tp", "ep", "ddp"} & set(out)
-    if len(families) != 1:
-        raise UserError(f"--parallel {spec!r}: name exactly one of fsdp, tp, ep, ddp")
-    if "dp" in out and not {"tp", "fsdp"} & set(out):
-        raise UserError(f"--parallel {spec!r}: dp= goes with tp= or fsdp=")
-    family = families.pop()
+    family = parallel_family(out)
+    if family is None:
+        raise UserError(f"--parallel {spec!r}: name one of fsdp, tp, ep, ddp (or fsdp with tp: 2-D)")
+    if "dp" in out and family not in ("tp", "fsdp"):
+        raise UserError(f"--parallel {spec!r}: dp= goes with tp= or fsdp=" + (", not both (3-D is not a preset)" if family == "fsdp+tp" else ""))
     if math.prod(out.values()) > MAX_RANKS:
         raise UserError(f"--parallel {spec!r}: {math.prod(out.values())} ranks, more than {MAX_RANKS}")
-    if out[family] < 2:  # a collective over one rank moves nothing: there is no overlap to tune
-        raise UserError(f"--parallel {spec!r}: {family}={out[family]} runs no collective; give {family}=2 or more")
+    for name in family.split("+"):
+        if out[name] < 2:  # a collective over one rank moves nothing: there is no overlap to tune
+            raise UserError(f"--parallel {spec!r}: {name}={out[name]} runs no collective; give {name}=2 or more")
     return out
+
+
+def parallel_family(degrees: dict[str, int]) -> str | None:
+    """The preset family ``degrees`` name: fsdp, tp, ep, ddp, or fsdp+tp (2-D); None for another mix.
+
+    Args:
+        degrees: parallelism -> degree (``parse_parallel``'s keys).
+    Returns:
+        The family, or None.
+    """
+    families = {"fsdp", "tp", "ep", "ddp"} & set(degrees)
+    if families == {"fsdp", "tp"}:
+        return "fsdp+tp"
+    return families.pop() if len(families) == 1 else None
 
 
 def build_model(model: str, parallel: str | None = None, seq: int | None = None, mbs: int | None = None,
@@ -537,8 +614,8 @@ def build_model(model: str, parallel: str | None = None, seq: int | None = None,
     """
     arch = ARCHS[model]
     par = parse_parallel(("ep=8" if arch.experts else "fsdp=8") if parallel is None else parallel)  # '' is refused, not the default
-    family = next(iter({"fsdp", "tp", "ep", "ddp"} & set(par)))
-    if arch.experts and family in ("tp", "ddp"):  # neither preset builds a router or experts
+    family = parallel_family(par)
+    if arch.experts and family in ("tp", "ddp", "fsdp+tp"):  # none of these presets builds a router or experts
         raise UserError(f"{arch.name} is an MoE model: use --parallel ep=N")
     # Domino's two half-batches need an even micro-batch: 1, the default of a model the paper gives none, was refused
     mbs = mbs or PAPER_MBS.get((model, family), 2 if family == "tp" else 1)
@@ -549,6 +626,8 @@ def build_model(model: str, parallel: str | None = None, seq: int | None = None,
             raise UserError(f"--reduce-dtype: {','.join(f'{k}={n}' for k, n in par.items())} reduces no gradients across ranks "
                             f"({'expert parallelism models none' if family == 'ep' else 'give dp=2 or more'})")
     reduced = reduce_dtype or REDUCE_DTYPE_DEFAULT.get(family)
+    if family == "fsdp+tp":
+        return fsdp_tensor_parallel(arch, seq=seq, mbs=mbs, ranks=par["fsdp"], tp=par["tp"], dtype=dtype, reduce_dtype=reduced)
     if family == "fsdp":
         return fsdp(arch, seq=seq, mbs=mbs, ranks=par["fsdp"], dp=par.get("dp", 1), dtype=dtype, reduce_dtype=reduced)
     if family == "tp":
