@@ -1,10 +1,12 @@
-"""A small MLP trained with FSDP2 and tensor parallelism on a 2-D DeviceMesh. It knows nothing about lagom-tune.
+"""A small MLP trained with FSDP2 and tensor parallelism on a DeviceMesh. It knows nothing about lagom-tune.
 
     torchrun --standalone --nproc-per-node 4 examples/train_fsdp2_mesh.py --tp 2 --steps 5
     lagom-tune apply plan.yaml -- torchrun --standalone --nproc-per-node 4 examples/train_fsdp2_mesh.py --tp 2
+    lagom-tune apply plan.yaml -- torchrun --standalone --nproc-per-node 4 examples/train_fsdp2_mesh.py --replicate 2 --tp 1
 
-The mesh's dimensions are named as torchtitan names them (``dp_shard`` x ``tp``), so a plan whose
-communicator roles carry those names reaches each dimension's groups. Runs on CPU with gloo (or on
+The mesh's dimensions are named as torchtitan names them (``dp_shard`` x ``tp``; with
+``--replicate N``, HSDP: ``dp_replicate`` x ``dp_shard`` x ``tp``), so a plan whose communicator
+roles carry those names reaches each dimension's groups. Runs on CPU with gloo (or on
 GPUs with NCCL, ``--device cuda``). ``--metrics FILE`` (rank 0) records the median step time and
 every process group this rank is in, with its ranks and mesh dimension.
 """
@@ -56,15 +58,18 @@ class Model(nn.Module):
 
 
 def build(args, mesh) -> nn.Module:
-    """The model, tensor-parallel over ``mesh["tp"]`` and sharded (FSDP2) over ``mesh["dp_shard"]``."""
+    """The model, tensor-parallel over ``mesh["tp"]`` and sharded (FSDP2) over ``mesh["dp_shard"]``,
+    replicated over ``mesh["dp_replicate"]`` where the mesh has it (HSDP)."""
     torch.manual_seed(0)  # every rank starts from the same weights
     model = Model(args.hidden, args.ffn, args.layers, args.classes).to(args.device)
     if mesh["tp"].size() > 1:
         for block in model.blocks:
             parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    # FSDP2 runs HSDP when given a 2-D (replicate, shard) mesh
+    data = mesh["dp_replicate", "dp_shard"] if "dp_replicate" in mesh.mesh_dim_names else mesh["dp_shard"]
     for block in model.blocks:
-        fully_shard(block, mesh=mesh["dp_shard"])
-    fully_shard(model, mesh=mesh["dp_shard"])
+        fully_shard(block, mesh=data)
+    fully_shard(model, mesh=data)
     return model
 
 
@@ -80,6 +85,7 @@ def groups_of_this_rank(mesh) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel degree; the rest of the ranks shard (FSDP2)")
+    p.add_argument("--replicate", type=int, default=1, help="HSDP: replicas of the sharded group (dp_replicate); 1: plain FSDP2")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--ffn", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
@@ -99,14 +105,19 @@ def main() -> None:
     else:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     world = dist.get_world_size()
-    if world % args.tp:
-        raise SystemExit(f"--tp {args.tp} does not divide the world size {world}")
-    mesh = init_device_mesh(args.device, (world // args.tp, args.tp), mesh_dim_names=("dp_shard", "tp"))
+    if args.tp < 1 or args.replicate < 1 or world % (args.tp * args.replicate):
+        raise SystemExit(f"--tp {args.tp} x --replicate {args.replicate} does not divide the world size {world}")
+    shard = world // (args.tp * args.replicate)
+    if args.replicate > 1:
+        mesh = init_device_mesh(args.device, (args.replicate, shard, args.tp), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    else:
+        mesh = init_device_mesh(args.device, (shard, args.tp), mesh_dim_names=("dp_shard", "tp"))
     model = build(args, mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     # Each data-parallel rank draws its own batch; the ranks of one tp group share it.
-    gen = torch.Generator().manual_seed(1234 + mesh["dp_shard"].get_local_rank())
+    data_rank = mesh["dp_shard"].get_local_rank() + shard * (mesh["dp_replicate"].get_local_rank() if args.replicate > 1 else 0)
+    gen = torch.Generator().manual_seed(1234 + data_rank)
     times = []
     for step in range(args.warmup + args.steps):
         x = torch.randn(args.batch, args.hidden, generator=gen).to(args.device)

@@ -269,13 +269,18 @@ def test_a_late_install_records_earlier_groups_and_reaches_early_imports(tmp_pat
 
 
 @pytest.mark.slow
-def test_apply_records_every_group_of_the_fsdp2_example_with_its_role(tmp_path):
+@pytest.mark.parametrize("mesh, roles", [
+    (["--tp", "2"], {"world": 4, "dp_shard": 2, "tp": 2}),
+    # HSDP: FSDP2 on a (dp_replicate, dp_shard) mesh; its replicas' all-reduce group has a role of its own
+    (["--replicate", "2", "--tp", "1"], {"world": 4, "dp_replicate": 2, "dp_shard": 2, "tp": 1}),
+], ids=["fsdp2-tp", "hsdp"])
+def test_apply_records_every_group_of_the_fsdp2_example_with_its_role(tmp_path, mesh, roles):
     """The acceptance run: the FSDP2 + DeviceMesh example under `apply`, unmodified."""
     plan = Plan(backend="gloo", world_size=4, hardware={"device": "cpu"}, settings=Settings({"threads": 1}),
-                groups={"world": 4, "dp_shard": 2, "tp": 2}).save(tmp_path / "p.yaml")
+                groups=roles).save(tmp_path / "p.yaml")
     metrics = tmp_path / "m.json"
     r = cli("apply", plan, "--", BIN / "torchrun", "--standalone", "--nproc-per-node", "4",
-            ROOT / "examples" / "train_fsdp2_mesh.py", "--tp", "2", "--steps", "2", "--metrics", metrics, timeout=180)
+            ROOT / "examples" / "train_fsdp2_mesh.py", *mesh, "--steps", "2", "--metrics", metrics, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     groups = json.loads(metrics.read_text())["groups"]  # what rank 0's script itself sees
     applied = json.loads((tmp_path / "applied.json").read_text())
@@ -283,4 +288,4 @@ def test_apply_records_every_group_of_the_fsdp2_example_with_its_role(tmp_path):
     seen = {tuple(c["ranks"]): c["role"] for c in applied["ranks"]["0"]["communicators"]}
     assert {tuple(g["ranks"]): g["group"] for g in groups} == seen  # every group, each with its role
     for rank, data in applied["ranks"].items():
-        assert {c["role"] for c in data["communicators"]} == {"world", "dp_shard", "tp"}
+        assert {c["role"] for c in data["communicators"]} == set(roles)
