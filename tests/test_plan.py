@@ -248,3 +248,25 @@ def test_a_replay_that_does_not_bear_the_prediction_out_is_said():
     assert said in replay_rows(flat)[1]
     half = replace(plan, validated={**plan.validated, "iteration_ms": {"default": 700.0, "plan": 671.0}, "speedup": 1.0432})
     assert replay_shortfall(half) == ""  # 4.3% of a predicted 8.1%: more than half of it
+
+
+# Each example plan in plans/ and the preset it was made from (README: the recipe).
+EXAMPLE_PLANS = {
+    "demo-cpu.yaml": ("cpu-demo", None),
+    "sim-a40-nvlink-phi-2-fsdp16.yaml": ("phi-2-fsdp16", None),
+    "sim-a40-nvlink-phi-2-tp8-dp2.yaml": ("phi-2-tp8-dp2", None),
+    "sim-h100-nvlink-mpt-7b-tp8-dp2.yaml": ("mpt-7b-tp8-dp2", None),
+    "sim-h100-nvlink-llama3-8b-fsdp2-tp8.yaml": ("llama3-8b", "fsdp=2,tp=8"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLE_PLANS))
+def test_every_example_plan_loads_and_holds_the_workload_its_preset_builds_today(name):
+    """A preset changed since an example plan was written leaves the plan describing another job
+    (its rules sized for collectives the preset no longer has): the digest says so."""
+    assert {p.name for p in (ROOT / "plans").glob("*.yaml")} == set(EXAMPLE_PLANS)
+    plan = load_plan(ROOT / "plans" / name)
+    preset, parallel = EXAMPLE_PLANS[name]
+    w = build_preset(preset, parallel=parallel)
+    assert plan.workload == {"name": w.name, "digest": w.digest}
+    assert plan.simulated == (plan.backend == "sim") and set(plan.groups) == {c.group for c in w.collectives()}
