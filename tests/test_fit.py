@@ -204,12 +204,13 @@ def test_a_timeline_refuses_a_non_finite_time_instead_of_spinning():
         signal.alarm(0)
 
 
-@pytest.mark.parametrize("curve, name", [("exp-pipeline", "link_GBps"), ("steps", "per_channel_GBps"), ("steps", "saturation")])
+@pytest.mark.parametrize("curve, name", [("exp-pipeline", "link_GBps"), ("steps", "per_channel_GBps"), ("steps", "saturation"),
+                                         ("steps-depth", "threads_knee")])
 def test_a_communication_fit_refuses_a_zero_it_divides_by(curve, name):
     """``link_GBps: 0`` in a hand-edited model.yaml made every time NaN and the search spin."""
     from lagom_tune.model.gpu import COMM_PARAMS, STEP_PARAMS, CommFit
 
-    d = {"curve": curve, **{n: 1.0 for n in (STEP_PARAMS if curve == "steps" else COMM_PARAMS)}}
+    d = {"curve": curve, **{n: 1.0 for n in (COMM_PARAMS if curve == "exp-pipeline" else STEP_PARAMS)}}
     CommFit.from_dict(d)
     with pytest.raises(UserError, match=f"comm.{name}: must be > 0, got 0"):
         CommFit.from_dict({**d, name: 0})
@@ -309,3 +310,46 @@ def test_profile_prints_the_warnings_show_prints(tmp_path):
     said = " ".join(r.stdout.split())
     assert "warning fold" in said and "could not be fitted from the other folds' points" in said, said
     assert "in no held-out figure" in " ".join(cli("show", tmp_path / "run", check=True).stdout.split())
+
+
+def test_a_short_collective_still_takes_its_pipeline_steps():
+    """``steps-depth``: a ring all-gather over 8 ranks takes at least 7 handshaked steps however few
+    bytes a channel carries; a long one fills more steps than that and is timed as by ``steps``,
+    which files written before 2026-12-06 still use (their predictions unchanged)."""
+    from lagom_tune.model.gpu import CURVE_DEPTH, CURVE_STEPS, CommFit
+
+    steps = CommFit(latency_us=5, link_GBps=300, per_channel_GBps=20, threads_exp=8.0, pipeline_bytes=0.0, curve=CURVE_STEPS,
+                    threads_knee=256, saturation=2.0, handshake_us=3.0)
+    depth = CommFit(**{**vars(steps), "curve": CURVE_DEPTH})
+    step = 16 * (4 << 20) / 8  # bus bytes one round of 16 channels' steps moves
+    tiny, large = step / 100, step * 100
+    assert depth.seconds(tiny, tiny, 16, 512, 4 << 20, depth=7) - steps.seconds(tiny, tiny, 16, 512, 4 << 20, depth=7) == \
+        pytest.approx(3e-6 * (7 - 0.01))
+    assert depth.seconds(large, large, 16, 512, 4 << 20, depth=7) == steps.seconds(large, large, 16, 512, 4 << 20)
+    assert CommFit.from_dict(depth.to_dict()) == depth
+
+
+def test_the_communication_fit_finds_the_launch_and_the_handshake_of_a_simulated_all_to_all():
+    """8 simulated H100s' all-to-alls over the knob grid, without noise: a 5 us launch and a 3.5 us
+    handshake per step (sim_comm). Charging the 7 steps a short all-to-all takes as latency, the
+    ``steps`` curve fitted a 26 us launch, and NCCL's default all-to-all of 96 MiB came out 5-8%
+    slow; the pipeline's depth gives each its own term."""
+    from lagom_tune.backends.nccl_knobs import BUFFSIZES, CHANNELS, THREADS
+    from lagom_tune.backends.sim import SimCluster
+    from lagom_tune.backends.sim_clusters import CLUSTERS
+    from lagom_tune.model.gpu_fit import fit_comm
+
+    sim = SimCluster(CLUSTERS["h100-nvlink"])
+    rows = []
+    for nbytes in (12 << 20, 96 << 20):
+        for ch in CHANNELS:
+            for th in THREADS:
+                for b in BUFFSIZES:
+                    s = {"algo": "ring", "proto": "simple", "channels": ch, "threads": th, "buffsize": b}
+                    rows.append({"group": "all_to_all|ring|simple|1", "bus_bytes": nbytes * 7 / 8, "nbytes": nbytes, "channels": ch,
+                                 "threads": th, "buffsize": b, "depth": 7.0, "seconds": sim.comm_time("all_to_all", nbytes, 8, 1, s)})
+    df = pd.DataFrame(rows)
+    fit = fit_comm(df, warm=False)["all_to_all|ring|simple|1"]
+    assert fit.latency_us == pytest.approx(5.0, rel=0.3) and fit.handshake_us == pytest.approx(3.5, rel=0.15)
+    errors = [abs(fit.seconds(r.bus_bytes, r.nbytes, r.channels, r.threads, r.buffsize, depth=7) / r.seconds - 1) for r in df.itertuples()]
+    assert np.mean(errors) < 0.03, np.mean(errors)

@@ -12,6 +12,7 @@ from the chosen channels when a plan is written, so NCCL never overrides the tun
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from lagom_tune.backends.sim_clusters import CLUSTERS, Cluster
@@ -57,6 +58,27 @@ def channel_run(proto: str, threads: float, buffsize: float) -> tuple[float, flo
     """
     run_threads = threads if sized_by(proto, "threads") else LL128_THREADS
     return run_threads, (buffsize if sized_by(proto, "buffsize") else PROTOCOL_BUFFERS[proto])
+
+
+def pipeline_steps(op: str, algo: str, ranks: int) -> int:
+    """The steps one chunk of a collective takes around its communicator, as NCCL's algorithms
+    move it: a ring all-reduce's reduce-scatter then all-gather, ``2 (n - 1)``; a tree all-reduce up
+    and down, ``2 ceil(log2 n)``; NVLS a reduced load then a multicast store, 2; every other op
+    (all-gather, reduce-scatter, all-to-all's sends) ``n - 1``, and a copy on one GPU 1. However
+    few bytes a channel carries, it takes at least these steps, each with its handshake.
+
+    Args:
+        op: the collective (or the probe's copy).
+        algo: NCCL's algorithm.
+        ranks: the communicator's size.
+    Returns:
+        The steps, at least 1.
+    """
+    if algo == NVLS:
+        return 2
+    if op == "all_reduce":
+        return 2 * max(1, math.ceil(math.log2(max(ranks, 2)))) if algo == "tree" else 2 * (ranks - 1)
+    return max(1, ranks - 1)
 
 
 def sized_by(proto: str, knob: str) -> bool:

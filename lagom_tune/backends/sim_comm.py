@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from lagom_tune.backends.nccl_knobs import channel_run, cluster_offers_ll128, sized_by
+from lagom_tune.backends.nccl_knobs import channel_run, cluster_offers_ll128, pipeline_steps, sized_by
 from lagom_tune.backends.sim_clusters import GB, Cluster
 from lagom_tune.backends.sim_compute import hbm_share, latency_beside
 
@@ -74,15 +74,6 @@ class Link:
 def link_of(c: Cluster, nodes: int, ib_gbps: int) -> Link:
     """The link a collective across ``nodes`` nodes runs on."""
     return Link(c.link, False) if nodes <= 1 else Link(min(c.link, IB[ib_gbps]), True)
-
-
-def steps(op: str, algo: str, ranks: int) -> int:
-    """Pipeline steps one chunk takes around the communicator (NVLS: a reduced load, then a store)."""
-    if algo == "nvls":
-        return 2
-    if op == "all_reduce":
-        return 2 * max(1, math.ceil(math.log2(max(ranks, 2)))) if algo == "tree" else 2 * (ranks - 1)
-    return max(1, ranks - 1)
 
 
 def channel_rate(c: Cluster, threads: int) -> float:
@@ -130,7 +121,7 @@ def comm_seconds(c: Cluster, op: str, bus_bytes: float, ranks: int, link: Link, 
         rate /= copy_slowdown(c, need, gemm_hbm)
         handshake *= latency_beside(c, need, gemm_hbm)
     per_channel_bytes = wire / channels
-    n_steps = max(math.ceil(per_channel_bytes / step_payload(s["proto"], int(s["buffsize"]))), steps(op, algo, ranks))
+    n_steps = max(math.ceil(per_channel_bytes / step_payload(s["proto"], int(s["buffsize"]))), pipeline_steps(op, algo, ranks))
     return LAUNCH_S + n_steps * (per_channel_bytes / n_steps / rate + handshake)
 
 

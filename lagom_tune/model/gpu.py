@@ -40,7 +40,13 @@ Communication ``x = a + bus_bytes / bw`` per (op, algorithm, protocol, nodes), f
 relative error. Fits since 2026-11-30 use the ``steps`` curve: each channel copies at ``beta``
 once it has ``n0`` threads (a soft minimum of sharpness ``q``), the channels' sum meets the link
 ``L`` as a soft minimum of power ``p``, and every pipeline step of ``C/8`` bytes pays a handshake
-``h``: ``1/bw = 1/carried(NC, NT) + h / (NC * C / 8)``. Older files hold the ``exp-pipeline`` curve,
+``h``: ``1/bw = 1/carried(NC, NT) + h / (NC * C / 8)``. Fits since 2026-12-06 (``steps-depth``)
+add that a collective takes at least its algorithm's pipeline steps however few bytes a channel
+carries (``nccl_knobs.pipeline_steps``: a ring all-gather's ``n - 1``), each with its handshake:
+``x = a + bus_bytes / bw + h * max(0, depth - bus_bytes / (NC * C / 8))``; the ``steps`` curve had
+only ``a`` for them, which then overcharged every large collective (simulated 8xH100 all-to-all: a
+26 us ``a`` where the launch is 5 us, NCCL's default all-to-all predicted 5-8% slow; 2026-12-06).
+Older files hold the ``exp-pipeline`` curve,
 ``bw = L * (1 - exp(-NC * beta * (NT/512)^tau / L)) / (1 + c / (C/8))``, and are read as written. That is
 its time in a workload, where the computation beside it has evicted its buffers from L2. Timed
 alone, back to back on one buffer (how the profiler measures it), a collective whose footprint
@@ -95,7 +101,7 @@ import pandas as pd
 
 from lagom_tune import validate as v
 from lagom_tune.backends.base import bus_factor
-from lagom_tune.backends.nccl_knobs import channel_run
+from lagom_tune.backends.nccl_knobs import channel_run, pipeline_steps
 from lagom_tune.errors import UserError
 from lagom_tune.workload.spec import DTYPES, Collective, Gemm, gemm_of_key
 
@@ -131,7 +137,7 @@ L2_SHARPNESS = 2.0  # h = min(1, l2 / footprint)^2: streaming past the L2 size l
 COMM_PARAMS = ("latency_us", "link_GBps", "per_channel_GBps", "threads_exp", "pipeline_bytes", "warm_gain", "l2_bytes")
 STEP_PARAMS = ("latency_us", "link_GBps", "per_channel_GBps", "threads_knee", "threads_exp", "saturation", "handshake_us",
                "warm_gain", "l2_bytes")
-CURVE_EXP, CURVE_STEPS = "exp-pipeline", "steps"
+CURVE_EXP, CURVE_STEPS, CURVE_DEPTH = "exp-pipeline", "steps", "steps-depth"
 DIVISORS = ("link_GBps", "per_channel_GBps")  # parameters times are divided by: positive, never 0
 SOFT_CAP_POWERS = ("threads_exp", "saturation", "threads_knee")  # ... and, in the steps curve, those a soft minimum takes logs of
 MAX_GBPS = 1e6  # a bandwidth parameter above 1 PB/s is no link's (1e300 overflowed to NaN times in the search)
@@ -352,7 +358,8 @@ def _kernel_seconds(f: GemmFit, sms: int, hbm: float) -> float:
 class CommFit:
     """One (op, algorithm, protocol, nodes) group's communication curve (see the module docstring).
 
-    ``curve`` says which: ``steps`` (fits since 2026-11-30: channels sharing a link, plus a
+    ``curve`` says which: ``steps-depth`` (fits since 2026-12-06: ``steps`` with at least the
+    algorithm's pipeline steps), ``steps`` (fits since 2026-11-30: channels sharing a link, plus a
     handshake per pipeline step) or ``exp-pipeline`` (model files written before).
     """
 
@@ -378,10 +385,13 @@ class CommFit:
                                     self.saturation, self.handshake_us, channels, threads, buffsize))
 
     def seconds(self, bus_bytes: float, nbytes: float, channels: float, threads: float, buffsize: float,
-                repeated: bool = False) -> float:
-        """Seconds to move ``bus_bytes``; ``repeated``: timed back to back on one buffer (L2-warm)."""
+                repeated: bool = False, depth: int = 1) -> float:
+        """Seconds to move ``bus_bytes``; ``repeated``: timed back to back on one buffer (L2-warm);
+        ``depth``: the algorithm's pipeline steps (``nccl_knobs.pipeline_steps``; the ``steps-depth``
+        curve's floor on the handshakes)."""
         warm = self.warm_gain * l2_hit_share(np, self.l2_bytes, nbytes, channels, buffsize) if repeated else 0.0
-        return self.latency_us * 1e-6 + bus_bytes / (self.bandwidth(channels, threads, buffsize) * (1 + warm))
+        short = float(short_steps(np, depth, bus_bytes, channels, buffsize)) if self.curve == CURVE_DEPTH else 0.0
+        return (self.latency_us + self.handshake_us * short) * 1e-6 + bus_bytes / (self.bandwidth(channels, threads, buffsize) * (1 + warm))
 
     def to_dict(self) -> dict[str, Any]:
         names = COMM_PARAMS if self.curve == CURVE_EXP else STEP_PARAMS
@@ -393,17 +403,17 @@ class CommFit:
         warm speed-up), before the step curve no ``curve`` (exp-pipeline). ``path`` names the
         record in errors."""
         d = v.mapping(d, path)
-        curve = v.one_of(v.field(d, "curve", path, str, CURVE_EXP), (CURVE_EXP, CURVE_STEPS), f"{path}.curve")
+        curve = v.one_of(v.field(d, "curve", path, str, CURVE_EXP), (CURVE_EXP, CURVE_STEPS, CURVE_DEPTH), f"{path}.curve")
 
         def param(name: str, default: Any = ...) -> float:  # every parameter is fitted positive (log-parameters)
             value = v.field(d, name, path, float, default, minimum=0.0, maximum=MAX_GBPS if name in DIVISORS else None)
-            if value == 0 and name in (DIVISORS + (SOFT_CAP_POWERS if curve == CURVE_STEPS else ())):  # times infinite or NaN
+            if value == 0 and name in (DIVISORS + (SOFT_CAP_POWERS if curve != CURVE_EXP else ())):  # times infinite or NaN
                 raise UserError(f"{path}.{name}: must be > 0, got 0")
             return value
 
         sensitivity = param("sensitivity", 1.0)
-        if curve == CURVE_STEPS:
-            return cls(**{n: param(n) for n in STEP_PARAMS}, pipeline_bytes=0.0, curve=CURVE_STEPS, sensitivity=sensitivity)
+        if curve != CURVE_EXP:
+            return cls(**{n: param(n) for n in STEP_PARAMS}, pipeline_bytes=0.0, curve=curve, sensitivity=sensitivity)
         return cls(**{n: param(n) for n in COMM_PARAMS[:5]}, **{n: param(n, 0.0) for n in COMM_PARAMS[5:]},
                    sensitivity=sensitivity)
 
@@ -536,7 +546,7 @@ class LagomGpuModel:
         """Seconds for one collective; ``repeated``: as timed alone, back to back on one buffer."""
         fit = self.comm_params(op, s["algo"], s["proto"], nodes)
         return fit.seconds(nbytes * bus_factor(op, ranks), nbytes, s["channels"], *channel_run(s["proto"], s["threads"], s["buffsize"]),
-                           repeated)
+                           repeated, pipeline_steps(op, s["algo"], ranks))
 
     def comm_time(self, coll: Collective, settings: Mapping[str, Any]) -> float:
         """The collective in a workload (cold buffers)."""
@@ -746,6 +756,14 @@ def step_bandwidth(xp, link, per_ch, knee, sharpness, saturation, handshake_us, 
     carried = offered * _soft_cap(xp, offered / (link * 1e9), saturation)
     step_bytes = channels * buffsize / STEPS_PER_BUFFER  # bus bytes moved per round of steps
     return 1 / (1 / carried + handshake_us * 1e-6 / step_bytes)
+
+
+def short_steps(xp, depth, bus_bytes, channels, buffsize):
+    """The pipeline steps a collective takes beyond those its bytes fill (``steps-depth``): ``depth``
+    less the steps of ``buffsize / 8`` bytes each of ``channels`` channels moves, at least 0.
+    ``xp`` is numpy (predictions) or torch (the fit's gradients)."""
+    filled = bus_bytes / (channels * buffsize / STEPS_PER_BUFFER)
+    return xp.clip(depth - filled, 0, None) if xp is np else (depth - filled).clamp(min=0)
 
 
 def _soft_cap(xp, ratio, power):

@@ -20,13 +20,13 @@ import pandas as pd
 import torch
 
 from lagom_tune.backends.base import bus_factor
-from lagom_tune.backends.nccl_knobs import channel_run
+from lagom_tune.backends.nccl_knobs import channel_run, pipeline_steps
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.gpu import (
-    CORUN_GRID, CURVE_STEPS, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_RESIDUAL, MAX_V_PER_BYTE, MIN_FREE_HBM, PLACEMENTS, TIE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
+    CORUN_GRID, CURVE_DEPTH, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_RESIDUAL, MAX_V_PER_BYTE, MIN_FREE_HBM, PLACEMENTS, TIE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
     LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, cta_candidates, cta_kflop, extra_traffic, free_sms, kernel_ctas,
-    kernels, l2_hit_share, min_traffic, step_bandwidth, tile_bytes, waves,
+    kernels, l2_hit_share, min_traffic, short_steps, step_bandwidth, tile_bytes, waves,
 )
 from lagom_tune.model.rows import consistent_baselines, contention_points, gemm_of_row, times_alone, two_rate_slowdowns
 from lagom_tune.profile.store import row_settings
@@ -36,7 +36,8 @@ from lagom_tune.workload.spec import Collective, Gemm
 def alone_comm_rows(pts: pd.DataFrame) -> pd.DataFrame:
     """Every alone-timed collective in the point medians: the collective points, and the alone time
     measured with each overlapped pair. Columns: group, bus_bytes, nbytes, channels, threads,
-    buffsize (the threads and buffer a channel of the row's protocol runs, ``channel_run``), seconds."""
+    buffsize (the threads and buffer a channel of the row's protocol runs, ``channel_run``), depth
+    (the algorithm's pipeline steps, ``pipeline_steps``), seconds."""
     coll = pts[pts["kind"] == "collective"].assign(seconds=lambda d: d["time_us"] / 1e6)
     over = pts[(pts["kind"] == "overlap") & pts["comm_alone_us"].notna()].assign(seconds=lambda d: d["comm_alone_us"] / 1e6) \
         if "comm_alone_us" in pts else pts.iloc[:0].assign(seconds=0.0)
@@ -49,6 +50,7 @@ def alone_comm_rows(pts: pd.DataFrame) -> pd.DataFrame:
         "bus_bytes": [b * bus_factor(op, int(n)) for b, op, n in zip(rows["nbytes"], rows["op"], ranks)],
         "nbytes": rows["nbytes"].to_numpy(float), "channels": rows["channels"].to_numpy(float),
         "threads": np.array([t for t, _ in run], dtype=float), "buffsize": np.array([b for _, b in run], dtype=float),
+        "depth": [float(pipeline_steps(op, a, int(n))) for op, a, n in zip(rows["op"], rows["algo"], ranks)],
         "seconds": rows["seconds"].to_numpy(float)})
 
 
@@ -86,7 +88,7 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[s
     keys = sorted(rows["group"].unique())
     group = torch.tensor(rows["group"].map({k: i for i, k in enumerate(keys)}).to_numpy(), dtype=torch.long)
     t = {c: torch.tensor(rows[c].to_numpy(float), dtype=torch.float64)
-         for c in ("bus_bytes", "nbytes", "channels", "threads", "buffsize", "seconds")}
+         for c in ("bus_bytes", "nbytes", "channels", "threads", "buffsize", "depth", "seconds")}
     best_bw = rows.assign(bw=rows["bus_bytes"] / rows["seconds"] / 1e9).groupby("group")["bw"].max().reindex(keys).to_numpy()
     # log-parameters keep every quantity positive; in STEP_PARAMS order
     start = [[5.0, b * 1.1, b / 8, 128.0, 2.0, 2.0, 2.0, 0.3, 32e6] for b in best_bw]
@@ -104,7 +106,8 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[s
             lat, link, per_ch, knee, sharp, sat, hand, gain, l2 = raw.exp()[group].T
             bw = step_bandwidth(torch, link, per_ch, knee, sharp + 0.5, sat + 0.5, hand, t["channels"], t["threads"], t["buffsize"])
             gain = gain * warm
-            pred = lat * 1e-6 + t["bus_bytes"] / (bw * (1 + gain * l2_hit_share(torch, l2, t["nbytes"], t["channels"], t["buffsize"])))
+            short = short_steps(torch, t["depth"], t["bus_bytes"], t["channels"], t["buffsize"])
+            pred = (lat + hand * short) * 1e-6 + t["bus_bytes"] / (bw * (1 + gain * l2_hit_share(torch, l2, t["nbytes"], t["channels"], t["buffsize"])))
             per_row = ((pred - t["seconds"]) / t["seconds"]).pow(2) * share
             if step % CHECK_EVERY == 0:
                 with torch.no_grad():
@@ -119,7 +122,7 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[s
     out = {}
     for k, p in zip(keys, final.exp()):
         lat, link, per_ch, knee, sharp, sat, hand, gain, l2 = (float(x) for x in p)
-        out[k] = CommFit(lat, link, per_ch, sharp + 0.5, 0.0, gain if warm else 0.0, l2, CURVE_STEPS, knee, sat + 0.5, hand)
+        out[k] = CommFit(lat, link, per_ch, sharp + 0.5, 0.0, gain if warm else 0.0, l2, CURVE_DEPTH, knee, sat + 0.5, hand)
     return out
 
 
@@ -592,8 +595,9 @@ def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> tuple[Conten
             continue
         bus = r["nbytes"] * bus_factor(str(r["op"]), int(r["ranks"]) if not pd.isna(r["ranks"]) else 1)
         args = (bus, r["nbytes"], r["channels"], *channel_run(r["proto"], r["threads"], r["buffsize"]))
+        depth = pipeline_steps(str(r["op"]), str(r["algo"]), int(r["ranks"]) if not pd.isna(r["ranks"]) else 1)
         cold = r.copy()
-        cold["comm_alone_us"] = r["comm_alone_us"] * fit.seconds(*args) / fit.seconds(*args, repeated=True)
+        cold["comm_alone_us"] = r["comm_alone_us"] * fit.seconds(*args, depth=depth) / fit.seconds(*args, repeated=True, depth=depth)
         _, s_x = two_rate_slowdowns(cold)
         if s_x is None or not s_x > 0:
             continue
