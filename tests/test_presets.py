@@ -121,6 +121,35 @@ def test_2d_fsdp_tp_gathers_a_layers_tp_shard_and_puts_sequence_parallel_collect
         [c for c in bf16.collectives() if c.op != "reduce_scatter" or c.group == "tp"]
 
 
+@pytest.mark.parametrize("parallel, world", [("fsdp=8", 8), ("fsdp=8,dp=2", 16), ("fsdp=2,tp=8", 16), ("tp=4,dp=2", 8),
+                                             ("tp=8", 8), ("ddp=4", 4)])
+def test_a_presets_world_is_its_degrees_multiplied(parallel, world):
+    """A job's ranks are its parallel degrees multiplied, not its largest communicator (HSDP's 16
+    ranks hold communicators of 8 and 2): what a simulated plan records as its world size."""
+    from lagom_tune.backends.base import BackendOptions, get_backend
+
+    w = build_preset("phi-2", parallel=parallel)
+    assert w.world_size == w.meta["world"] == world
+    b = get_backend("sim", BackendOptions(hardware="h100-nvlink"))
+    b.plan_points(w)
+    assert b.fingerprint()["ranks"] == world  # an fsdp=4 job's plan said 8, the simulated node's GPUs
+
+
+def test_a_workload_files_world_holds_its_largest_communicator(tmp_path):
+    """meta.world, where a workload file gives it, is the plan's world size: fewer ranks than a
+    communicator of it holds is refused by name."""
+    from lagom_tune.workload.spec import load_workload
+
+    w = build_preset("phi-2", parallel="fsdp=8,dp=2")
+    doc = w.to_dict()
+    path = tmp_path / "w.yaml"
+    path.write_text(json.dumps({**doc, "meta": {**doc["meta"], "world": 4}}))
+    with pytest.raises(UserError, match="workload.meta.world: 4 ranks cannot hold a communicator of 8"):
+        load_workload(path)
+    path.write_text(json.dumps({**doc, "meta": {}}))
+    assert load_workload(path).world_size == 8  # without it, its largest communicator's
+
+
 def test_a_2d_job_is_simulated_on_two_nodes_with_each_communicators_collectives():
     """fsdp=2,tp=8 on the simulated H100s: 16 GPUs on two nodes, and each of the four collectives
     (two ops on two communicators, tp within a node, dp_shard across) profiled at NCCL's own choice."""

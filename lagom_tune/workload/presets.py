@@ -310,7 +310,7 @@ def gpt_ddp(arch: Arch, *, seq: int, mbs: int, ranks: int, dtype: str = "fp32", 
     return Workload(
         name=f"{arch.name}-ddp{ranks}",
         groups=(OverlapGroup("forward", tuple(fwd)), OverlapGroup("backward", tuple(bwd), comm)),
-        meta={"model": arch.name, "parallel": f"ddp={ranks}", "seq": seq, "mbs": mbs, "dtype": dtype,
+        meta={"model": arch.name, "parallel": f"ddp={ranks}", "world": ranks, "seq": seq, "mbs": mbs, "dtype": dtype,
               "reduce_dtype": reduce_dtype or dtype, "parameters": sum(n for _, n, _ in grads)},
     )
 
@@ -354,7 +354,7 @@ def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dp: int = 1, dtype: str 
     head = Gemm("head", t, arch.vocab, arch.hidden, dtype)
     groups.append(OverlapGroup("head", (head, *_bwd(head))))
     suffix, parallel = (f"fsdp{ranks}-dp{dp}", f"fsdp={ranks},dp={dp}") if dp > 1 else (f"fsdp{ranks}", f"fsdp={ranks}")
-    return _workload(arch, suffix, groups, seq, mbs, dtype, parallel, reduce_dtype or dtype)
+    return _workload(arch, suffix, groups, seq, mbs, dtype, parallel, ranks * dp, reduce_dtype or dtype)
 
 
 def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dtype: str = "bf16",
@@ -404,7 +404,7 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
         groups.append(OverlapGroup("backward.attention", bwd_attn, (ar("all_reduce.attn_in_grad.other_half"),), repeat=twice))
     head = Gemm("head", seq * mbs, arch.vocab // tp, arch.hidden, dtype)
     groups.append(OverlapGroup("head", (head, *_bwd(head))))
-    return _workload(arch, f"tp{tp}-dp{dp}", groups, seq, mbs, dtype, f"tp={tp},dp={dp}",
+    return _workload(arch, f"tp{tp}-dp{dp}", groups, seq, mbs, dtype, f"tp={tp},dp={dp}", tp * dp,
                      (reduce_dtype or dtype) if dp > 1 else None)
 
 
@@ -459,7 +459,7 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
         OverlapGroup("head", (head, *_bwd(head))),
         OverlapGroup("head.tp", (), (sp("all_gather.head_in", "all_gather"), sp("reduce_scatter.head_in_grad", "reduce_scatter"))),
     ]
-    return _workload(arch, f"fsdp{ranks}-tp{tp}", groups, seq, mbs, dtype, f"fsdp={ranks},tp={tp}", reduce_dtype or dtype)
+    return _workload(arch, f"fsdp{ranks}-tp{tp}", groups, seq, mbs, dtype, f"fsdp={ranks},tp={tp}", ranks * tp, reduce_dtype or dtype)
 
 
 def expert_parallel(arch: Arch, *, seq: int, mbs: int, ep: int, dtype: str = "bf16") -> Workload:
@@ -493,7 +493,7 @@ def expert_parallel(arch: Arch, *, seq: int, mbs: int, ep: int, dtype: str = "bf
     if arch.dense_layers:
         dense = mlp_gemms(arch, "L.mlp", t, arch.ffn, dtype)
         groups.append(OverlapGroup("dense_mlp", tuple(dense + backward_of(dense)), repeat=arch.dense_layers))
-    return _workload(arch, f"ep{ep}", groups, seq, mbs, dtype, f"ep={ep}")
+    return _workload(arch, f"ep{ep}", groups, seq, mbs, dtype, f"ep={ep}", ep)
 
 
 def _layer_kinds(arch: Arch) -> dict[str, list[int]]:
@@ -508,11 +508,11 @@ def _check_seq(arch: Arch, seq: int) -> None:
         raise UserError(f"--seq {seq} exceeds {arch.name}'s context of {arch.max_seq}")
 
 
-def _workload(arch: Arch, suffix: str, groups: list[OverlapGroup], seq: int, mbs: int, dtype: str, parallel: str,
+def _workload(arch: Arch, suffix: str, groups: list[OverlapGroup], seq: int, mbs: int, dtype: str, parallel: str, world: int,
               reduce_dtype: str | None = None) -> Workload:
     reduced = {"reduce_dtype": reduce_dtype} if reduce_dtype else {}  # a workload that reduces gradients says in what
     return Workload(f"{arch.name}-{suffix}", tuple(groups),
-                    meta={"model": arch.name, "parallel": parallel, "seq": seq, "mbs": mbs, "dtype": dtype, **reduced,
+                    meta={"model": arch.name, "parallel": parallel, "world": world, "seq": seq, "mbs": mbs, "dtype": dtype, **reduced,
                           "layer_parameters": arch.layer_params(arch.dense_layers if arch.experts else 0)})
 
 

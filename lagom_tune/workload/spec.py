@@ -139,9 +139,16 @@ class Workload:
         return out
 
     @property
+    def largest_communicator(self) -> int:
+        """Ranks in the workload's largest communicator (1 without collectives)."""
+        return max((c.ranks for c in self.collectives()), default=1)
+
+    @property
     def world_size(self) -> int:
-        sizes = {c.ranks for c in self.collectives()}
-        return max(sizes) if sizes else 1
+        """The job's ranks: ``meta.world`` where the workload records it (a preset's degrees
+        multiplied: HSDP's 16 ranks hold communicators of 8 and of 2; an imported trace's world),
+        else its largest communicator's."""
+        return int(self.meta.get("world") or self.largest_communicator)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -195,12 +202,18 @@ class Workload:
             groups.append(OverlapGroup(name, compute, comm, v.field(gd, "repeat", gp, int, 1, minimum=1, maximum=MAX_REPEAT)))
         if not groups:
             raise UserError(f"{path}.groups: a workload needs at least one group")
-        return cls(
+        w = cls(
             name=v.name(d, "name", path),
             groups=tuple(groups),
             exposed_ms=v.field(d, "exposed_ms", path, float, 0.0, minimum=0.0, maximum=MAX_EXPOSED_MS),
             meta=v.mapping(v.field(d, "meta", path, dict, {}), f"{path}.meta"),
         )
+        # the job's ranks (search writes them into the plan) hold its largest communicator
+        world = v.field(w.meta, "world", f"{path}.meta", int, None, minimum=1, maximum=MAX_RANKS)
+        if world is not None and world < w.largest_communicator:
+            raise UserError(f"{path}.meta.world: {world} ranks cannot hold a communicator of {w.largest_communicator}; "
+                            "give the job's ranks, at least its largest communicator's")
+        return w
 
 
 def _check_group(compute: tuple[Gemm, ...], comm: tuple[Collective, ...], sizes: dict[str, tuple[tuple[int, int], str]],

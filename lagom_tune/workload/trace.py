@@ -411,7 +411,7 @@ def import_trace(path: str | Path, *, name: str | None = None, ranks: int | None
         name=path.stem if name is None else name,
         groups=tuple(groups),
         exposed_ms=round(exposed, 3),
-        meta={"source": str(path), "traced_step_ms": round(step_ms, 3), "traced_group_ms": traced,
+        meta={"source": str(path), "world": world, "traced_step_ms": round(step_ms, 3), "traced_group_ms": traced,
               "gemms": len(gemms), "collectives": len(colls), "device": "gpu" if gpu_kernels else "cpu",
               "gpus_per_node": gpus_per_node,
               **({"nodes_guessed": sorted(guessed)} if guessed else {}),  # roles whose ranks the trace did not list
