@@ -593,9 +593,10 @@ def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> tuple[Conten
         fit = model.comm.get(comm_group_of_row(r))
         if fit is None or pd.isna(r["comm_alone_us"]):
             continue
-        bus = r["nbytes"] * bus_factor(str(r["op"]), int(r["ranks"]) if not pd.isna(r["ranks"]) else 1)
+        ranks = int(r["ranks"]) if not pd.isna(r["ranks"]) else 1
+        bus = r["nbytes"] * bus_factor(str(r["op"]), ranks)
         args = (bus, r["nbytes"], r["channels"], *channel_run(r["proto"], r["threads"], r["buffsize"]))
-        depth = pipeline_steps(str(r["op"]), str(r["algo"]), int(r["ranks"]) if not pd.isna(r["ranks"]) else 1)
+        depth = pipeline_steps(str(r["op"]), str(r["algo"]), ranks)
         cold = r.copy()
         cold["comm_alone_us"] = r["comm_alone_us"] * fit.seconds(*args, depth=depth) / fit.seconds(*args, repeated=True, depth=depth)
         _, s_x = two_rate_slowdowns(cold)
