@@ -95,7 +95,8 @@ def test_2d_fsdp_tp_gathers_a_layers_tp_shard_and_puts_sequence_parallel_collect
     """torchtitan's 2-D (mesh dp_shard x tp): each tp rank's GEMMs are the tp preset's shapes over
     the whole micro-batch; FSDP gathers the layer's tp shard with its norms whole, beside the
     layer's GEMMs; the four sequence-parallel collectives a layer (all-gather in, reduce-scatter
-    out, around attention and the MLP) run alone, mirrored in backward, and once around the head.
+    out, around attention and the MLP) run alone, mirrored in backward, and once each way around
+    the embedding and the head.
     No preset took both, so a torchtitan 2-D job had no workload its rules could match."""
     w = build_preset("llama3-8b", parallel="fsdp=2,tp=8", reduce_dtype="fp32")
     assert w.name == "llama3-8b-fsdp2-tp8" and w.meta["parallel"] == "fsdp=2,tp=8" and w.meta["reduce_dtype"] == "fp32"
@@ -112,7 +113,9 @@ def test_2d_fsdp_tp_gathers_a_layers_tp_shard_and_puts_sequence_parallel_collect
         g = groups[name]
         assert not g.compute and g.repeat == 32 and [c.op for c in g.comm] == ["all_gather", "reduce_scatter"] * 2
         assert {(c.group, c.ranks, c.nodes, c.nbytes) for c in g.comm} == {("tp", 8, 1, act)}
-    assert len(groups["head.tp"].comm) == 2 and groups["head"].compute[0].n == 128256 // 8
+    ends = groups["embedding_and_head.tp"]  # torchtitan's embedding (row-wise: output reduce-scattered) and head (input gathered)
+    assert [c.op for c in ends.comm] == ["reduce_scatter", "all_gather"] * 2 and ends.repeat == 1
+    assert groups["head"].compute[0].n == 128256 // 8
     # tp=4 blocks, fsdp=2: one node holds the job and its dp_shard groups
     assert {(c.group, c.nodes) for c in build_preset("phi-2", parallel="fsdp=2,tp=4").collectives()} == {("dp_shard", 1), ("tp", 1)}
     # the reduce dtype sizes FSDP's reduce-scatters only, never the activations' collectives

@@ -414,8 +414,8 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
     of ``tp`` consecutive ranks, FSDP2 over the ``ranks`` blocks (mesh ``dp_shard`` x ``tp``).
 
     Each layer's four sequence-parallel collectives (all-gather of the sequence-sharded input and
-    reduce-scatter of the output, around attention and around the MLP; mirrored in backward) sit on
-    the critical path: without async TP the GEMMs wait for them, so they run in groups of their
+    reduce-scatter of the output, around attention and around the MLP; mirrored in backward), and
+    the embedding's and the head's, sit on the critical path: without async TP the GEMMs wait for them, so they run in groups of their
     own. FSDP's all-gathers (the layer's tp shard, compute dtype) and reduce-scatters overlap the
     layer's GEMMs as in ``fsdp``; their overlap with the TP collectives is not modelled (an upper
     bound on the iteration: FSDP's collectives share no time with TP's).
@@ -457,7 +457,11 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
                                                sp("reduce_scatter.attention_in_grad", "reduce_scatter")),
                      repeat=layers),
         OverlapGroup("head", (head, *_bwd(head))),
-        OverlapGroup("head.tp", (), (sp("all_gather.head_in", "all_gather"), sp("reduce_scatter.head_in_grad", "reduce_scatter"))),
+        # the vocab-parallel embedding's output reduce-scattered to sequence shards (its gradient
+        # gathered in backward), the head's input gathered (its gradient reduce-scattered)
+        OverlapGroup("embedding_and_head.tp", (), (sp("reduce_scatter.embedding_out", "reduce_scatter"), sp("all_gather.head_in", "all_gather"),
+                                                   sp("reduce_scatter.head_in_grad", "reduce_scatter"),
+                                                   sp("all_gather.embedding_out_grad", "all_gather"))),
     ]
     return _workload(arch, f"fsdp{ranks}-tp{tp}", groups, seq, mbs, dtype, f"fsdp={ranks},tp={tp}", ranks * tp, reduce_dtype or dtype)
 
