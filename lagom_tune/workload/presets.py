@@ -415,8 +415,8 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
 
     Each layer's four sequence-parallel collectives (all-gather of the sequence-sharded input and
     reduce-scatter of the output, around attention and around the MLP; mirrored in backward), and
-    the embedding's and the head's, sit on the critical path: without async TP the GEMMs wait for them, so they run in groups of their
-    own. FSDP's all-gathers (the layer's tp shard, compute dtype) and reduce-scatters overlap the
+    the embedding's and the head's, sit on the critical path: without async TP the GEMMs wait for
+    them, so they run in groups of their own. FSDP's all-gathers (the layer's tp shard, compute dtype) and reduce-scatters overlap the
     layer's GEMMs as in ``fsdp``; their overlap with the TP collectives is not modelled (an upper
     bound on the iteration: FSDP's collectives share no time with TP's).
 
