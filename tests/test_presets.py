@@ -124,7 +124,21 @@ def test_2d_fsdp_tp_gathers_a_layers_tp_shard_and_puts_sequence_parallel_collect
         [c for c in bf16.collectives() if c.op != "reduce_scatter" or c.group == "tp"]
 
 
-@pytest.mark.parametrize("parallel, world", [("fsdp=8", 8), ("fsdp=8,dp=2", 16), ("fsdp=2,tp=8", 16), ("tp=4,dp=2", 8),
+def test_3d_all_reduces_each_blocks_gradient_shard_across_the_replicas():
+    """torchtitan's 3-D (dp_replicate x dp_shard x tp): the 2-D job within each block of fsdp x tp
+    ranks, and HSDP's all-reduce of each layer's reduce-scatter output (one rank's share of its tp
+    shard) across the replicas on dp_replicate, beside the same backward; nothing else changes."""
+    two, w = build_preset("llama3-8b", parallel="fsdp=2,tp=4"), build_preset("llama3-8b", parallel="fsdp=2,tp=4,dp=2")
+    assert w.name == "llama3-8b-fsdp2-tp4-dp2" and w.meta["parallel"] == "fsdp=2,tp=4,dp=2" and w.world_size == 16
+    shard = (218_112_000 - 8192) // 4 + 8192
+    bwd = next(g for g in w.groups if g.name == "backward.layer")
+    ar = bwd.comm[-1]
+    assert (ar.op, ar.group, ar.ranks, ar.nodes, ar.nbytes) == ("all_reduce", "dp_replicate", 2, 2, shard // 2 * 2)
+    assert [replace(g, comm=tuple(c for c in g.comm if c.group != "dp_replicate")) for g in w.groups] == list(two.groups)
+
+
+@pytest.mark.parametrize("parallel, world", [("fsdp=8", 8), ("fsdp=8,dp=2", 16), ("fsdp=2,tp=8", 16), ("fsdp=2,tp=4,dp=2", 16),
+                                             ("tp=4,dp=2", 8),
                                              ("tp=8", 8), ("ddp=4", 4)])
 def test_a_presets_world_is_its_degrees_multiplied(parallel, world):
     """A job's ranks are its parallel degrees multiplied, not its largest communicator (HSDP's 16
@@ -227,7 +241,7 @@ def test_scale_presets():
     assert build_preset("gpt3-175b", parallel="tp=8,dp=2", mbs=2).collectives()
 
 
-@pytest.mark.parametrize("spec", ["fsdp", "tp=8,ep=8", "fsdp=2,ep=4", "fsdp=2,tp=4,dp=2", "dp=2", "fsdp=0", "zero=3", "fsdp=1000000000000", "tp=8,dp=1000000"])
+@pytest.mark.parametrize("spec", ["fsdp", "tp=8,ep=8", "fsdp=2,ep=4", "tp=2,dp=2,ep=2", "dp=2", "fsdp=0", "zero=3", "fsdp=1000000000000", "tp=8,dp=1000000"])
 def test_bad_parallel_specs(spec):
     with pytest.raises(UserError, match="--parallel"):
         parse_parallel(spec)

@@ -38,7 +38,9 @@ Iteration structure per parallelism (DESIGN.md §4; each an overlap group):
   tp shard, norms whole). A layer's all-gathers of the sequence-sharded input and reduce-scatters
   of the output (``T x d`` activations, around attention and around the MLP, mirrored in backward)
   sit on the critical path in groups of their own; FSDP's all-gather and reduce-scatter overlap
-  the layer's GEMMs as under ``fsdp=N``.
+  the layer's GEMMs as under ``fsdp=N``. ``fsdp=N,tp=M,dp=K``: 3-D, HSDP over the 2-D blocks
+  (``N x M`` at most a node's GPUs): each layer's gradient shard all-reduced across the ``K``
+  replicas as under ``fsdp=N,dp=K``.
 * ``ep=N``: expert parallelism; a micro-batch's dispatch and combine all-to-alls (``T*top_k x d``
   per rank) overlap the other micro-batch's expert GEMMs, forward and backward; attention and
   router are data-parallel and run without overlap.
@@ -408,7 +410,7 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
                      (reduce_dtype or dtype) if dp > 1 else None)
 
 
-def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int, dtype: str = "bf16",
+def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int, dp: int = 1, dtype: str = "bf16",
                          reduce_dtype: str | None = None) -> Workload:
     """torchtitan's 2-D parallelism: tensor parallelism with sequence parallelism within each block
     of ``tp`` consecutive ranks, FSDP2 over the ``ranks`` blocks (mesh ``dp_shard`` x ``tp``).
@@ -418,7 +420,9 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
     the embedding's and the head's, sit on the critical path: without async TP the GEMMs wait for
     them, so they run in groups of their own. FSDP's all-gathers (the layer's tp shard, compute dtype) and reduce-scatters overlap the
     layer's GEMMs as in ``fsdp``; their overlap with the TP collectives is not modelled (an upper
-    bound on the iteration: FSDP's collectives share no time with TP's).
+    bound on the iteration: FSDP's collectives share no time with TP's). With ``dp > 1``, 3-D
+    (mesh ``dp_replicate`` x ``dp_shard`` x ``tp``): HSDP over the 2-D blocks, each layer's
+    reduce-scatter output all-reduced across the replicas beside the same backward.
 
     Args:
         arch: the architecture.
@@ -426,22 +430,29 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
         mbs: micro-batch size.
         ranks: sharding ranks (the dp_shard degree).
         tp: tensor-parallel degree.
+        dp: replicas of the sharded 2-D block (dp_replicate; 1: 2-D).
         dtype: the GEMMs', all-gathers' and TP collectives' dtype.
-        reduce_dtype: FSDP's gradient reduce-scatters' dtype (None: ``dtype``).
+        reduce_dtype: FSDP's gradient reductions' dtype (None: ``dtype``).
     Returns:
         The Workload.
     Raises:
-        UserError: for an MoE model (its experts: use ep=N) or heads that do not split over ``tp``.
+        UserError: for an MoE model (its experts: use ep=N), heads that do not split over ``tp``,
+            or replicas of a block wider than a node (their layout is not modelled).
     """
     _check_seq(arch, seq)
     if arch.experts:
         raise UserError(f"{arch.name} is an MoE model: use --parallel ep=N")
+    if dp > 1 and ranks * tp > GPUS_PER_NODE:
+        raise UserError(f"3-D (fsdp=N,tp=M,dp=K) replicates blocks within a node here: fsdp={ranks} x tp={tp} is more than "
+                        f"a node's {GPUS_PER_NODE} GPUs")
     b, rb, layers = DTYPES[dtype], DTYPES[reduce_dtype or dtype], arch.layers
     norms = 2 * arch.norm_params()  # sequence parallelism keeps the norms whole on every tp rank
     shard = -(-(arch.layer_params() - norms) // tp) + norms  # what FSDP gathers of a layer on one tp rank
     nodes = replica_nodes(tp, ranks)
     ag = Collective("all_gather.next_layer", "all_gather", shard * b, group=DP_SHARD, ranks=ranks, nodes=nodes)
     rs = Collective("reduce_scatter.grads", "reduce_scatter", shard * rb, group=DP_SHARD, ranks=ranks, nodes=nodes)
+    replicas = (Collective("all_reduce.replicate_grads", "all_reduce", -(-shard // ranks) * rb, group=DP_REPLICATE, ranks=dp,
+                           nodes=replica_nodes(ranks * tp, dp)),) if dp > 1 else ()
     act = seq * mbs * arch.hidden * b  # the whole sequence's activations: all-gather output, reduce-scatter input
     sp = lambda name, op: Collective(name, op, act, group=TP, ranks=tp, nodes=nodes_spanned(tp))
     fwd = layer_gemms(arch, 0, seq, mbs, dtype, tp)
@@ -451,7 +462,7 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
         OverlapGroup("forward.layer.tp", (), (sp("all_gather.attention_in", "all_gather"), sp("reduce_scatter.attention_out", "reduce_scatter"),
                                               sp("all_gather.mlp_in", "all_gather"), sp("reduce_scatter.mlp_out", "reduce_scatter")),
                      repeat=layers),
-        OverlapGroup("backward.layer", tuple(backward_of(fwd)), (replace(ag, name="all_gather.prev_layer"), rs), repeat=layers),
+        OverlapGroup("backward.layer", tuple(backward_of(fwd)), (replace(ag, name="all_gather.prev_layer"), rs, *replicas), repeat=layers),
         OverlapGroup("backward.layer.tp", (), (sp("all_gather.mlp_out_grad", "all_gather"), sp("reduce_scatter.mlp_in_grad", "reduce_scatter"),
                                                sp("all_gather.attention_out_grad", "all_gather"),
                                                sp("reduce_scatter.attention_in_grad", "reduce_scatter")),
@@ -463,7 +474,8 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
                                                    sp("reduce_scatter.head_in_grad", "reduce_scatter"),
                                                    sp("all_gather.embedding_out_grad", "all_gather"))),
     ]
-    return _workload(arch, f"fsdp{ranks}-tp{tp}", groups, seq, mbs, dtype, f"fsdp={ranks},tp={tp}", ranks * tp, reduce_dtype or dtype)
+    suffix, parallel = (f"fsdp{ranks}-tp{tp}-dp{dp}", f"fsdp={ranks},tp={tp},dp={dp}") if dp > 1 else (f"fsdp{ranks}-tp{tp}", f"fsdp={ranks},tp={tp}")
+    return _workload(arch, suffix, groups, seq, mbs, dtype, parallel, ranks * tp * dp, reduce_dtype or dtype)
 
 
 def expert_parallel(arch: Arch, *, seq: int, mbs: int, ep: int, dtype: str = "bf16") -> Workload:
@@ -549,18 +561,18 @@ MAX_MBS = 1 << 16  # --mbs at most
 CPU_DEMO_ARCH = Arch("tiny-gpt", hidden=256, ffn=1024, heads=4, layers=4, vocab=8192, max_seq=128)
 
 
-PARALLEL_EXAMPLES = "fsdp=8, fsdp=8,dp=2 (HSDP), fsdp=2,tp=8 (2-D), tp=8,dp=2, ep=8 or ddp=2"
+PARALLEL_EXAMPLES = "fsdp=8, fsdp=8,dp=2 (HSDP), fsdp=2,tp=8 (2-D), fsdp=2,tp=4,dp=2 (3-D), tp=8,dp=2, ep=8 or ddp=2"
 
 
 def parse_parallel(spec: str) -> dict[str, int]:
-    """``fsdp=8`` | ``fsdp=8,dp=2`` | ``fsdp=2,tp=8`` | ``tp=8,dp=2`` | ``ep=8`` | ``ddp=2`` -> {"fsdp": 8} ...
+    """``fsdp=8`` | ``fsdp=8,dp=2`` | ``fsdp=2,tp=8[,dp=2]`` | ``tp=8,dp=2`` | ``ep=8`` | ``ddp=2`` -> {"fsdp": 8} ...
 
     Args:
         spec: ``--parallel``'s value.
     Returns:
         Parallelism -> degree.
     Raises:
-        UserError: for anything but one of fsdp (with dp or tp), tp (with dp), ep, ddp.
+        UserError: for anything but one of fsdp (with dp, tp or both), tp (with dp), ep, ddp.
     """
     out: dict[str, int] = {}
     for part in spec.replace(" ", "").split(","):
@@ -573,8 +585,8 @@ def parse_parallel(spec: str) -> dict[str, int]:
     family = parallel_family(out)
     if family is None:
         raise UserError(f"--parallel {spec!r}: name one of fsdp, tp, ep, ddp (or fsdp with tp: 2-D)")
-    if "dp" in out and family not in ("tp", "fsdp"):
-        raise UserError(f"--parallel {spec!r}: dp= goes with tp= or fsdp=" + (", not both (3-D is not a preset)" if family == "fsdp+tp" else ""))
+    if "dp" in out and family not in ("tp", "fsdp", "fsdp+tp"):
+        raise UserError(f"--parallel {spec!r}: dp= goes with tp= or fsdp=")
     if math.prod(out.values()) > MAX_RANKS:
         raise UserError(f"--parallel {spec!r}: {math.prod(out.values())} ranks, more than {MAX_RANKS}")
     for name in family.split("+"):
@@ -631,7 +643,8 @@ def build_model(model: str, parallel: str | None = None, seq: int | None = None,
                             f"({'expert parallelism models none' if family == 'ep' else 'give dp=2 or more'})")
     reduced = reduce_dtype or REDUCE_DTYPE_DEFAULT.get(family)
     if family == "fsdp+tp":
-        return fsdp_tensor_parallel(arch, seq=seq, mbs=mbs, ranks=par["fsdp"], tp=par["tp"], dtype=dtype, reduce_dtype=reduced)
+        return fsdp_tensor_parallel(arch, seq=seq, mbs=mbs, ranks=par["fsdp"], tp=par["tp"], dp=par.get("dp", 1), dtype=dtype,
+                                    reduce_dtype=reduced)
     if family == "fsdp":
         return fsdp(arch, seq=seq, mbs=mbs, ranks=par["fsdp"], dp=par.get("dp", 1), dtype=dtype, reduce_dtype=reduced)
     if family == "tp":
