@@ -69,8 +69,10 @@ def test_hsdp_all_reduces_each_shard_across_the_replicas():
                                                                    for c in plain.collectives()]
     # four replicas of 4 ranks fill two nodes: each replica group spans both; a shard a node holds, no more
     assert {(c.group, c.nodes) for c in build_preset("phi-2", parallel="fsdp=4,dp=4").collectives()} == {("dp_shard", 1), ("dp_replicate", 2)}
-    with pytest.raises(UserError, match="HSDP .* shards within a node here: fsdp=16"):
-        build_preset("phi-2", parallel="fsdp=16,dp=2")
+    # a sharded group over two nodes, replicated twice: 32 ranks, each rank's replica 16 ranks away
+    wide = build_preset("phi-2", parallel="fsdp=16,dp=2")
+    assert wide.world_size == 32 and {(c.group, c.ranks, c.nodes) for c in wide.collectives()} == {("dp_shard", 16, 2),
+                                                                                               ("dp_replicate", 2, 2)}
     # a Table 2 FSDP preset takes its own parallelism written with dp=1, and refuses HSDP
     assert build_preset("phi-2-fsdp16", parallel="fsdp=16,dp=1").digest == build_preset("phi-2-fsdp16").digest
     with pytest.raises(UserError, match="asks for another"):
@@ -79,7 +81,9 @@ def test_hsdp_all_reduces_each_shard_across_the_replicas():
 
 def test_an_hsdp_job_is_simulated_on_the_nodes_its_replicas_span():
     """The simulated job of fsdp=8,dp=2 is 16 GPUs on two nodes, its replicas' all-reduce over
-    InfiniBand, and every collective is planned at NCCL's own choice too."""
+    InfiniBand, and every collective is planned at NCCL's own choice too. A job of more ranks than
+    its communicators span (fsdp=16,dp=2: 32 ranks, every communicator over 2 nodes) is simulated
+    on the nodes its ranks fill; HSDP wider than a node was refused until 2026-12-06."""
     from lagom_tune.backends.base import BackendOptions, get_backend
 
     w = build_preset("phi-2", parallel="fsdp=8,dp=2")
@@ -89,6 +93,12 @@ def test_an_hsdp_job_is_simulated_on_the_nodes_its_replicas_span():
     assert (fp["nodes"], fp["ranks"]) == (2, 16)
     defaults = {(p.op, p.ranks) for p in points if p.kind == "default"}
     assert defaults == {("all_gather", 8), ("reduce_scatter", 8), ("all_reduce", 2)}
+    for parallel in ("fsdp=16,dp=2", "fsdp=2,tp=8,dp=2"):
+        b = get_backend("sim", BackendOptions(hardware="h100-nvlink"))
+        b.plan_points(build_preset("phi-2", parallel=parallel))
+        assert (b.fingerprint()["nodes"], b.fingerprint()["ranks"]) == (4, 32), parallel
+    with pytest.raises(UserError, match=r"needs 4 nodes of 8 GPUs \(its ranks and its communicators'\); --nodes 2 is too few"):
+        get_backend("sim", BackendOptions(hardware="h100-nvlink", nodes=2)).plan_points(build_preset("phi-2", parallel="fsdp=16,dp=2"))
 
 
 def test_2d_fsdp_tp_gathers_a_layers_tp_shard_and_puts_sequence_parallel_collectives_on_the_critical_path():

@@ -247,22 +247,22 @@ class SimBackend(LocalBackend):
         return list({p.key: p for p in points}.values())
 
     def _fit_layout(self, workload: Workload) -> None:
-        """Nodes of 8 GPUs for the workload's communicators: inferred without --nodes, else checked
-        (a 16-rank workload on one simulated node was recorded as 8 ranks, an 8-rank one on a
-        million nodes as 8 million)."""
+        """Nodes of 8 GPUs for the workload's ranks and communicators: inferred without --nodes, else
+        checked (a 16-rank workload on one simulated node was recorded as 8 ranks, an 8-rank one on a
+        million nodes as 8 million; a 32-rank HSDP job whose communicators span 2 nodes needs 4)."""
         colls = workload.collectives()
         crowded = next((c for c in colls if c.ranks > c.nodes * GPUS_PER_NODE), None)
         if crowded is not None:  # it was simulated on one NVLink node while the cluster was sized to more
             raise UserError(f"collective {crowded.name}: {crowded.ranks} ranks cannot be on {crowded.nodes} node(s) of "
                             f"{GPUS_PER_NODE} simulated GPUs; give its communicator nodes: {nodes_spanned(crowded.ranks)} "
                             "or more")
-        needed = max([1] + [c.nodes for c in colls])  # none is crowded: each holds its ranks
+        needed = max([nodes_spanned(workload.world_size)] + [c.nodes for c in colls])  # none is crowded: each holds its ranks
         if self.options.nodes is None:
             if needed != self.nodes:
                 self.nodes = needed
                 self.sim = SimCluster(self.cluster, needed, self.ib_gbps)
         elif self.options.nodes != needed:  # more would be recorded as the world size of a plan no job matches
-            raise UserError(f"the workload needs {needed} nodes of {GPUS_PER_NODE} GPUs (its largest communicator); "
+            raise UserError(f"the workload needs {needed} nodes of {GPUS_PER_NODE} GPUs (its ranks and its communicators'); "
                             f"--nodes {self.options.nodes} is too {'few' if self.options.nodes < needed else 'many'} "
                             "(leave --nodes out to size the cluster to it)")
         # the job's ranks, as its plan records them (an fsdp=4 job's plan said 8, the node's GPUs),

@@ -23,8 +23,8 @@ Iteration structure per parallelism (DESIGN.md §4; each an overlap group):
   reduce dtype: by default the compute dtype, as FSDP2's ``MixedPrecisionPolicy`` with only
   ``param_dtype`` set; torchtitan reduces in fp32) overlap layer ``l-1``'s backward. Embedding and
   head run without overlap.
-* ``fsdp=N,dp=M``: HSDP, as FSDP2 and torchtitan run it: FSDP within each group of ``N`` ranks
-  (``N`` at most a node's GPUs), replicated ``M`` times; after each layer's reduce-scatter, an
+* ``fsdp=N,dp=M``: HSDP, as FSDP2 and torchtitan run it: FSDP within each group of ``N``
+  consecutive ranks, replicated ``M`` times (a rank's replicas ``N`` ranks apart); after each layer's reduce-scatter, an
   all-reduce of its gradient shard (``1/N`` of the layer, reduce dtype) across the ``M`` replicas
   (``dp_replicate``), beside the same backward.
 * ``tp=N,dp=M``: Megatron tensor parallelism with Domino-style overlap: the micro-batch (even) is
@@ -38,9 +38,8 @@ Iteration structure per parallelism (DESIGN.md §4; each an overlap group):
   tp shard, norms whole). A layer's all-gathers of the sequence-sharded input and reduce-scatters
   of the output (``T x d`` activations, around attention and around the MLP, mirrored in backward)
   sit on the critical path in groups of their own; FSDP's all-gather and reduce-scatter overlap
-  the layer's GEMMs as under ``fsdp=N``. ``fsdp=N,tp=M,dp=K``: 3-D, HSDP over the 2-D blocks
-  (``N x M`` at most a node's GPUs): each layer's gradient shard all-reduced across the ``K``
-  replicas as under ``fsdp=N,dp=K``.
+  the layer's GEMMs as under ``fsdp=N``. ``fsdp=N,tp=M,dp=K``: 3-D, HSDP over the 2-D blocks:
+  each layer's gradient shard all-reduced across the ``K`` replicas as under ``fsdp=N,dp=K``.
 * ``ep=N``: expert parallelism; a micro-batch's dispatch and combine all-to-alls (``T*top_k x d``
   per rank) overlap the other micro-batch's expert GEMMs, forward and backward; attention and
   router are data-parallel and run without overlap.
@@ -332,12 +331,8 @@ def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dp: int = 1, dtype: str 
         reduce_dtype: the gradient reductions' dtype (None: ``dtype``).
     Returns:
         The Workload.
-    Raises:
-        UserError: for HSDP whose sharded group spans nodes (its replicas' layout is not modelled).
     """
     _check_seq(arch, seq)
-    if dp > 1 and ranks > GPUS_PER_NODE:
-        raise UserError(f"HSDP (fsdp=N,dp=M) shards within a node here: fsdp={ranks} is more than a node's {GPUS_PER_NODE} GPUs")
     b, t, nodes = DTYPES[dtype], seq * mbs, nodes_spanned(ranks)
     rb = DTYPES[reduce_dtype or dtype]
     groups = []
@@ -436,15 +431,11 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
     Returns:
         The Workload.
     Raises:
-        UserError: for an MoE model (its experts: use ep=N), heads that do not split over ``tp``,
-            or replicas of a block wider than a node (their layout is not modelled).
+        UserError: for an MoE model (its experts: use ep=N) or heads that do not split over ``tp``.
     """
     _check_seq(arch, seq)
     if arch.experts:
         raise UserError(f"{arch.name} is an MoE model: use --parallel ep=N")
-    if dp > 1 and ranks * tp > GPUS_PER_NODE:
-        raise UserError(f"3-D (fsdp=N,tp=M,dp=K) replicates blocks within a node here: fsdp={ranks} x tp={tp} is more than "
-                        f"a node's {GPUS_PER_NODE} GPUs")
     b, rb, layers = DTYPES[dtype], DTYPES[reduce_dtype or dtype], arch.layers
     norms = 2 * arch.norm_params()  # sequence parallelism keeps the norms whole on every tp rank
     shard = -(-(arch.layer_params() - norms) // tp) + norms  # what FSDP gathers of a layer on one tp rank
