@@ -24,9 +24,9 @@ Iteration structure per parallelism (DESIGN.md §4; each an overlap group):
   ``param_dtype`` set; torchtitan reduces in fp32) overlap layer ``l-1``'s backward. Embedding and
   head run without overlap.
 * ``fsdp=N,dp=M``: HSDP, as FSDP2 and torchtitan run it: FSDP within each group of ``N``
-  consecutive ranks, replicated ``M`` times (a rank's replicas ``N`` ranks apart); after each layer's reduce-scatter, an
-  all-reduce of its gradient shard (``1/N`` of the layer, reduce dtype) across the ``M`` replicas
-  (``dp_replicate``), beside the same backward.
+  consecutive ranks, replicated ``M`` times (a rank's replicas ``N`` ranks apart); after each
+  layer's reduce-scatter, an all-reduce of its gradient shard (``1/N`` of the layer, reduce
+  dtype) across the ``M`` replicas (``dp_replicate``), beside the same backward.
 * ``tp=N,dp=M``: Megatron tensor parallelism with Domino-style overlap: the micro-batch (even) is
   split in two halves and one half's all-reduce (``T/2 x d`` activations, after attention and
   after the MLP, forward and backward) overlaps the other half's GEMMs, and the other way round:
@@ -259,6 +259,24 @@ def replica_nodes(group: int, replicas: int) -> int:
     return min(replicas, nodes_spanned(group * replicas))
 
 
+def replicated_gradients(params: int, element: int, ranks: int, block: int, replicas: int) -> tuple[Collective, ...]:
+    """HSDP's all-reduce of each reduce-scatter's output across the replicas (none without them).
+
+    Args:
+        params: parameters the reduce-scatter reduces.
+        element: bytes of one, in the reduce dtype.
+        ranks: ranks it scatters over: its output is one rank's share (FSDP2 pads each to a whole one).
+        block: consecutive ranks one replica holds (its fsdp group, or its fsdp x tp block).
+        replicas: replicas of the block (dp_replicate's degree).
+    Returns:
+        The all-reduce, or nothing for one replica.
+    """
+    if replicas < 2:
+        return ()
+    return (Collective("all_reduce.replicate_grads", "all_reduce", -(-params // ranks) * element, group=DP_REPLICATE, ranks=replicas,
+                       nodes=replica_nodes(block, replicas)),)
+
+
 # ---------------------------------------------------------------------------------------------
 # Parallelisms
 
@@ -342,9 +360,7 @@ def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dp: int = 1, dtype: str 
         fwd = tuple(layer_gemms(arch, layers[0], seq, mbs, dtype))
         ag = Collective("all_gather.next_layer", "all_gather", lp * b, group=DP_SHARD, ranks=ranks, nodes=nodes)
         rs = Collective("reduce_scatter.grads", "reduce_scatter", lp * rb, group=DP_SHARD, ranks=ranks, nodes=nodes)
-        # HSDP: the reduce-scatter's output, one rank's shard (FSDP2 pads each to a whole share)
-        replicas = (Collective("all_reduce.replicate_grads", "all_reduce", -(-lp // ranks) * rb, group=DP_REPLICATE, ranks=dp,
-                               nodes=replica_nodes(ranks, dp)),) if dp > 1 else ()
+        replicas = replicated_gradients(lp, rb, ranks, ranks, dp)
         groups.append(OverlapGroup(f"forward.{kind}", fwd, (ag,), repeat=len(layers)))
         groups.append(OverlapGroup(f"backward.{kind}", tuple(backward_of(list(fwd))),
                                    (replace(ag, name="all_gather.prev_layer"), rs, *replicas), repeat=len(layers)))
@@ -442,8 +458,7 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
     nodes = replica_nodes(tp, ranks)
     ag = Collective("all_gather.next_layer", "all_gather", shard * b, group=DP_SHARD, ranks=ranks, nodes=nodes)
     rs = Collective("reduce_scatter.grads", "reduce_scatter", shard * rb, group=DP_SHARD, ranks=ranks, nodes=nodes)
-    replicas = (Collective("all_reduce.replicate_grads", "all_reduce", -(-shard // ranks) * rb, group=DP_REPLICATE, ranks=dp,
-                           nodes=replica_nodes(ranks * tp, dp)),) if dp > 1 else ()
+    replicas = replicated_gradients(shard, rb, ranks, ranks * tp, dp)
     act = seq * mbs * arch.hidden * b  # the whole sequence's activations: all-gather output, reduce-scatter input
     sp = lambda name, op: Collective(name, op, act, group=TP, ranks=tp, nodes=nodes_spanned(tp))
     fwd = layer_gemms(arch, 0, seq, mbs, dtype, tp)
