@@ -200,7 +200,7 @@ class SimBackend(LocalBackend):
         self.options = options
         self.ib_gbps = ib
         self.nodes = options.nodes or 1  # sized to the workload by plan_points when --nodes was not given
-        self.world: int | None = None  # the workload's ranks, once plan_points has seen it
+        self.ranks = GPUS_PER_NODE * self.nodes  # the job's, once plan_points has seen its workload
         self.sim = SimCluster(self.cluster, self.nodes, ib)
         self.knob_space = knob_space_from_fingerprint({"cluster": self.cluster.name})  # the one a plan of it is read with
         # rounds each point has been measured: measured again (a plan replayed round after round),
@@ -211,7 +211,7 @@ class SimBackend(LocalBackend):
         c = self.cluster
         return {"backend": self.name, "simulated": self.simulated, "cluster": c.name, "device": f"{c.device} (simulated)", "gpu": c.device,
                 "sms": c.sms, "hbm_GBps": c.hbm / GB, "rank_memory_GiB": c.memory_GiB, "nodes": self.nodes, "gpus_per_node": GPUS_PER_NODE,
-                "ranks": self.world or GPUS_PER_NODE * self.nodes, "ib_gbps": self.ib_gbps if self.nodes > 1 else None,
+                "ranks": self.ranks, "ib_gbps": self.ib_gbps if self.nodes > 1 else None,
                 **({} if self.hardware_said else {"hardware_note": f"--hardware not given: the default {c.name}"}),
                 "seed": self.options.seed, "noise": self.options.noise, "host": platform.node()}
 
@@ -268,7 +268,7 @@ class SimBackend(LocalBackend):
         # the job's ranks, as its plan records them (an fsdp=4 job's plan said 8, the node's GPUs),
         # where its nodes hold them evenly as the plan requires; else the nodes' GPUs
         world = workload.world_size
-        self.world = world if world <= self.nodes * GPUS_PER_NODE and world % self.nodes == 0 else None
+        self.ranks = world if world % self.nodes == 0 else GPUS_PER_NODE * self.nodes
         if self.nodes == 1 and "ib_gbps" in self.options.extra:  # it would be accepted and recorded as nothing
             raise UserError(f"--ib-gbps {self.ib_gbps}: the workload's communicators fit one node of {GPUS_PER_NODE} GPUs, "
                             "joined by NVLink or PCIe, not InfiniBand; leave --ib-gbps out")

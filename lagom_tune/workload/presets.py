@@ -366,8 +366,7 @@ def fsdp(arch: Arch, *, seq: int, mbs: int, ranks: int, dp: int = 1, dtype: str 
                                    (replace(ag, name="all_gather.prev_layer"), rs, *replicas), repeat=len(layers)))
     head = Gemm("head", t, arch.vocab, arch.hidden, dtype)
     groups.append(OverlapGroup("head", (head, *_bwd(head))))
-    suffix, parallel = (f"fsdp{ranks}-dp{dp}", f"fsdp={ranks},dp={dp}") if dp > 1 else (f"fsdp{ranks}", f"fsdp={ranks}")
-    return _workload(arch, suffix, groups, seq, mbs, dtype, parallel, ranks * dp, reduce_dtype or dtype)
+    return _workload(arch, {"fsdp": ranks, **({"dp": dp} if dp > 1 else {})}, groups, seq, mbs, dtype, reduce_dtype or dtype)
 
 
 def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dtype: str = "bf16",
@@ -417,8 +416,7 @@ def tensor_parallel(arch: Arch, *, seq: int, mbs: int, tp: int, dp: int = 1, dty
         groups.append(OverlapGroup("backward.attention", bwd_attn, (ar("all_reduce.attn_in_grad.other_half"),), repeat=twice))
     head = Gemm("head", seq * mbs, arch.vocab // tp, arch.hidden, dtype)
     groups.append(OverlapGroup("head", (head, *_bwd(head))))
-    return _workload(arch, f"tp{tp}-dp{dp}", groups, seq, mbs, dtype, f"tp={tp},dp={dp}", tp * dp,
-                     (reduce_dtype or dtype) if dp > 1 else None)
+    return _workload(arch, {"tp": tp, "dp": dp}, groups, seq, mbs, dtype, (reduce_dtype or dtype) if dp > 1 else None)
 
 
 def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int, dp: int = 1, dtype: str = "bf16",
@@ -480,8 +478,7 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
                                                    sp("reduce_scatter.head_in_grad", "reduce_scatter"),
                                                    sp("all_gather.embedding_out_grad", "all_gather"))),
     ]
-    suffix, parallel = (f"fsdp{ranks}-tp{tp}-dp{dp}", f"fsdp={ranks},tp={tp},dp={dp}") if dp > 1 else (f"fsdp{ranks}-tp{tp}", f"fsdp={ranks},tp={tp}")
-    return _workload(arch, suffix, groups, seq, mbs, dtype, parallel, ranks * tp * dp, reduce_dtype or dtype)
+    return _workload(arch, {"fsdp": ranks, "tp": tp, **({"dp": dp} if dp > 1 else {})}, groups, seq, mbs, dtype, reduce_dtype or dtype)
 
 
 def expert_parallel(arch: Arch, *, seq: int, mbs: int, ep: int, dtype: str = "bf16") -> Workload:
@@ -515,7 +512,7 @@ def expert_parallel(arch: Arch, *, seq: int, mbs: int, ep: int, dtype: str = "bf
     if arch.dense_layers:
         dense = mlp_gemms(arch, "L.mlp", t, arch.ffn, dtype)
         groups.append(OverlapGroup("dense_mlp", tuple(dense + backward_of(dense)), repeat=arch.dense_layers))
-    return _workload(arch, f"ep{ep}", groups, seq, mbs, dtype, f"ep={ep}", ep)
+    return _workload(arch, {"ep": ep}, groups, seq, mbs, dtype)
 
 
 def _layer_kinds(arch: Arch) -> dict[str, list[int]]:
@@ -530,11 +527,14 @@ def _check_seq(arch: Arch, seq: int) -> None:
         raise UserError(f"--seq {seq} exceeds {arch.name}'s context of {arch.max_seq}")
 
 
-def _workload(arch: Arch, suffix: str, groups: list[OverlapGroup], seq: int, mbs: int, dtype: str, parallel: str, world: int,
+def _workload(arch: Arch, degrees: dict[str, int], groups: list[OverlapGroup], seq: int, mbs: int, dtype: str,
               reduce_dtype: str | None = None) -> Workload:
+    """The preset's workload, named and described by its ``degrees`` in order (``{"fsdp": 8, "dp": 2}``:
+    ``<model>-fsdp8-dp2``, ``--parallel fsdp=8,dp=2``, a world of 16 ranks)."""
     reduced = {"reduce_dtype": reduce_dtype} if reduce_dtype else {}  # a workload that reduces gradients says in what
-    return Workload(f"{arch.name}-{suffix}", tuple(groups),
-                    meta={"model": arch.name, "parallel": parallel, "world": world, "seq": seq, "mbs": mbs, "dtype": dtype, **reduced,
+    return Workload(f"{arch.name}-{'-'.join(f'{k}{n}' for k, n in degrees.items())}", tuple(groups),
+                    meta={"model": arch.name, "parallel": ",".join(f"{k}={n}" for k, n in degrees.items()),
+                          "world": math.prod(degrees.values()), "seq": seq, "mbs": mbs, "dtype": dtype, **reduced,
                           "layer_parameters": arch.layer_params(arch.dense_layers if arch.experts else 0)})
 
 
