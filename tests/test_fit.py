@@ -205,12 +205,12 @@ def test_a_timeline_refuses_a_non_finite_time_instead_of_spinning():
 
 
 @pytest.mark.parametrize("curve, name", [("exp-pipeline", "link_GBps"), ("steps", "per_channel_GBps"), ("steps", "saturation"),
-                                         ("steps-depth", "threads_knee")])
+                                         ("steps-depth", "threads_knee"), ("steps-rolloff", "rolloff_GBps")])
 def test_a_communication_fit_refuses_a_zero_it_divides_by(curve, name):
     """``link_GBps: 0`` in a hand-edited model.yaml made every time NaN and the search spin."""
-    from lagom_tune.model.gpu import COMM_PARAMS, STEP_PARAMS, CommFit
+    from lagom_tune.model.gpu import CURVE_PARAMS, CommFit
 
-    d = {"curve": curve, **{n: 1.0 for n in (COMM_PARAMS if curve == "exp-pipeline" else STEP_PARAMS)}}
+    d = {"curve": curve, **{n: 1.0 for n in CURVE_PARAMS[curve]}}
     CommFit.from_dict(d)
     with pytest.raises(UserError, match=f"comm.{name}: must be > 0, got 0"):
         CommFit.from_dict({**d, name: 0})
@@ -352,4 +352,6 @@ def test_the_communication_fit_finds_the_launch_and_the_handshake_of_a_simulated
     fit = fit_comm(df, warm=False)["all_to_all|ring|simple|1"]
     assert fit.latency_us == pytest.approx(5.0, rel=0.3) and fit.handshake_us == pytest.approx(3.5, rel=0.15)
     errors = [abs(fit.seconds(r.bus_bytes, r.nbytes, r.channels, r.threads, r.buffsize, depth=7) / r.seconds - 1) for r in df.itertuples()]
-    assert np.mean(errors) < 0.03, np.mean(errors)
+    assert np.mean(errors) < 0.015, np.mean(errors)
+    # the switch's roll-off (fabric 800 GB/s) before the link's 450: one soft minimum missed by 4-6% at 16-24 channels
+    assert fit.rolloff_GBps == pytest.approx(CLUSTERS["h100-nvlink"].fabric / 1e9, rel=0.2)

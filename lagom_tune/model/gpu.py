@@ -46,6 +46,13 @@ carries (``nccl_knobs.pipeline_steps``: a ring all-gather's ``n - 1``), each wit
 ``x = a + bus_bytes / bw + h * max(0, depth - bus_bytes / (NC * C / 8))``; the ``steps`` curve had
 only ``a`` for them, which then overcharged every large collective (simulated 8xH100 all-to-all: a
 26 us ``a`` where the launch is 5 us, NCCL's default all-to-all predicted 5-8% slow; 2026-12-06).
+Fits since 2026-12-06 (``steps-rolloff``) let the channels' sum roll off before it meets the link:
+``offered / (1 + offered / R)``, contention that costs each added channel more (``R``, fitted; a
+group whose channels never roll off fits it beyond any link). 8xH200 showed it (DESIGN.md §10):
+an all-reduce of 128 MB with its CTAs capped at 2/4/8 moved 74/134/234 GB/s busbw, which ``R``
+about 830 GB/s at 41 GB/s a channel meets within 2 GB/s each, long before the ~370 GB/s its links
+carry at NCCL's defaults; one soft minimum against the link misses either that roll-off or the
+cap (simulated 8xH100: NCCL's default all-to-all predicted 4-6% slow).
 Older files hold the ``exp-pipeline`` curve,
 ``bw = L * (1 - exp(-NC * beta * (NT/512)^tau / L)) / (1 + c / (C/8))``, and are read as written. That is
 its time in a workload, where the computation beside it has evicted its buffers from L2. Timed
@@ -137,8 +144,12 @@ L2_SHARPNESS = 2.0  # h = min(1, l2 / footprint)^2: streaming past the L2 size l
 COMM_PARAMS = ("latency_us", "link_GBps", "per_channel_GBps", "threads_exp", "pipeline_bytes", "warm_gain", "l2_bytes")
 STEP_PARAMS = ("latency_us", "link_GBps", "per_channel_GBps", "threads_knee", "threads_exp", "saturation", "handshake_us",
                "warm_gain", "l2_bytes")
-CURVE_EXP, CURVE_STEPS, CURVE_DEPTH = "exp-pipeline", "steps", "steps-depth"
-DIVISORS = ("link_GBps", "per_channel_GBps")  # parameters times are divided by: positive, never 0
+ROLLOFF_PARAMS = STEP_PARAMS + ("rolloff_GBps",)
+CURVE_EXP, CURVE_STEPS, CURVE_DEPTH, CURVE_ROLLOFF = "exp-pipeline", "steps", "steps-depth", "steps-rolloff"
+CURVE_PARAMS = {CURVE_EXP: COMM_PARAMS, CURVE_STEPS: STEP_PARAMS, CURVE_DEPTH: STEP_PARAMS, CURVE_ROLLOFF: ROLLOFF_PARAMS}
+CURVES = tuple(CURVE_PARAMS)
+DEPTH_CURVES = (CURVE_DEPTH, CURVE_ROLLOFF)  # those that charge a short collective its pipeline steps
+DIVISORS = ("link_GBps", "per_channel_GBps", "rolloff_GBps")  # parameters times are divided by: positive, never 0
 SOFT_CAP_POWERS = ("threads_exp", "saturation", "threads_knee")  # ... and, in the steps curve, those a soft minimum takes logs of
 MAX_GBPS = 1e6  # a bandwidth parameter above 1 PB/s is no link's (1e300 overflowed to NaN times in the search)
 MAX_GEMM_S = 3600.0  # a GEMM's wave (theta) or time alone, at most: an hour (theta 1e300 gave a plan its 1.017x)
@@ -358,7 +369,8 @@ def _kernel_seconds(f: GemmFit, sms: int, hbm: float) -> float:
 class CommFit:
     """One (op, algorithm, protocol, nodes) group's communication curve (see the module docstring).
 
-    ``curve`` says which: ``steps-depth`` (fits since 2026-12-06: ``steps`` with at least the
+    ``curve`` says which: ``steps-rolloff`` (fits since 2026-12-06: ``steps-depth`` whose channels'
+    sum rolls off before the link), ``steps-depth`` (fits since 2026-12-06: ``steps`` with at least the
     algorithm's pipeline steps), ``steps`` (fits since 2026-11-30: channels sharing a link, plus a
     handshake per pipeline step) or ``exp-pipeline`` (model files written before).
     """
@@ -374,6 +386,7 @@ class CommFit:
     threads_knee: float = 0.0  # steps: threads at which a channel reaches its copy rate
     saturation: float = 1.0  # steps: how sharply the channels' sum meets the link (1: smoothly, large: a hard cap)
     handshake_us: float = 0.0  # steps: per pipeline step of buffsize/8
+    rolloff_GBps: float = math.inf  # steps-rolloff: the offered rate at which contention halves what channels carry
     sensitivity: float = 1.0  # how strongly this group's collectives feel a GEMM beside them (waves-v2; 1: as fitted overall)
 
     def bandwidth(self, channels: float, threads: float, buffsize: float) -> float:
@@ -382,7 +395,7 @@ class CommFit:
             return float(channel_bandwidth(np, self.link_GBps, self.per_channel_GBps, self.threads_exp, self.pipeline_bytes,
                                            channels, threads, buffsize))
         return float(step_bandwidth(np, self.link_GBps, self.per_channel_GBps, self.threads_knee, self.threads_exp,
-                                    self.saturation, self.handshake_us, channels, threads, buffsize))
+                                    self.saturation, self.handshake_us, channels, threads, buffsize, self.rolloff_GBps))
 
     def seconds(self, bus_bytes: float, nbytes: float, channels: float, threads: float, buffsize: float,
                 repeated: bool = False, depth: int = 1) -> float:
@@ -390,20 +403,20 @@ class CommFit:
         ``depth``: the algorithm's pipeline steps (``nccl_knobs.pipeline_steps``; the ``steps-depth``
         curve's floor on the handshakes)."""
         warm = self.warm_gain * l2_hit_share(np, self.l2_bytes, nbytes, channels, buffsize) if repeated else 0.0
-        short = float(short_steps(np, depth, bus_bytes, channels, buffsize)) if self.curve == CURVE_DEPTH else 0.0
+        short = float(short_steps(np, depth, bus_bytes, channels, buffsize)) if self.curve in DEPTH_CURVES else 0.0
         return (self.latency_us + self.handshake_us * short) * 1e-6 + bus_bytes / (self.bandwidth(channels, threads, buffsize) * (1 + warm))
 
     def to_dict(self) -> dict[str, Any]:
-        names = COMM_PARAMS if self.curve == CURVE_EXP else STEP_PARAMS
+        names = CURVE_PARAMS[self.curve]
         return {"curve": self.curve, **{n: float(getattr(self, n)) for n in names}, "sensitivity": self.sensitivity}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "comm") -> "CommFit":
-        """Reads both curves; files written before the L2 terms existed have no ``warm_gain`` (no
+        """Reads every curve; files written before the L2 terms existed have no ``warm_gain`` (no
         warm speed-up), before the step curve no ``curve`` (exp-pipeline). ``path`` names the
         record in errors."""
         d = v.mapping(d, path)
-        curve = v.one_of(v.field(d, "curve", path, str, CURVE_EXP), (CURVE_EXP, CURVE_STEPS, CURVE_DEPTH), f"{path}.curve")
+        curve = v.one_of(v.field(d, "curve", path, str, CURVE_EXP), CURVES, f"{path}.curve")
 
         def param(name: str, default: Any = ...) -> float:  # every parameter is fitted positive (log-parameters)
             value = v.field(d, name, path, float, default, minimum=0.0, maximum=MAX_GBPS if name in DIVISORS else None)
@@ -413,7 +426,7 @@ class CommFit:
 
         sensitivity = param("sensitivity", 1.0)
         if curve != CURVE_EXP:
-            return cls(**{n: param(n) for n in STEP_PARAMS}, pipeline_bytes=0.0, curve=curve, sensitivity=sensitivity)
+            return cls(**{n: param(n) for n in CURVE_PARAMS[curve]}, pipeline_bytes=0.0, curve=curve, sensitivity=sensitivity)
         return cls(**{n: param(n) for n in COMM_PARAMS[:5]}, **{n: param(n, 0.0) for n in COMM_PARAMS[5:]},
                    sensitivity=sensitivity)
 
@@ -645,11 +658,12 @@ class LagomGpuModel:
                       "launch_s": "seconds of launch per GEMM (shapes never measured)",
                       "residuals": "log(measured / regression) of each measured shape, taken by the shapes never measured near it",
                       "narrow_tiles": "the candidate kernels include 128x64 and 64x128 tiles for outputs at most 64 wide",
-                      "curve": "the communication curve: steps (channels share a link, a handshake per step) or exp-pipeline",
+                      "curve": "the communication curve: steps-rolloff, steps-depth or steps (channels share a link, a handshake per step) or exp-pipeline",
                       "threads_exp": "exp-pipeline: the exponent tau of (threads/512)^tau; steps: how sharply a channel reaches its copy rate at threads_knee",
                       "threads_knee": "threads per channel at which a channel reaches its copy rate (steps)",
                       "saturation": "how sharply the channels' sum meets link_GBps (1: smoothly; large: a hard cap)",
                       "handshake_us": "µs per pipeline step of buffsize/8 (steps)",
+                      "rolloff_GBps": "the offered rate at which contention halves what the channels carry (steps-rolloff)",
                       "sensitivity": "factor on the collective's slowdown beside a GEMM for this group (1: as fitted overall)"},
             "device": {"sms": self.sms, "hbm_GBps": self.hbm / 1e9},
             "params": params,
@@ -746,13 +760,16 @@ def channel_bandwidth(xp, link, per_ch, tau, pipe, channels, threads, buffsize):
     return link * 1e9 * (1 - xp.exp(-channels * ch_bw / (link * 1e9))) / (1 + pipe / (buffsize / 8.0))
 
 
-def step_bandwidth(xp, link, per_ch, knee, sharpness, saturation, handshake_us, channels, threads, buffsize):
-    """Bus bandwidth (bytes/s) of the ``steps`` curve: each channel copies at ``per_ch`` GB/s once it
-    has ``knee`` threads (a soft minimum of the given sharpness), the channels' sum meets the link
-    as a soft minimum of power ``saturation``, and every step of ``buffsize / 8`` bytes pays a
-    handshake. ``xp`` is numpy (predictions) or torch (the fit's gradients)."""
+def step_bandwidth(xp, link, per_ch, knee, sharpness, saturation, handshake_us, channels, threads, buffsize,
+                   rolloff=math.inf):
+    """Bus bandwidth (bytes/s) of the ``steps`` curves: each channel copies at ``per_ch`` GB/s once it
+    has ``knee`` threads (a soft minimum of the given sharpness), the channels' sum rolls off as
+    ``offered / (1 + offered / rolloff)`` (GB/s; inf: not at all, the curves before ``steps-rolloff``)
+    and meets the link as a soft minimum of power ``saturation``, and every step of ``buffsize / 8``
+    bytes pays a handshake. ``xp`` is numpy (predictions) or torch (the fit's gradients)."""
     rate = per_ch * 1e9 * _soft_cap(xp, knee / threads, sharpness)
     offered = channels * rate
+    offered = offered / (1 + offered / (rolloff * 1e9))
     carried = offered * _soft_cap(xp, offered / (link * 1e9), saturation)
     step_bytes = channels * buffsize / STEPS_PER_BUFFER  # bus bytes moved per round of steps
     return 1 / (1 / carried + handshake_us * 1e-6 / step_bytes)

@@ -24,7 +24,7 @@ from lagom_tune.backends.nccl_knobs import channel_run, pipeline_steps
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.gpu import (
-    CORUN_GRID, CURVE_DEPTH, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_RESIDUAL, MAX_V_PER_BYTE, MIN_FREE_HBM, PLACEMENTS, TIE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
+    CORUN_GRID, CURVE_ROLLOFF, FORM_EQ46, FORM_WAVES, FORMS, HUBER_DELTA, MAX_GBPS, MAX_RESIDUAL, MAX_V_PER_BYTE, MIN_FREE_HBM, PLACEMENTS, TIE, WAVE_WIDTHS, CommFit, Contention, GemmFit,
     LagomGpuModel, ShapeRegression, block_bytes, blocks, comm_group_of_row, cta_candidates, cta_kflop, extra_traffic, free_sms, kernel_ctas,
     kernels, l2_hit_share, min_traffic, short_steps, step_bandwidth, tile_bytes, waves,
 )
@@ -90,8 +90,9 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[s
     t = {c: torch.tensor(rows[c].to_numpy(float), dtype=torch.float64)
          for c in ("bus_bytes", "nbytes", "channels", "threads", "buffsize", "depth", "seconds")}
     best_bw = rows.assign(bw=rows["bus_bytes"] / rows["seconds"] / 1e9).groupby("group")["bw"].max().reindex(keys).to_numpy()
-    # log-parameters keep every quantity positive; in STEP_PARAMS order
-    start = [[5.0, b * 1.1, b / 8, 128.0, 2.0, 2.0, 2.0, 0.3, 32e6] for b in best_bw]
+    # log-parameters keep every quantity positive; in ROLLOFF_PARAMS order (the roll-off starts far
+    # beyond the best rate seen: a group that never rolls off keeps it there)
+    start = [[5.0, b * 1.1, b / 8, 128.0, 2.0, 2.0, 2.0, 0.3, 32e6, b * 8] for b in best_bw]
     raw = torch.tensor(start, dtype=torch.float64).log().requires_grad_()
     share = 1.0 / torch.bincount(group, minlength=len(keys)).to(torch.float64)[group]  # each group's loss is its mean
     opt = torch.optim.Adam([raw], lr=0.05)
@@ -103,8 +104,9 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[s
     with _one_torch_thread():
         for step in range(steps):
             opt.zero_grad()
-            lat, link, per_ch, knee, sharp, sat, hand, gain, l2 = raw.exp()[group].T
-            bw = step_bandwidth(torch, link, per_ch, knee, sharp + 0.5, sat + 0.5, hand, t["channels"], t["threads"], t["buffsize"])
+            lat, link, per_ch, knee, sharp, sat, hand, gain, l2, rolloff = raw.exp()[group].T
+            bw = step_bandwidth(torch, link, per_ch, knee, sharp + 0.5, sat + 0.5, hand, t["channels"], t["threads"], t["buffsize"],
+                                rolloff)
             gain = gain * warm
             short = short_steps(torch, t["depth"], t["bus_bytes"], t["channels"], t["buffsize"])
             pred = (lat + hand * short) * 1e-6 + t["bus_bytes"] / (bw * (1 + gain * l2_hit_share(torch, l2, t["nbytes"], t["channels"], t["buffsize"])))
@@ -121,8 +123,9 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[s
     final[diverged] = best_raw[diverged]
     out = {}
     for k, p in zip(keys, final.exp()):
-        lat, link, per_ch, knee, sharp, sat, hand, gain, l2 = (float(x) for x in p)
-        out[k] = CommFit(lat, link, per_ch, sharp + 0.5, 0.0, gain if warm else 0.0, l2, CURVE_DEPTH, knee, sat + 0.5, hand)
+        lat, link, per_ch, knee, sharp, sat, hand, gain, l2, rolloff = (float(x) for x in p)
+        out[k] = CommFit(lat, link, per_ch, sharp + 0.5, 0.0, gain if warm else 0.0, l2, CURVE_ROLLOFF, knee, sat + 0.5, hand,
+                         min(rolloff, MAX_GBPS))
     return out
 
 
