@@ -29,6 +29,19 @@ def test_llama3_8b_fsdp8_gathers_one_layer_in_bf16():
     assert shapes["L0.scores"] == (2048, 2048, 128, 32)
 
 
+def test_phi2_gathers_its_layer_with_the_one_layernorm_its_parallel_block_shares():
+    """phi-2's attention and MLP read one input LayerNorm (Hugging Face's PhiDecoderLayer); the
+    preset counted two, 5,120 parameters a layer more than the checkpoint holds. Hand count:
+    attention 2560*3*2560 + 7680 + 2560*2560 + 2560 = 26,224,640; MLP 2*2560*10240 + 10240 + 2560 =
+    52,441,600; one LayerNorm 5,120. 32 such layers, the embedding 51200*2560, the head with its
+    bias and the final LayerNorm make the published 2,779,683,840."""
+    layer = 78_671_360
+    assert 32 * layer + 51200 * 2560 + (51200 * 2560 + 51200) + 2 * 2560 == 2_779_683_840
+    w = build_preset("phi-2", parallel="fsdp=8")
+    (ag,) = next(g for g in w.groups if g.name == "forward.layer").comm
+    assert ag.nbytes == layer * 2
+
+
 def test_reduce_dtype_sizes_the_gradient_reductions_and_nothing_else():
     """torchtitan's FSDP2 reduces bf16 training's gradients in fp32: a plan from the bf16 default
     holds its reduce-scatter rules to half the bytes NCCL is asked for, and they match no call.
@@ -203,8 +216,8 @@ def test_phi2_tp8_domino_shapes_and_all_reduce_bytes():
     bwd = [g for g in w.groups if g.name.startswith("backward.attention")]
     assert sum(g.repeat for g in bwd) == 2 * 32
     dp = [(c, g.repeat) for g in bwd for c in g.comm if c.group == "dp_replicate"]
-    # Phi-2 layer: attention 4*2560^2 + 4*2560 biases; MLP 2*2560*10240 + 10240 + 2560; 2 LayerNorms.
-    layer = 4 * 2560**2 + 4 * 2560 + 2 * 2560 * 10240 + 10240 + 2560 + 4 * 2560
+    # Phi-2 layer: attention 4*2560^2 + 4*2560 biases; MLP 2*2560*10240 + 10240 + 2560; 1 LayerNorm.
+    layer = 4 * 2560**2 + 4 * 2560 + 2 * 2560 * 10240 + 10240 + 2560 + 2 * 2560
     # once a layer, in fp32 (Megatron all-reduces bf16 training's gradients in fp32), over 2 nodes
     assert len(dp) == 1 and dp[0][1] == 32 and dp[0][0].nbytes == layer // 8 * 4 and dp[0][0].ranks == 2 and dp[0][0].nodes == 2
     # a tp=4,dp=2 job fits one node: its data-parallel group too (it was simulated over InfiniBand)

@@ -94,6 +94,7 @@ class Arch:
     expert_ffn: int = 0
     shared_experts: int = 0
     dense_layers: int = 0  # leading layers with a dense MLP in an MoE model
+    norms: int = 2  # norms a layer holds: one before attention and one before the MLP (phi-2's parallel block shares one)
 
     @property
     def head_dim(self) -> int:
@@ -113,7 +114,8 @@ class Arch:
         return mats * self.hidden * ffn + ((2 if self.gated else 1) * ffn + self.hidden if self.bias else 0)
 
     def norm_params(self) -> int:
-        return 2 * self.hidden if self.bias else self.hidden  # LayerNorm (weight + bias) or RMSNorm
+        """Parameters of a layer's norms: LayerNorm's weight and bias, or RMSNorm's weight, each."""
+        return self.norms * (2 * self.hidden if self.bias else self.hidden)
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.experts > 0 and layer >= self.dense_layers
@@ -126,7 +128,7 @@ class Arch:
                 mlp += self.mlp_params(self.shared_experts * self.expert_ffn)
         else:
             mlp = self.mlp_params(self.ffn)
-        return self.attention_params() + mlp + 2 * self.norm_params()
+        return self.attention_params() + mlp + self.norm_params()
 
 
 def _bwd(g: Gemm) -> tuple[Gemm, Gemm]:
@@ -451,7 +453,7 @@ def fsdp_tensor_parallel(arch: Arch, *, seq: int, mbs: int, ranks: int, tp: int,
     if arch.experts:
         raise UserError(f"{arch.name} is an MoE model: use --parallel ep=N")
     b, rb, layers = DTYPES[dtype], DTYPES[reduce_dtype or dtype], arch.layers
-    norms = 2 * arch.norm_params()  # sequence parallelism keeps the norms whole on every tp rank
+    norms = arch.norm_params()  # sequence parallelism keeps the norms whole on every tp rank
     shard = -(-(arch.layer_params() - norms) // tp) + norms  # what FSDP gathers of a layer on one tp rank
     nodes = replica_nodes(tp, ranks)
     ag = Collective("all_gather.next_layer", "all_gather", shard * b, group=DP_SHARD, ranks=ranks, nodes=nodes)
@@ -542,7 +544,7 @@ def _workload(arch: Arch, degrees: dict[str, int], groups: list[OverlapGroup], s
 # Architectures (public model cards) and presets
 
 ARCHS: dict[str, Arch] = {
-    "phi-2": Arch("phi-2", hidden=2560, ffn=10240, heads=32, layers=32, vocab=51200, max_seq=2048),
+    "phi-2": Arch("phi-2", hidden=2560, ffn=10240, heads=32, layers=32, vocab=51200, max_seq=2048, norms=1),
     "llama3-8b": Arch("llama3-8b", hidden=4096, ffn=14336, heads=32, kv_heads=8, layers=32, vocab=128256, max_seq=8192,
                       gated=True, bias=False),
     "mpt-7b": Arch("mpt-7b", hidden=4096, ffn=16384, heads=32, layers=32, vocab=50432, max_seq=2048, bias=False,
