@@ -124,8 +124,9 @@ def fit_comm(rows: pd.DataFrame, steps: int = 1000, warm: bool = True) -> dict[s
     out = {}
     for k, p in zip(keys, final.exp()):
         lat, link, per_ch, knee, sharp, sat, hand, gain, l2, rolloff = (float(x) for x in p)
-        out[k] = CommFit(lat, link, per_ch, sharp + 0.5, 0.0, gain if warm else 0.0, l2, CURVE_ROLLOFF, knee, sat + 0.5, hand,
-                         min(rolloff, MAX_GBPS))
+        out[k] = CommFit(latency_us=lat, link_GBps=link, per_channel_GBps=per_ch, threads_exp=sharp + 0.5, pipeline_bytes=0.0,
+                         warm_gain=gain if warm else 0.0, l2_bytes=l2, curve=CURVE_ROLLOFF, threads_knee=knee,
+                         saturation=sat + 0.5, handshake_us=hand, rolloff_GBps=min(rolloff, MAX_GBPS))
     return out
 
 

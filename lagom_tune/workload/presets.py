@@ -645,7 +645,7 @@ def build_model(model: str, parallel: str | None = None, seq: int | None = None,
     mbs = mbs or PAPER_MBS.get((model, family), 2 if family == "tp" else 1)
     seq = seq or min(DEFAULT_SEQ, arch.max_seq)
     if reduce_dtype is not None:
-        check_reduce_dtype(reduce_dtype)
+        _check_reduce_dtype(reduce_dtype)
         if family == "ep" or (family == "tp" and par.get("dp", 1) == 1):  # the option would be ignored
             raise UserError(f"--reduce-dtype: {','.join(f'{k}={n}' for k, n in par.items())} reduces no gradients across ranks "
                             f"({'expert parallelism models none' if family == 'ep' else 'give dp=2 or more'})")
@@ -662,19 +662,16 @@ def build_model(model: str, parallel: str | None = None, seq: int | None = None,
     return gpt_ddp(arch, seq=seq, mbs=mbs, ranks=par["ddp"], dtype=dtype, reduce_dtype=reduced)
 
 
-def check_reduce_dtype(value: str) -> str:
-    """``--reduce-dtype``'s value, checked.
+def _check_reduce_dtype(value: str) -> None:
+    """Check ``--reduce-dtype``'s value.
 
     Args:
         value: the option's value.
-    Returns:
-        The value.
     Raises:
         UserError: for a dtype the workloads have no size for.
     """
     if value not in DTYPES:
         raise UserError(f"--reduce-dtype {value!r}: expected one of {', '.join(DTYPES)}")
-    return value
 
 
 @dataclass(frozen=True)
