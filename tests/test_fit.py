@@ -233,6 +233,11 @@ def test_a_sharp_fitted_knee_predicts_without_overflow():
     rate = per * 1e9 / (1 + (knee / th) ** sharp) ** (1 / sharp)
     carried = ch * rate / (1 + (ch * rate / (link * 1e9)) ** sat) ** (1 / sat)
     assert step_bandwidth(np, link, per, knee, sharp, sat, hand, ch, th, bs) == pytest.approx(1 / (1 / carried + hand * 1e-6 / (ch * bs / 8)))
+    # steps-rolloff: the channels' sum rolls off (offered / (1 + offered / R)) before it meets the link
+    rolled = ch * rate / (1 + ch * rate / 400e9)
+    carried = rolled / (1 + (rolled / (link * 1e9)) ** sat) ** (1 / sat)
+    assert step_bandwidth(np, link, per, knee, sharp, sat, hand, ch, th, bs, 400) == \
+        pytest.approx(1 / (1 / carried + hand * 1e-6 / (ch * bs / 8)))
 
 
 def test_a_cpu_model_refuses_an_op_it_has_no_fit_for():
