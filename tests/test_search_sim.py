@@ -3,15 +3,20 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import yaml
 
+from lagom_tune.knobs import Settings
 from lagom_tune.model.contention import load_model
 from lagom_tune.plan.schema import knob_space_for
 from lagom_tune.precision import ms_text
 from lagom_tune.profile.store import open_run
-from lagom_tune.search.run import OPTIMIZERS, compare, search
+from lagom_tune.search import TIE_TOLERANCE
+from lagom_tune.search.evaluate import Evaluation
+from lagom_tune.search.result import SearchResult
+from lagom_tune.search.run import OPTIMIZERS, compare, deployed, search
 from lagom_tune.search.space import variables
 from lagom_tune.workload.spec import Collective, OverlapGroup, Workload
 
@@ -221,12 +226,6 @@ def test_a_process_wide_knob_with_no_predicted_effect_is_left_to_nccl():
     whose default is predicted within search.TIE_TOLERANCE goes back to NCCL, named; one that gains
     more stays, and so does the collective's own rule. (Until 2026-12-06 a simulated profile showed
     it, until the model's roll-off left the search no reason to touch either knob there.)"""
-    from lagom_tune.knobs import Settings
-    from lagom_tune.search import TIE_TOLERANCE
-    from lagom_tune.search.evaluate import Evaluation
-    from lagom_tune.search.result import SearchResult
-    from lagom_tune.search.run import deployed
-
     default = Settings(process={"threads": 512, "buffsize": 4 << 20, "channels": 16})
     best = Settings(process={"threads": 64, "buffsize": 8 << 20, "channels": 16},
                     collectives={"all_reduce|dp|1000000": {"algo": "tree", "proto": "ll128"}})
@@ -251,8 +250,6 @@ def test_a_process_wide_knob_with_no_predicted_effect_is_left_to_nccl():
 
 def test_a_plan_says_which_knobs_it_left_to_the_backend():
     """``search`` and ``show`` name them: the phi-2-tp8-dp2 example plan left its buffer size to NCCL."""
-    from pathlib import Path
-
     plan = Path(__file__).resolve().parent.parent / "plans" / "sim-a40-nvlink-phi-2-tp8-dp2.yaml"
     assert yaml.safe_load(plan.read_text())["search"]["left_to_backend"] == ["buffsize"]
     shown = " ".join(cli("show", plan, check=True).stdout.split())
