@@ -3,7 +3,6 @@
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import yaml
@@ -20,7 +19,7 @@ from lagom_tune.search.run import OPTIMIZERS, compare, deployed, search
 from lagom_tune.search.space import variables
 from lagom_tune.workload.spec import Collective, OverlapGroup, Workload
 
-from conftest import cli
+from conftest import ROOT, cli
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +249,7 @@ def test_a_process_wide_knob_with_no_predicted_effect_is_left_to_nccl():
 
 def test_a_plan_says_which_knobs_it_left_to_the_backend():
     """``search`` and ``show`` name them: the phi-2-tp8-dp2 example plan left its buffer size to NCCL."""
-    plan = Path(__file__).resolve().parent.parent / "plans" / "sim-a40-nvlink-phi-2-tp8-dp2.yaml"
+    plan = ROOT / "plans" / "sim-a40-nvlink-phi-2-tp8-dp2.yaml"
     assert yaml.safe_load(plan.read_text())["search"]["left_to_backend"] == ["buffsize"]
     shown = " ".join(cli("show", plan, check=True).stdout.split())
     assert "left to the sim backend" in shown and "buffsize" in shown, shown
