@@ -19,6 +19,7 @@ STEPS = [
     [sys.executable, "bench/cpu_e2e.py", "--plan", "runs/bench-cpu/plan.yaml", "--rounds", "4", "--steps", "10", "--grid"],
     [sys.executable, "bench/shim_overhead.py", "--plan", "runs/bench-cpu/plan.yaml"],
     [sys.executable, "bench/model_accuracy.py"],
+    [sys.executable, "bench/fit_speed.py"],
     [sys.executable, "bench/paper_sim.py", "--optuna-trials", "1500"],
 ]
 

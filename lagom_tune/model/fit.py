@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from lagom_tune.artifact_io import write_yaml
-from lagom_tune.backends.registry import backend_info, backend_names
+from lagom_tune.backends.registry import backend_info, backend_names, usable_cores
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace
 from lagom_tune.measurements import CHOICE_COLUMNS, CHOICE_KNOBS, DEFAULT, KNOB_COLUMNS, chosen_settings
@@ -23,6 +23,7 @@ from lagom_tune.model.contention import (
     COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
     model_from_dict,
 )
+from lagom_tune.model.fit_workers import run_each
 from lagom_tune.model.gpu_fit import fit_gpu
 from lagom_tune.model.plots import plotted_column, write_fit_plots
 from lagom_tune.model.ranking import RankingSummary, rank_settings
@@ -189,7 +190,7 @@ def nothing_set_points(df: pd.DataFrame, space: KnobSpace) -> pd.DataFrame:
 
 def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulated: bool = False,
               folds: int = 5, seed: int = 0, progress: Callable[[int, int], None] | None = None,
-              space: KnobSpace | None = None) -> FitResult:
+              space: KnobSpace | None = None, workers: int = 1) -> FitResult:
     """Fit on all points; report MAPE of ``folds``-fold held-out predictions per op kind, and (GPU
     profiles) the ranking figures of the same held-out predictions.
 
@@ -201,6 +202,8 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
         folds: k of the k-fold split (stratified by kind).
         seed: the split's seed.
         progress: called with (done, total) fits.
+        workers: the most processes fitting the folds at once (``fit_workers.run_each``: a
+            script that asks for more must guard its top level; ``fit_run`` takes every usable core).
         space: the backend's knobs on the profiled machine, to score the collectives timed with
             nothing set (:data:`DEFAULT_ACCURACY`; None: not scored).
 
@@ -212,26 +215,24 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
         raise UserError("the profile holds no measurements to fit")
 
     tick = progress or (lambda done, total: None)
-    tick(0, folds + 1)
     fold_of = fold_assignment(pts, folds, seed)
     variants = _variants(pts, device)
+    # every fold's fit of every variant, in that order: they share nothing, and run side by side
+    tasks = [(f, v, pts[fold_of != f], pts[fold_of == f]) for f in range(folds) if (fold_of == f).any() for v in variants]
+    total = len(tasks) + 1  # and the fit on every point
+    tick(0, total)
+    models = run_each(_fit, [(train, device, simulated, v) for _, v, train, _ in tasks],
+                      workers=workers, done=lambda n: tick(n, total))
     held = {v: _HeldOut() for v in variants}
-    for f in range(folds):
-        train, test = pts[fold_of != f], pts[fold_of == f]
-        if test.empty:
+    for (f, v, _, test), model in zip(tasks, models):
+        if isinstance(model, UserError):
+            held[v].failed.append(f"fold {f + 1} of {folds} could not be fitted from the other folds' points ({model}): its "
+                                  f"{len(test)} points are in no held-out figure")
             continue
-        for v in variants:
-            try:
-                model = _fit(train, device, simulated, v)
-            except UserError as e:
-                held[v].failed.append(f"fold {f + 1} of {folds} could not be fitted from the other folds' points ({e}): its "
-                                      f"{len(test)} points are in no held-out figure")
-                continue
-            held[v].add(model, test)
-        tick(f + 1, folds + 1)
+        held[v].add(model, test)
     chosen = _choose_variant(held)
     model = _fit(pts, device, simulated, chosen)
-    tick(folds + 1, folds + 1)
+    tick(total, total)
     # rounded once, as model.yaml records it: `profile` prints what `show` later reads from the file
     errors = dict(held[chosen].errors)
     own = nothing_set_points(df, space) if space is not None else pd.DataFrame()
@@ -387,7 +388,7 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
 
     Args:
         run: the run folder (``profile.store.RunFolder``).
-        progress: called with (folds done, folds) during cross-validation.
+        progress: called with (fits done, fits) during cross-validation.
     Returns:
         The FitResult.
     """
@@ -399,7 +400,7 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     space = backend_info(fp["backend"]).knob_space(fp) if fp.get("backend") in backend_names() else None
     # numpy's overflow and invalid-value warnings are not printed: a model they leave non-finite is refused below
     with np.errstate(all="ignore"):
-        result = fit_model(df, device=device, simulated=simulated, progress=progress, space=space)
+        result = fit_model(df, device=device, simulated=simulated, progress=progress, space=space, workers=usable_cores())
         pts = point_medians(fitted_rows(df))  # every point predicted before anything is written: a model that cannot is not written
         predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for _, r in pts.iterrows()],
                               index=pts.index)
