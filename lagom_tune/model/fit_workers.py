@@ -1,11 +1,10 @@
-"""The k-fold split's fits side by side, in worker processes.
+"""The k-fold split's fits side by side: this process and spawned workers share them.
 
 The folds' fits share nothing, and a GPU profile's take seconds each: a simulated 8-GPU llama3-8b
 profile fits 11 models of about 4.6 s on one core, most of a minute after 2 s of measuring. A
 worker costs a fresh interpreter that imports torch (about 2 s) before its first fit, so the
 first fit runs here and is timed: a profile whose fits are quicker than :data:`POOL_WORTH_S` fits
-them all here. A fit gives the same model wherever it runs (torch on one thread, the same rows).
-"""
+them all here. A fit gives the same model wherever it runs (torch on one thread, the same rows)."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ import numpy as np
 from lagom_tune.backends.parent_watch import exit_with_parent
 from lagom_tune.errors import RunError, UserError
 
-POOL_WORTH_S = 1.0  # a first fit at least this long sends the rest to workers
+POOL_WORTH_S = 1.0  # a first fit at least this long shares the rest with workers
 
 
 def _start_worker(parent: int) -> None:
@@ -35,6 +34,7 @@ def _start_worker(parent: int) -> None:
 
 
 def _call(task: tuple[int, Callable[..., Any], tuple, dict[str, str]]) -> tuple[int, Any]:
+    """One task, here or in a worker: its index and result (a :class:`UserError` as its result)."""
     index, fn, args, numpy_errors = task
     try:
         with np.errstate(**numpy_errors):
