@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.registry import usable_cores
 from lagom_tune.comparison import interleaved
 from lagom_tune.model.fit import fit_device, fit_model
@@ -83,8 +84,7 @@ def main() -> None:
         "Reproduce: `python bench/fit_speed.py`",
         "",
     ])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    atomic_write_text(args.out, text)
     print(text)
 
 
