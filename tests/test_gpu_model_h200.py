@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from lagom_tune.backends.registry import usable_cores
 from lagom_tune.measurements import PAIRED
 from lagom_tune.model.contention import model_from_dict
 from lagom_tune.model.fit import fit_model, predict_point
@@ -36,7 +37,7 @@ def device() -> dict:
 
 @pytest.fixture(scope="module")
 def fit(df, device):
-    return fit_model(df, device=device)
+    return fit_model(df, device=device, workers=usable_cores())  # as `fit` fits: the folds side by side
 
 
 def test_held_out_accuracy_on_the_h200(fit):
