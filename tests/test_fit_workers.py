@@ -32,12 +32,14 @@ def test_a_process_per_call_once_the_first_call_is_slow_enough():
 def test_fits_in_workers_are_the_fits_made_here_and_a_refused_fit_is_a_result():
     pts = point_medians(pd.read_csv(H200_RUN / "measurements.csv"))
     pts = pts[pts["gemm"].isna() | pts["gemm"].isin(sorted(pts["gemm"].dropna().unique())[:2])]  # two shapes: seconds a fit
-    calls = [(pts, DEVICE, False, False), (pts[pts["kind"] != "gemm"], DEVICE, False, False), (pts, DEVICE, False, True)]
+    refused = (pts[pts["kind"] != "gemm"], DEVICE, False, False)
+    # the first call here, the next two to the helpers, the last here again
+    calls = [refused, (pts, DEVICE, False, False), refused, (pts, DEVICE, False, True)]
     with np.errstate(all="ignore"):
-        here = [_fit(*calls[0]), None, _fit(*calls[2])]
-        apart = run_each(_fit, calls, workers=2, worth_s=0)
-    assert isinstance(apart[1], UserError) and "no GEMM" in str(apart[1])
-    assert [apart[0].to_dict(), apart[2].to_dict()] == [here[0].to_dict(), here[2].to_dict()]
+        apart = run_each(_fit, calls, workers=3, worth_s=0)
+        here = [_fit(*calls[1]).to_dict(), _fit(*calls[3]).to_dict()]
+    assert all(isinstance(apart[i], UserError) and "no GEMM" in str(apart[i]) for i in (0, 2))
+    assert [apart[1].to_dict(), apart[3].to_dict()] == here
 
 
 def _workers_of(pid: int) -> list[int]:
