@@ -12,7 +12,9 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from multiprocessing import resource_tracker
+from typing import Iterator
 
 POLL_S = 0.5  # how often a child looks for its parent
 
@@ -38,6 +40,19 @@ def exit_with_parent(parent: int, poll_s: float = POLL_S) -> threading.Thread:
     return thread
 
 
+@contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread for the block, so that processes started in it inherit the
+    mask; a Ctrl-C meanwhile is pending, and raised as the block ends."""
+    # Started first: starting the resource tracker (spawn's first child does) unblocks SIGINT after.
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def start_shielded(proc) -> None:
     """Start ``proc`` (a spawned ``multiprocessing`` process) with SIGINT blocked, for its whole life.
 
@@ -49,10 +64,5 @@ def start_shielded(proc) -> None:
     Args:
         proc: the process, not yet started.
     """
-    # Started first: starting the resource tracker (spawn's first child does) unblocks SIGINT after.
-    resource_tracker.ensure_running()
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
+    with sigint_blocked():
         proc.start()
-    finally:  # a Ctrl-C meanwhile is pending in this thread, and raised here once unblocked
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -16,12 +16,11 @@ from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing
-from multiprocessing import resource_tracker
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from lagom_tune.backends.parent_watch import exit_with_parent
+from lagom_tune.backends.parent_watch import exit_with_parent, sigint_blocked
 from lagom_tune.errors import RunError, UserError
 
 POOL_WORTH_S = 1.0  # a first fit at least this long shares the rest with workers
@@ -95,8 +94,6 @@ def _alongside(tasks: list[tuple], helpers: int) -> Iterator[tuple[int, Any]]:
     after the parent's one line), and are stopped when this ends, by its last result or by an
     exception (a Ctrl-C here)."""
     pending = deque(tasks)
-    resource_tracker.ensure_running()  # started first: starting it unblocks SIGINT after
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     # spawned: a fork would copy torch's and BLAS's thread pools in whatever state they were
     pool = ProcessPoolExecutor(helpers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
                                initargs=(os.getpid(),))
@@ -108,8 +105,8 @@ def _alongside(tasks: list[tuple], helpers: int) -> Iterator[tuple[int, Any]]:
             while pending and len(queued) < helpers:
                 queued.add(pool.submit(_call, pending.popleft()))
 
-        feed()  # the helpers start here
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a Ctrl-C meanwhile is raised here
+        with sigint_blocked():  # a Ctrl-C meanwhile is raised as it ends
+            feed()  # the helpers start here
         while pending or queued:
             for future in [f for f in queued if f.done()]:
                 queued.discard(future)
@@ -124,7 +121,6 @@ def _alongside(tasks: list[tuple], helpers: int) -> Iterator[tuple[int, Any]]:
         raise RunError("a worker process fitting the folds ended without its result (killed? out of memory?)",
                        "the measurements are kept: `lagom-tune fit RUN` fits them again") from None
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
         if not finished:  # stopped now, not after the fits they are running (seconds each)
             for proc in list(pool._processes.values()):  # no public way before Python 3.14's terminate_workers
                 proc.terminate()
