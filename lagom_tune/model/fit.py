@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -41,7 +41,7 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
         raise UserError("the points hold no GEMM or no collective measurement to fit")
     compute = {}
     for t, rows in gemm.groupby("threads"):
-        feats = np.array([[gemm_features(gemm_of_row(r))[n] for n in GEMM_FEATURES] for _, r in rows.iterrows()])
+        feats = np.array([[gemm_features(gemm_of_row(r))[n] for n in GEMM_FEATURES] for r in rows.to_dict("records")])
         compute[int(t)] = fit_linear(feats, GEMM_FEATURES, rows["time_us"].to_numpy(float))
     comm = {}
     for op, rows in coll.groupby("op"):
@@ -51,21 +51,21 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
     compute_slow, comm_slow = {}, {}
     for t in compute:
         rows = over[over["threads"] == t] if not over.empty else over
-        pairs = [two_rate_slowdowns(r) for _, r in rows.iterrows()]
+        pairs = [two_rate_slowdowns(r) for r in rows.to_dict("records")]
         sy = [s for s, _ in pairs if s is not None]
         sx = [s for _, s in pairs if s is not None]
         compute_slow[t] = float(np.clip(np.median(sy), 1.0, 20.0)) if sy else 1.0
         comm_slow[t] = float(np.clip(np.median(sx), 1.0, 20.0)) if sx else 1.0
-    measured = {(str(r["gemm"]), int(r["threads"])): float(r["time_us"]) for _, r in gemm.iterrows()}
+    measured = {(str(r["gemm"]), int(r["threads"])): float(r["time_us"]) for r in gemm.to_dict("records")}
     return CpuPairwiseModel(compute, comm, compute_slow, comm_slow, measured=measured)
 
 
-def predict_point(model: CostModel, row: pd.Series) -> dict[str, float]:
+def predict_point(model: CostModel, row: Mapping[str, Any]) -> dict[str, float]:
     """Predicted microseconds for a point, in the columns it was measured in.
 
     Args:
         model: a fitted model.
-        row: a point's row (medians of repeats).
+        row: a point's row (medians of repeats; a Series or a record).
     Returns:
         ``time_us`` for GEMMs and collectives; ``window_us``, ``time_us`` and ``comm_us`` for
         overlapped points (played on the two-stream timeline).
@@ -287,7 +287,7 @@ class _HeldOut:
     unpredicted: list[str] = field(default_factory=list)  # why, per held-out point its fold's model could not predict
 
     def add(self, model: CostModel, test: pd.DataFrame) -> None:
-        for _, row in test.iterrows():
+        for index, row in zip(test.index, test.to_dict("records")):
             try:
                 pred = predict_point(model, row)
             except UserError as e:  # e.g. a thread count absent from this fold's training points
@@ -298,7 +298,7 @@ class _HeldOut:
                 if measured > 0:
                     self.errors.setdefault(ACCURACY_NAMES[(row["kind"], col)], []).append(abs(pred[col] - measured) / measured)
             if row["kind"] == "overlap":
-                self.window[row.name] = pred["window_us"]
+                self.window[index] = pred["window_us"]
 
     def warnings(self) -> tuple[str, ...]:
         """What the held-out figures leave out, one line each (none when every point was scored)."""
@@ -362,7 +362,7 @@ def new_shape_mape(df: pd.DataFrame, *, device: dict[str, Any] | None = None, fo
             continue
         train = pts[~pts["gemm"].isin(held)]
         model = _fit(train, device, False, False)  # GEMMs alone: the L2 term of collectives plays no part
-        for _, row in pts[(pts["kind"] == "gemm") & pts["gemm"].isin(held)].iterrows():
+        for row in pts[(pts["kind"] == "gemm") & pts["gemm"].isin(held)].to_dict("records"):
             try:
                 errors.append(abs(predict_point(model, row)["time_us"] - row["time_us"]) / row["time_us"])
             except UserError:
@@ -402,7 +402,7 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     with np.errstate(all="ignore"):
         result = fit_model(df, device=device, simulated=simulated, progress=progress, space=space, workers=usable_cores())
         pts = point_medians(fitted_rows(df))  # every point predicted before anything is written: a model that cannot is not written
-        predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for _, r in pts.iterrows()],
+        predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for r in pts.to_dict("records")],
                               index=pts.index)
     doc = result.to_dict(df, simulated)
     try:  # what search would refuse is not written over the model there (1e-300 µs times fitted an inf link rate)

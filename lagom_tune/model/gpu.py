@@ -262,7 +262,7 @@ def comm_group(op: str, algo: str, proto: str, nodes: int) -> str:
     return f"{op}|{algo}|{proto}|{int(nodes)}"
 
 
-def comm_group_of_row(row: pd.Series) -> str:
+def comm_group_of_row(row: Mapping[str, Any]) -> str:
     """The communication group a measurement row belongs to."""
     return comm_group(str(row["op"]), str(row["algo"]), str(row["proto"]), int(row["nodes"]) if not pd.isna(row["nodes"]) else 1)
 

@@ -13,7 +13,7 @@ import itertools
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
@@ -46,7 +46,7 @@ def alone_comm_rows(pts: pd.DataFrame) -> pd.DataFrame:
     ranks = rows["ranks"].fillna(1) if "ranks" in rows else pd.Series(1, index=rows.index)
     run = [channel_run(p, t, b) for p, t, b in zip(rows["proto"], rows["threads"], rows["buffsize"])]  # as NCCL runs the channels
     return pd.DataFrame({
-        "group": [comm_group_of_row(r) for _, r in rows.iterrows()],
+        "group": [comm_group_of_row(r) for r in rows.to_dict("records")],
         "bus_bytes": [b * bus_factor(op, int(n)) for b, op, n in zip(rows["nbytes"], rows["op"], ranks)],
         "nbytes": rows["nbytes"].to_numpy(float), "channels": rows["channels"].to_numpy(float),
         "threads": np.array([t for t, _ in run], dtype=float), "buffsize": np.array([b for _, b in run], dtype=float),
@@ -176,7 +176,7 @@ def fit_gpu(pts: pd.DataFrame, device: dict[str, Any], simulated: bool, form: st
     comm = fit_comm(alone_comm_rows(pts), warm=warm)
     over = contention_points(pts)
     alone = times_alone(pts[pts["kind"] == "gemm"], over)
-    shapes = {r["gemm"]: gemm_of_row(r) for _, r in pts[pts["gemm"].notna()].iterrows()}
+    shapes = {r["gemm"]: gemm_of_row(r) for r in pts[pts["gemm"].notna()].drop_duplicates("gemm").to_dict("records")}
     model, filled = _fit_computation(over, alone, shapes, _fit_new_shapes(alone, shapes, sms, hbm, form), comm,
                                      sms, hbm, form, iterations, simulated)
     contention, gemms, comm = _fit_comm_slowdown(model, filled)
@@ -228,14 +228,14 @@ def _observations(over: pd.DataFrame, comm: dict[str, CommFit], sms: int) -> _Ob
     by the share of the GEMM stream's time the collective ran beside it: a collective that ended
     early moves the measured time little, and the slowdown solved from it is ill-conditioned."""
 
-    s_y = pd.Series([two_rate_slowdowns(r)[0] for _, r in over.iterrows()], index=over.index, dtype=float)
+    s_y = pd.Series([two_rate_slowdowns(r)[0] for r in over.to_dict("records")], index=over.index, dtype=float)
     rows = over[(s_y > 0) & (over["channels"] < sms)]
     s_y = s_y.loc[rows.index]
     share = (rows["comm_us"] / rows["time_us"]).clip(upper=1.0)
     return _Observations(
         shape=rows["gemm"].to_numpy(object), channels=rows["channels"].to_numpy(float), buffsize=rows["buffsize"].to_numpy(float),
         comm_bw=np.array([comm[comm_group_of_row(r)].bandwidth(r["channels"], *channel_run(r["proto"], r["threads"], r["buffsize"]))
-                          for _, r in rows.iterrows()]),
+                          for r in rows.to_dict("records")]),
         seconds=(s_y * rows["compute_alone_us"] / rows["n_compute"] / 1e6).to_numpy(float), weight=share.to_numpy(float))
 
 
@@ -593,7 +593,7 @@ def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> tuple[Conten
     converted to the cold time the model's overlap starts from before the slowdown is solved."""
 
     memory, per_channel, traffic, pace, shapes, groups, rows, extra, weight = [], [], [], [], [], [], [], [], []
-    for _, r in over.iterrows():
+    for r in over.to_dict("records"):
         fit = model.comm.get(comm_group_of_row(r))
         if fit is None or pd.isna(r["comm_alone_us"]):
             continue
@@ -601,9 +601,8 @@ def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> tuple[Conten
         bus = r["nbytes"] * bus_factor(str(r["op"]), ranks)
         args = (bus, r["nbytes"], r["channels"], *channel_run(r["proto"], r["threads"], r["buffsize"]))
         depth = pipeline_steps(str(r["op"]), str(r["algo"]), ranks)
-        cold = r.copy()
-        cold["comm_alone_us"] = r["comm_alone_us"] * fit.seconds(*args, depth=depth) / fit.seconds(*args, repeated=True, depth=depth)
-        _, s_x = two_rate_slowdowns(cold)
+        cold = r["comm_alone_us"] * fit.seconds(*args, depth=depth) / fit.seconds(*args, repeated=True, depth=depth)
+        _, s_x = two_rate_slowdowns({**r, "comm_alone_us": cold})
         if s_x is None or not s_x > 0:
             continue
         g = gemm_of_row(r)
@@ -678,7 +677,7 @@ def _fit_drags(gemms: dict[str, GemmFit], shapes: np.ndarray, pace: np.ndarray, 
     return out
 
 
-def _collective_of_row(r: pd.Series) -> Collective:
+def _collective_of_row(r: Mapping[str, Any]) -> Collective:
     ranks = int(r["ranks"]) if "ranks" in r and not pd.isna(r["ranks"]) else 1
     nodes = int(r["nodes"]) if "nodes" in r and not pd.isna(r["nodes"]) else 1
     return Collective("c", str(r["op"]), int(r["nbytes"]), ranks=ranks, nodes=nodes)

@@ -5,6 +5,7 @@ row was taken at, and the consistent baselines every slowdown is computed agains
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import pandas as pd
 
@@ -182,7 +183,7 @@ def paired_alone(over: pd.DataFrame) -> pd.Series:
     return pd.Series((rows["compute_alone_us"] / rows["n_compute"] / 1e6).to_numpy(float), index=rows["gemm"].to_numpy())
 
 
-def gemm_of_row(row: pd.Series) -> Gemm:
+def gemm_of_row(row: Mapping[str, Any]) -> Gemm:
     """The GEMM a measurement row describes.
 
     Args:
@@ -193,7 +194,7 @@ def gemm_of_row(row: pd.Series) -> Gemm:
     return Gemm("g", int(row["m"]), int(row["n"]), int(row["k"]), str(row["dtype"]), int(row["batch"]))
 
 
-def two_rate_slowdowns(row: pd.Series) -> tuple[float | None, float | None]:
+def two_rate_slowdowns(row: Mapping[str, Any]) -> tuple[float | None, float | None]:
     """Solve the two-rate model for one overlapped measurement (both streams start at 0): the
     factors by which computation and communication ran slower while both were running.
 

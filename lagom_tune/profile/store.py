@@ -12,7 +12,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -31,7 +31,7 @@ from lagom_tune.workload.spec import Workload, gemm_of_key
 SCHEMA_VERSION = 1
 
 
-def row_settings(row: pd.Series) -> dict:
+def row_settings(row: Mapping[str, Any]) -> dict:
     """The knob settings a measurement row was taken at (integers as integers).
 
     Args:
