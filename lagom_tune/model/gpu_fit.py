@@ -405,10 +405,16 @@ def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarr
 
 
 def _huber(r: np.ndarray) -> np.ndarray:
-    """Huber's loss of relative errors ``r``: squared up to :data:`HUBER_DELTA`, linear beyond."""
+    """Huber's loss of relative errors ``r``: squared up to :data:`HUBER_DELTA`, linear beyond.
+    (In place on two arrays the size of ``r``: the contention grid calls it on thousands of
+    candidates by thousands of points.)"""
     a = np.abs(r)
     inner = np.minimum(a, HUBER_DELTA)
-    return inner * (0.5 * inner) + HUBER_DELTA * (a - inner)
+    a -= inner
+    a *= HUBER_DELTA
+    inner *= 0.5 * inner
+    inner += a
+    return inner
 
 
 def _huber_weights(r: np.ndarray) -> np.ndarray:
@@ -536,9 +542,18 @@ def _fit_v(obs: _Observations, gemms: dict[str, GemmFit], contention: Contention
     bw, y, weight = obs.comm_bw[known], obs.seconds[known], obs.weight[known]
 
     def sse(base: np.ndarray, per_byte: np.ndarray) -> np.ndarray:
-        taken = np.minimum(base[:, None] + per_byte[:, None] * bw[None, :], (1 - MIN_FREE_HBM) * hbm)
-        pred = n_waves * theta + traffic / (hbm - taken)
-        return (weight * _huber((pred - y) / y)).sum(axis=1)
+        # one candidate per row, one observation per column; in place, as it is the fit's largest array
+        r = per_byte[:, None] * bw[None, :]
+        r += base[:, None]
+        np.minimum(r, (1 - MIN_FREE_HBM) * hbm, out=r)  # HBM taken by the collective
+        np.subtract(hbm, r, out=r)
+        np.divide(traffic, r, out=r)
+        r += n_waves * theta  # the predicted time
+        r -= y
+        r /= y
+        loss = _huber(r)
+        loss *= weight
+        return loss.sum(axis=1)
 
     top = (1 - MIN_FREE_HBM) * hbm
     bases, per_bytes = np.linspace(0, top, 19), np.linspace(0, MAX_V_PER_BYTE, 25)
