@@ -360,3 +360,17 @@ def test_the_communication_fit_finds_the_launch_and_the_handshake_of_a_simulated
     assert np.mean(errors) < 0.015, np.mean(errors)
     # the switch's roll-off (fabric 800 GB/s) before the link's 450: one soft minimum missed by 4-6% at 16-24 channels
     assert fit.rolloff_GBps == pytest.approx(CLUSTERS["h100-nvlink"].fabric / 1e9, rel=0.2)
+
+
+def test_the_huber_loss_is_the_textbook_one_and_leaves_its_input_alone():
+    """The contention grid's loss is computed in place (on arrays of its own): squared up to
+    HUBER_DELTA, linear beyond, either sign, the errors it was given untouched."""
+    from lagom_tune.model.gpu import HUBER_DELTA
+    from lagom_tune.model.gpu_fit import _huber
+
+    r = np.random.default_rng(0).normal(0, 3 * HUBER_DELTA, size=(7, 50))
+    before = r.copy()
+    a = np.abs(r)
+    expected = np.where(a <= HUBER_DELTA, 0.5 * r * r, HUBER_DELTA * (a - 0.5 * HUBER_DELTA))
+    assert np.allclose(_huber(r), expected, rtol=1e-12, atol=0) and (r == before).all()
+    assert (a > HUBER_DELTA).any() and (a <= HUBER_DELTA).any()  # both branches drawn
