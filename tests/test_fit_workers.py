@@ -10,15 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from conftest import BIN, ROOT
 from lagom_tune.errors import UserError
-from lagom_tune.model.fit import _fit
+from lagom_tune.model.fit import _fit, fit_device
 from lagom_tune.model.fit_workers import run_each
 from lagom_tune.model.rows import point_medians
 
 H200_RUN = ROOT / "tests" / "data" / "h200-2026-11-30" / "mpt-7b-tp8-dp1"
-DEVICE = {"sms": 132, "hbm_GBps": 4800}
+DEVICE = fit_device(yaml.safe_load((H200_RUN / "meta.yaml").read_text())["fingerprint"])
 
 
 def test_a_process_per_call_once_the_first_call_is_slow_enough():

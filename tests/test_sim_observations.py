@@ -19,7 +19,7 @@ from lagom_tune.backends.sim import CLUSTERS, SimCluster
 from lagom_tune.backends.sim_comm import NVLS_ALL_REDUCE_BUSBW, REFERENCE_BUSBW
 from lagom_tune.backends.sim_compute import Kernel, choose_kernel, gemm_run, kernel_run
 from lagom_tune.knobs import Settings
-from lagom_tune.model.fit import fit_model
+from lagom_tune.model.fit import fit_device, fit_model
 from lagom_tune.profile.campaign import run_profile
 from lagom_tune.workload.presets import build_preset
 from lagom_tune.workload.spec import Gemm
@@ -305,7 +305,7 @@ def test_the_model_is_not_the_simulator_and_earns_its_accuracy(tmp_path, hardwar
     b = get_backend("sim", BackendOptions(hardware=hardware, noise=noise))
     run = run_profile(build_preset(name), b, tmp_path / "run", repeats=1 if noise == 0 else 3)
     fp = run.read_meta()["fingerprint"]
-    fit = fit_model(run.measurements(), device={"sms": fp["sms"], "hbm_GBps": fp["hbm_GBps"]}, simulated=True,
+    fit = fit_model(run.measurements(), device=fit_device(fp), simulated=True,
                     workers=usable_cores())  # as `profile` fits: the folds side by side
     mape = fit.mape
     assert all(c.warm_gain == 0 for c in fit.model.comm.values())  # the simulator times collectives alone cold

@@ -1,7 +1,8 @@
 """The k-fold split's fits side by side: this process and spawned workers share them.
 
 The folds' fits share nothing, and a GPU profile's take seconds each: a simulated 8-GPU llama3-8b
-profile fits 11 models of about 4.6 s on one core, most of a minute after 2 s of measuring. A
+profile fits 11 models of about 2 s on one core (bench/results/fit_speed.md), several times its
+seconds of measuring. A
 worker costs a fresh interpreter that imports torch (about 2 s) before its first fit, so the
 first fit runs here and is timed: a profile whose fits are quicker than :data:`POOL_WORTH_S` fits
 them all here. A fit gives the same model wherever it runs (torch on one thread, the same rows)."""

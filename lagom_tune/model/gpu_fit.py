@@ -615,7 +615,8 @@ def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> tuple[Conten
 
     memory, per_channel, traffic, pace, shapes, groups, rows, extra, weight = [], [], [], [], [], [], [], [], []
     for r in over.to_dict("records"):
-        fit = model.comm.get(comm_group_of_row(r))
+        group = comm_group_of_row(r)
+        fit = model.comm.get(group)
         if fit is None or pd.isna(r["comm_alone_us"]):
             continue
         ranks = int(r["ranks"]) if not pd.isna(r["ranks"]) else 1
@@ -633,7 +634,7 @@ def _fit_comm_slowdown(model: LagomGpuModel, over: pd.DataFrame) -> tuple[Conten
         traffic.append(model.traffic_share(g, coll, settings))
         pace.append(model.pace(g, coll, settings))
         shapes.append(r["gemm"])
-        groups.append(comm_group_of_row(r))
+        groups.append(group)
         rows.append((g, coll, settings))
         extra.append(s_x - 1)
         weight.append(min(1.0, r["time_us"] / r["comm_us"]))
