@@ -229,7 +229,7 @@ import torch.distributed as dist
 from torch.distributed import new_group as early_new_group  # bound before the shim is installed
 from torch.distributed.device_mesh import init_device_mesh
 
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[3], rank=0, world_size=1)
+dist.init_process_group("gloo", init_method="file://" + sys.argv[3], rank=0, world_size=1)
 init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))  # a mesh built before the plan
 
 from lagom_tune.runtime.shim import install
@@ -243,17 +243,13 @@ dist.destroy_process_group()
 
 @pytest.mark.slow
 def test_a_late_install_records_earlier_groups_and_reaches_early_imports(tmp_path):
-    import socket
     import subprocess
 
     plan = Plan(backend="gloo", world_size=1, hardware={}, settings=Settings({}), groups={"dp_shard": 1, "tp": 1}
                 ).save(tmp_path / "p.yaml")
     script = tmp_path / "late.py"
     script.write_text(LATE)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    r = subprocess.run([sys.executable, str(script), str(plan), str(tmp_path), str(port)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(script), str(plan), str(tmp_path), str(tmp_path / "store")], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     comms = rank_reports(tmp_path)["0"]["communicators"]

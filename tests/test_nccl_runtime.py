@@ -170,7 +170,7 @@ def test_an_nccl_plan_is_refused_without_a_gpu(tmp_path):
 ONE_RANK = """
 import os, torch, torch.distributed as dist
 torch.cuda.set_device(0)
-dist.init_process_group("nccl", init_method="tcp://127.0.0.1:PORT", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+dist.init_process_group("nccl", init_method="file://STORE", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 x = torch.ones(1 << 20, device="cuda")
 dist.all_reduce(x)
 torch.cuda.synchronize()
@@ -185,7 +185,6 @@ def test_apply_reaches_a_real_nccl_communicator(tmp_path):
     plugin loaded by name and reading the plan's rules, on a one-rank communicator."""
     import json
     import re
-    import socket
 
     import torch
 
@@ -195,11 +194,8 @@ def test_apply_reaches_a_real_nccl_communicator(tmp_path):
                 settings=Settings({"threads": 256, "buffsize": 2 << 20}),
                 rules=(CollectiveRule("all_reduce", "world", 1, 1 << 30, {"algo": "ring", "proto": "simple", "channels": 2}),))
     path = plan.save(tmp_path / "one.yaml")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     script = tmp_path / "one_rank.py"
-    script.write_text(ONE_RANK.replace("PORT", str(port)))
+    script.write_text(ONE_RANK.replace("STORE", str(tmp_path / "store")))
     applied = tmp_path / "applied.json"
     r = cli("apply", path, "--applied", applied, "--", sys.executable, script,
             env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,TUNING,ENV", "XDG_CACHE_HOME": str(tmp_path / "cache")},

@@ -15,13 +15,13 @@ import datetime
 import os
 import platform
 import queue
-import socket
 import sys
 import threading
 import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from lagom_tune.backends.base import GIB, BackendOptions, LocalBackend, Point, RowSink, reduce_ranks
 from lagom_tune.backends.gloo_knobs import gloo_knob_space
@@ -33,17 +33,6 @@ from lagom_tune.workload.bucketing import bucket_group
 from lagom_tune.workload.spec import Workload
 
 STARTUP_S = 120.0  # seconds a rank may take to start (import torch, join the group) before it counts as hung
-
-
-def free_port() -> int:
-    """A TCP port free on localhost right now (for the ranks' rendezvous).
-
-    Returns:
-        The port number.
-    """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def available_memory() -> int:
@@ -140,9 +129,13 @@ class GlooBackend(LocalBackend):
         persisted = [ctx.Queue() for _ in range(self.options.ranks)]
         for q in persisted:
             q.cancel_join_thread()
-        port = free_port()
+        # The parent holds the ranks' rendezvous store on a port the kernel gives it and keeps, so
+        # no other process (a second profile, a test beside this one) can take the port between
+        # choosing it and the ranks meeting there, as it could from a port found free and let go.
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=RANK_PATIENCE * self.options.timeout_s))
         procs = [
-            ctx.Process(target=_rank_main, args=(r, self.options.ranks, port, points, repeats, self.options.timeout_s, results, persisted[r],
+            ctx.Process(target=_rank_main, args=(r, self.options.ranks, store.port, points, repeats, self.options.timeout_s, results, persisted[r],
                                                  os.getpid()), daemon=True)
             for r in range(self.options.ranks)
         ]
@@ -270,18 +263,15 @@ def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: i
                parent: int) -> None:
     """A rank's process: join the group, time each point (``gloo_timing.MEASURE``), report its rows,
     and wait for the parent's word that they are persisted before the next."""
-    import torch.distributed as dist
-
     exit_with_parent(parent)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # A rank waits longer than its parent's limit, so the parent names a hung peer first (a rank's
     # own gloo timeout, as long as the parent's, now and then won the race and named itself).
     patience = RANK_PATIENCE * timeout_s
     try:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-            timeout=datetime.timedelta(seconds=patience),
-        )
+        timeout = datetime.timedelta(seconds=patience)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
         results.put(("ready", rank))
         for idx, point in enumerate(points):
             torch.set_num_threads(point_threads(point))
