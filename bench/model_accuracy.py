@@ -25,6 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SIM_CASES = [("h100-nvlink", "llama3-8b-fsdp8"), ("a40-nvlink", "phi-2-fsdp16"), ("a40-pcie", "mpt-7b-tp8-dp2"),
              ("h200-nvlink", "olmoe-1b-7b-ep8")]
 QUANTITIES = ["gemm", "gemm_new_shape", "collective", "overlap_window", "overlap_compute", "overlap_comm"]
+NOISE = "noise_"  # the CSV's column of a quantity's repeat noise
+
+
+def cells(mape: dict[str, float], noise: dict[str, float]) -> dict[str, float | None]:
+    """A row's held-out MAPE per quantity, and the repeat noise of the quantities that have one."""
+    return {**{q: mape.get(q) for q in QUANTITIES}, **{NOISE + q: noise[q] for q in QUANTITIES if q in noise}}
 
 
 def main() -> None:
@@ -42,19 +48,20 @@ def main() -> None:
             fit = fit_run(run)
             mape = {**fit.mape, "gemm_new_shape": new_shape_mape(run.measurements(), device=fit_device(run.read_meta()["fingerprint"]))}
             rows.append({"backend": f"sim {cluster} (SIMULATED, {args.noise:.0%} noise)", "workload": name,
-                         "rows": len(run.measurements()), **{q: mape.get(q) for q in QUANTITIES}})
+                         "rows": len(run.measurements()), **cells(mape, fit.noise)})
             print(rows[-1], flush=True)
         w = build_preset("cpu-demo")
         run = run_profile(w, get_backend("gloo", BackendOptions(ranks=2)), Path(tmp) / "gloo", repeats=args.gloo_repeats)
         fit = fit_run(run)
         mape = {**fit.mape, "gemm_new_shape": new_shape_mape(run.measurements())}
         rows.append({"backend": f"gloo, 2 ranks on {usable_cores()} cores (MEASURED)", "workload": "cpu-demo",
-                     "rows": len(run.measurements()), **{q: mape.get(q) for q in QUANTITIES}})
+                     "rows": len(run.measurements()), **cells(mape, fit.noise)})
         print(rows[-1], flush=True)
     df = pd.DataFrame(rows)
-    fmt = df.copy()
+    fmt = df[[c for c in df.columns if not c.startswith(NOISE)]].copy()
     for q in QUANTITIES:
-        fmt[q] = fmt[q].map(lambda x: f"{x:.1%}" if x == x and x is not None else "")
+        fmt[q] = [f"{m:.1%}" + (f" ({n:.1%})" if pd.notna(n) else "") if pd.notna(m) else ""
+                  for m, n in zip(df[q], df.get(NOISE + q, pd.Series(None, index=df.index)))]
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "model_accuracy.csv", df.to_csv(index=False))
     atomic_write_text(args.out / "model_accuracy.md", "\n".join([
@@ -69,7 +76,9 @@ def main() -> None:
         "(each records the GEMM alone, measured just before the pair). `gemm_new_shape` is stricter: shapes held out of",
         "every point, so the model extrapolates from other shapes (the search never needs this: it predicts only profiled",
         "shapes). `collective`: isolated collectives at held-out settings. The overlap columns predict a collective and n",
-        "GEMMs started together (their window, and each stream's end).",
+        "GEMMs started together (their window, and each stream's end). In brackets, the same points' repeat noise: the",
+        "error a model that knew each point's true time would still score, from the gap between the medians of each",
+        "point's even and odd repeats (`lagom-tune show` prints it beside the MAPE; drift between points is not in it).",
         "",
         "Reproduce: `python bench/model_accuracy.py`",
         "",

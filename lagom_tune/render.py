@@ -553,12 +553,17 @@ def model_tables(model: dict[str, Any]) -> list[Any]:
     m = Table(title=f"model {escape(str(model.get('family')))}{escape(form)} · held-out accuracy ({escape(str(acc.get('method', '')))}){tag}", title_justify="left")
     m.add_column("quantity")
     m.add_column("MAPE", justify="right")
-    scored = acc.get("scored", {})
+    scored, noise = acc.get("scored", {}), acc.get("noise", {})
     if scored:
         m.add_column("points held out", justify="right")
+    if noise:
+        m.add_column("repeat noise", justify="right")
     for name, val in acc.get("mape", {}).items():
-        m.add_row(escape(str(name)), percent(val), *([str(int(scored.get(name, 0)))] if scored else []))
+        m.add_row(escape(str(name)), percent(val), *([str(int(scored.get(name, 0)))] if scored else []),
+                  *([percent(noise[name]) if name in noise else "-"] if noise else []))
     out.append(m)
+    if noise:
+        out.append(f"repeat noise: {escape(str(acc.get('noise_method', '')))}")
     ranking = acc.get("ranking")
     if ranking and ranking.get("shapes"):
         r = Table(title=f"ranking of settings per GEMM shape and collective ({ranking.get('method', '')}) · median Spearman "

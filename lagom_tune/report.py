@@ -124,12 +124,15 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
     df, health = run.read()
     parts += [f'<p class="warn">warning: {html.escape(p)}</p>' for p in run_problems(health, model_doc, df, run.path)]
     parts.append("<h2>Environment</h2><table>" + "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in fp.items()) + "</table>")
-    mape = model_doc.get("accuracy", {}).get("mape", {})
+    accuracy = model_doc.get("accuracy", {})
+    mape, noise = accuracy.get("mape", {}), accuracy.get("noise", {})
     if mape:
-        parts.append("<h2>Model accuracy (held-out)</h2><table><tr><th>quantity</th><th>MAPE</th></tr>"
-                     + "".join(f"<tr><td>{html.escape(k)}</td><td>{percent(v)}</td></tr>" for k, v in mape.items()) + "</table>"
-                     + f"<p>{html.escape(model_doc.get('accuracy', {}).get('method', ''))}</p>")
-    parts += _ranking_html(model_doc.get("accuracy", {}))
+        parts.append("<h2>Model accuracy (held-out)</h2><table><tr><th>quantity</th><th>MAPE</th><th>repeat noise</th></tr>"
+                     + "".join(f"<tr><td>{html.escape(k)}</td><td>{percent(v)}</td><td>{percent(noise[k]) if k in noise else '-'}</td></tr>"
+                               for k, v in mape.items()) + "</table>"
+                     + f"<p>{html.escape(accuracy.get('method', ''))}</p>"
+                     + (f"<p>Repeat noise: {html.escape(accuracy.get('noise_method', ''))}.</p>" if noise else ""))
+    parts += _ranking_html(accuracy)
     for f, alt in ((run.fit_plot_path, "measured vs predicted"), (run.slowdown_plot_path, "computation slowdown vs communication resources")):
         if f.is_file():
             parts.append(f"<h2>{html.escape(alt.capitalize())}</h2>" + _img(base64.b64encode(f.read_bytes()).decode(), alt))

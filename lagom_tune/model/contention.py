@@ -268,6 +268,8 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
     v.field(acc, "rows_digest", path, str, None)
     mape = v.number_map(v.field(acc, "mape", path, dict, {}), f"{path}.mape", minimum=0.0)
     v.number_map(v.field(acc, "scored", path, dict, {}), f"{path}.scored", minimum=0.0)  # absent before 2026-12-02
+    noise = v.number_map(v.field(acc, "noise", path, dict, {}), f"{path}.noise", minimum=0.0)  # absent before 2026-12-07
+    v.field(acc, "noise_method", path, str, "")
     warnings = v.field(acc, "warnings", path, list, [])
     for i, line in enumerate(warnings):
         if not isinstance(line, str):
@@ -285,7 +287,7 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
         v.field(shape, "spearman", where, float, finite=False)
         v.field(shape, "best_gap", where, float, finite=False)
         v.field(shape, "points", where, int, minimum=0)
-    return {**acc, "mape": mape, "method": v.field(acc, "method", path, str, ""), "warnings": warnings,
+    return {**acc, "mape": mape, "noise": noise, "method": v.field(acc, "method", path, str, ""), "warnings": warnings,
             "ranking": {**ranking, "shapes": shapes} if ranking else {}}
 
 

@@ -108,6 +108,38 @@ MAPE_DECIMALS = 4  # a held-out MAPE is kept to 0.01% (printed to 0.1%)
 # backend was seen choosing and its other defaults: the default baseline's own accuracy. These
 # points are never fitted, so the model fitted on every other point predicts them.
 DEFAULT_ACCURACY = "collective_default"
+NOISE_METHOD = ("half the gap between the medians of a point's even and odd repeats, over its median, averaged over "
+                "points: what a model that knew each point's true time would still score; drift between points "
+                "measured at different times is not in it")
+
+
+def repeat_noise(df: pd.DataFrame) -> dict[str, float]:
+    """How far each held-out quantity's point medians move with the repeats that happened to be
+    drawn: the floor under its MAPE that no model can go below (:data:`NOISE_METHOD`).
+
+    For independent repeats the medians of two halves of a point's repeats differ by about twice
+    what the median of all of them differs from the point's true time, so half their gap is that
+    median's error. A lower bound: conditions that drift between points (another job on the
+    machine, a clock that changes) move whole points, which the split within a point cannot see.
+
+    Args:
+        df: measurement rows (every repeat).
+    Returns:
+        Quantity (``ACCURACY_NAMES``, :data:`DEFAULT_ACCURACY`) -> fraction, rounded as MAPE is,
+        for the quantities with points of at least two repeats.
+    """
+    out = {}
+    for (kind, col), name in {**ACCURACY_NAMES, (DEFAULT, "time_us"): DEFAULT_ACCURACY}.items():
+        rows = df[(df["kind"] == kind) & (df[col] > 0)] if col in df.columns else df.iloc[:0]
+        if rows.empty:
+            continue
+        halves = rows.groupby(["point", rows["repeat"].astype(int) % 2])[col].median().unstack()
+        if halves.shape[1] < 2:
+            continue
+        gap = ((halves[0] - halves[1]).abs() / 2 / rows.groupby("point")[col].median()).dropna()
+        if not gap.empty:
+            out[name] = round(float(gap.mean()), MAPE_DECIMALS)
+    return out
 
 
 @dataclass(frozen=True)
@@ -125,6 +157,7 @@ class FitResult:
             figure holds (a fold that could not be fitted, a point its fold could not predict).
         scored: held-out points behind each quantity's MAPE (fewer than ``points`` when some were
             not predicted: see ``warnings``).
+        noise: each quantity's repeat noise (:func:`repeat_noise`), the floor under its MAPE.
     """
 
     model: CostModel
@@ -134,6 +167,7 @@ class FitResult:
     ranking: RankingSummary | None = None
     warnings: tuple[str, ...] = field(default_factory=tuple)
     scored: dict[str, int] = field(default_factory=dict)
+    noise: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self, rows: pd.DataFrame, simulated: bool) -> dict[str, Any]:
         accuracy: dict[str, Any] = {
@@ -141,6 +175,8 @@ class FitResult:
             "method": f"{self.folds}-fold cross-validation over measured points (medians of repeats)",
             "points": self.points,
             "scored": dict(self.scored),
+            "noise": dict(self.noise),
+            "noise_method": NOISE_METHOD,
             "rows": len(rows),
             "rows_digest": rows_digest(rows),
             "warnings": list(self.warnings),
@@ -251,7 +287,8 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
                                 f"out-of-fold: each point predicted by the model of the {folds}-fold split that held it out")
     # the GPU fit leaves such points out of its contention terms; the CPU family has none to leave them out of
     warnings = (tuple(slowdown_warnings(pts)) if device is not None else ()) + held[chosen].warnings()
-    return FitResult(model, mape, folds, counts, ranking, warnings, scored)
+    noise = {k: val for k, val in repeat_noise(df).items() if k in mape}
+    return FitResult(model, mape, folds, counts, ranking, warnings, scored, noise)
 
 
 def fold_assignment(pts: pd.DataFrame, folds: int, seed: int = 0) -> pd.Series:
