@@ -38,7 +38,7 @@ def test_world_size_from_the_environment():
     assert launcher_world_size(["python", "t.py"], {"WORLD_SIZE": "4"}) == 4
     # torchrun's own defaults from the environment (Kubeflow's PyTorchJob), and flags it has that take no value
     assert launcher_world_size(["torchrun", "--standalone", "t.py"], {"PET_NPROC_PER_NODE": "2", "PET_NNODES": "3"}) == 6
-    assert launcher_world_size(["torchrun", "--virtual-local-rank", "--nproc-per-node", "2", "t.py"], {}) == 2
+    assert launcher_world_size(["torchrun", "--no-python", "--nproc-per-node", "2", "t.py"], {}) == 2
     assert launcher_world_size(["torchrun", "--nproc-per-node", "2", "--no-such-flag", "t.py"], {}) is None
     assert launcher_world_size(["python", "-m", "torch.distributed.launch", "--use-env", "--nproc-per-node", "2", "t.py"], {}) == 2
     assert launcher_layout(["python", "t.py"], {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}) == LaunchLayout(4, 2)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from lagom_tune.backends.base import GIB, BackendOptions, LocalBackend, Point, RowSink, reduce_ranks
 from lagom_tune.backends.gloo_knobs import gloo_knob_space
 from lagom_tune.backends.gloo_timing import MEASURE, point_threads
-from lagom_tune.backends.parent_watch import exit_with_parent, start_shielded
+from lagom_tune.backends.parent_watch import end_reported, exit_with_parent, start_shielded
 from lagom_tune.backends.registry import usable_cores
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.workload.bucketing import bucket_group
@@ -279,7 +279,7 @@ def _rank_main(rank: int, world: int, port: int, points: list[Point], repeats: i
             results.put(("rows", rank, idx, rows))
             persisted.get(timeout=patience)
         dist.barrier()
-        dist.destroy_process_group()
     except Exception as e:  # reported to the parent, which names the rank
         results.put(("error", rank, f"{type(e).__name__}: {e}"))
         raise SystemExit(1)
+    end_reported(results)  # its gloo group, left as it is (a teardown can hang before torch 2.8)

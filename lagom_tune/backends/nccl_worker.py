@@ -21,7 +21,7 @@ from typing import Any
 from lagom_tune.backends.base import Point
 from lagom_tune.backends.gpu_timing import MAX_LAUNCHES, Launches, launch_count, launches, time_overlapped, time_run
 from lagom_tune.backends.nccl_sweep import JOB_REFERENCE, PROBE, channel_options, job_key, subgroups
-from lagom_tune.backends.parent_watch import exit_with_parent
+from lagom_tune.backends.parent_watch import end_reported, exit_with_parent
 from lagom_tune.backends.probe import Probe, probe_geometry, steps_for
 from lagom_tune.backends.nccl_log import FILE_ENV, LogReader, last_call, log_path, warnings
 from lagom_tune.backends.nccl_tuner import PLUGIN_ENV, choice_between, hold_tuner, read_nccl_choices
@@ -72,8 +72,11 @@ def worker_main(spec: WorkerSpec, results, parent: int) -> None:
         for i, point in enumerate(spec.points):
             results.put(("rows", i, meter.measure(point, spec.repeats)))
         dist.barrier()
-        dist.destroy_process_group()
+        if not spec.standin:
+            dist.destroy_process_group()
         results.put(("done", tuple((k, n, b) for k, (n, b) in getattr(meter, "jobs", {}).items())))
+        if spec.standin:
+            end_reported(results)  # its gloo group, left as it is (a teardown can hang before torch 2.8)
     except Exception as e:  # the parent names the rank and ends the run
         log = os.environ.get(FILE_ENV)  # where NCCL wrote its warnings instead of the terminal
         said = warnings(LogReader(log_path(log)).new_text()) if log else []

@@ -4,6 +4,8 @@ A profile's ranks (gloo) and GPU workers (nccl) are ``multiprocessing`` children
 outright (SIGKILL, the OOM killer) runs no clean-up, and its children, re-parented, would go on
 holding cores and GPUs until their own timeouts, slowing the very rerun that resumes the profile.
 A terminal's Ctrl-C reaches the whole process group; the parent, told once, stops its children.
+A child on gloo that has reported everything ends without tearing its process group down
+(:func:`end_reported`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import sys
 import time
 from contextlib import contextmanager
 from multiprocessing import resource_tracker
-from typing import Iterator
+from typing import Any, Iterator, NoReturn
 
 POLL_S = 0.5  # how often a child looks for its parent
 
@@ -38,6 +41,27 @@ def exit_with_parent(parent: int, poll_s: float = POLL_S) -> threading.Thread:
     thread = threading.Thread(target=watch, name="lagom-parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+def end_reported(results: Any) -> NoReturn:
+    """End a spawned measuring process on gloo once it has reported everything and passed its
+    group's last barrier: its reports flushed to the parent, then out at once, its process group
+    never torn down.
+
+    Before torch 2.8 (pytorch/pytorch#154976) a gloo group is destroyed holding the GIL while it
+    joins the group's worker threads, and a worker thread still freeing the last reference to a
+    tensor's Python object waits for that GIL: ``destroy_process_group`` hung (torch 2.4.1: a
+    stand-in NCCL worker's every batch), and the interpreter's own teardown can abort. Past the
+    last barrier no peer waits for anything more from this process.
+
+    Args:
+        results: the ``multiprocessing`` queue the process reported on.
+    """
+    results.close()
+    results.join_thread()  # its feeder thread has written every report to the pipe
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @contextmanager

@@ -92,27 +92,11 @@ def steps_for(target_s: float, trial_steps: int, trial_s: float) -> int:
 
 @functools.cache
 def _kernel():
-    """The Triton kernel, compiled on first use (Triton ships with CUDA builds of torch)."""
+    """The Triton kernel (``probe_kernel.py``), compiled on first use (Triton ships with CUDA builds of torch)."""
     try:
-        import triton
-        import triton.language as tl
+        from lagom_tune.backends.probe_kernel import probe_copy  # local: imports Triton, which a CPU machine may lack
     except ImportError:
         raise RuntimeError("the contention probe needs Triton (CUDA builds of torch ship it; else pip install triton)") from None
-
-    @triton.jit
-    def probe_copy(src, stage, steps, slice_chunks, place, CHUNK: tl.constexpr, BLOCK: tl.constexpr, PLACE: tl.constexpr):
-        pid = tl.program_id(0).to(tl.int64)
-        if PLACE:  # where the block runs: its SM's id (a diagnostic launch; compiled out of the measured one)
-            tl.store(place + pid, tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1))
-        src_base = pid * slice_chunks * CHUNK
-        stage_base = pid * 8 * CHUNK
-        for step in range(steps):
-            s_off = src_base + (step % slice_chunks).to(tl.int64) * CHUNK
-            d_off = stage_base + (step % 8) * CHUNK
-            for i in range(0, CHUNK, BLOCK):
-                offs = i + tl.arange(0, BLOCK)
-                tl.store(stage + d_off + offs, tl.load(src + s_off + offs))
-
     return probe_copy
 
 
