@@ -119,6 +119,7 @@ class Shim:
         self.by_group: dict[str, CommunicatorRecord] = {}  # torch group name -> its record
         self.making: str | None = None  # the group-making call in progress (inner calls pass through)
         self.via_outer: str | None = None  # new_subgroups*, whose groups new_group makes
+        self.mesh_rows: list[tuple[tuple[int, ...], str]] = []  # a mesh's groups to come, on a torch whose DeviceMesh names none
         self.c10d: Any = None
         self.late = False  # installed after the script imported torch.distributed (an explicit install())
         self.roles: tuple = ()
@@ -440,8 +441,11 @@ class Shim:
         """
         mesh_cls = getattr(module, "DeviceMesh", None)
         original = getattr(mesh_cls, "_init_one_process_group", None) if mesh_cls is not None else None
-        if original is None or getattr(original, "_lagom_tune", False):
-            return  # another torch: its mesh groups still pass through new_group and split_group
+        if original is None:
+            self._label_mesh_groups(mesh_cls)
+            return
+        if getattr(original, "_lagom_tune", False):
+            return
         signature = inspect.signature(original)
         shim = self
 
@@ -454,6 +458,38 @@ class Shim:
 
         _init_one_process_group.__wrapped__, _init_one_process_group._lagom_tune = original, True
         mesh_cls._init_one_process_group = staticmethod(_init_one_process_group)
+
+    def _label_mesh_groups(self, mesh_cls) -> None:
+        """On a torch whose DeviceMesh makes its groups with no ``group_desc`` (before 2.6), tell
+        ``new_group`` which mesh dimension each is for: ``_init_process_groups`` makes them dimension
+        by dimension, each dimension's groups the rows of the mesh with that dimension last (every
+        rank makes every row), so the mesh gives their order; and record the groups it reuses."""
+        original = getattr(mesh_cls, "_init_process_groups", None) if mesh_cls is not None else None
+        if original is None or getattr(original, "_lagom_tune", False):
+            return  # another torch: its mesh groups still pass through new_group and split_group
+        shim = self
+
+        def _init_process_groups(mesh, *args, **kwargs):
+            names = getattr(mesh, "mesh_dim_names", None) or ()
+            shim.mesh_rows = [(tuple(sorted(int(r) for r in row)), str(name)) for dim, name in enumerate(names)
+                              for row in mesh.mesh.swapdims(-1, dim).reshape(-1, mesh.mesh.size(dim)).tolist()]
+            try:
+                made = original(mesh, *args, **kwargs)
+            finally:
+                shim.mesh_rows = []
+            for (_, _, group_name), name in zip(getattr(mesh, "_dim_group_infos", ()), names):
+                shim._mesh_dim_made(str(group_name), str(name))
+            return made
+
+        _init_process_groups.__wrapped__, _init_process_groups._lagom_tune = original, True
+        mesh_cls._init_process_groups = _init_process_groups
+
+    def _mesh_row(self, ranks: tuple[int, ...]) -> str | None:
+        """The mesh dimension of the group ``new_group`` is making for a mesh (``_label_mesh_groups``),
+        or None: not the row the mesh makes next."""
+        if self.mesh_rows and self.mesh_rows[0][0] == ranks:
+            return self.mesh_rows.pop(0)[1]
+        return None
 
     def _wrapping(self, fn, via: str, describe: Callable[[dict], "GroupMaking | None"]):
         """``fn`` (a c10d function that makes a group) wrapped: ``describe`` reads its arguments and
@@ -498,11 +534,12 @@ class Shim:
                 ranks = tuple(sorted(int(r) for r in (ranks if ranks is not None else range(self.c10d.get_world_size()))))
             except Exception:  # not initialized, odd ranks: torch itself reports it
                 return None
+            dim = mesh_dim_of(a.get("group_desc")) or self._mesh_row(ranks)  # every rank makes every row: taken even by a non-member
             me = self._my_rank()
             if me is not None and me not in ranks:  # a non-member makes no communicator
                 return None
             backend = str(a.get("backend") or self._default_backend())
-            return GroupMaking(GroupIdentity(ranks, mesh_dim_of(a.get("group_desc"))), backend,
+            return GroupMaking(GroupIdentity(ranks, dim), backend,
                                _is_nccl(backend) or (not backend and _cuda_available()), lambda pg: getattr(pg, "group_name", None))
 
         return self._wrapping(fn, "new_group", describe)
