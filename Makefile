@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export GLOO_SOCKET_IFNAME ?= lo
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test test-oldest bench clean
 
 venv: $(STAMP)
 
@@ -27,8 +27,16 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadscope
 
+# The same tests on the oldest releases pyproject.toml accepts (.ci/oldest.txt; torch 2.4.1 is a
+# 5 GB CUDA build from PyPI): by hand, not in CI.
+OLDEST := .venv-oldest
+test-oldest:
+	test -f $(OLDEST)/.installed || { $(PYTHON) -m venv $(OLDEST) && $(OLDEST)/bin/python -m pip install -q --upgrade pip "setuptools>=68" \
+		&& $(OLDEST)/bin/python -m pip install -q -c .ci/oldest.txt -e ".[test,bench]" && touch $(OLDEST)/.installed; }
+	$(OLDEST)/bin/python -m pytest -q -n 2 --dist loadscope
+
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(OLDEST) runs .pytest_cache

@@ -58,7 +58,14 @@ class Bar(Progress):
     """A progress bar on :data:`console` that leaves nothing behind when its work fails: the
     one-line error says what happened (piped, a stale "fit model 0/?" line came before it)."""
 
+    def __enter__(self) -> "Bar":
+        if not self.disable:  # rich before 15 ended even a disabled bar with a blank line, piped
+            self.start()
+        return self
+
     def __exit__(self, exc_type, exc_val, exc_tb) -> None:
+        if self.disable:
+            return
         if exc_type is None:
             super().__exit__(exc_type, exc_val, exc_tb)
             return

@@ -401,3 +401,21 @@ def test_model_yaml_records_each_quantitys_repeat_noise_beside_its_mape():
     assert all(0 < result.noise[k] < 0.03 for k in result.noise), result.noise
     clean = fit_model(synthetic(noise=0.0))
     assert all(v == 0.0 for v in clean.noise.values()) and clean.noise
+
+
+def test_the_rows_digest_reads_the_same_rows_alike_under_any_pandas():
+    """pandas 2.0 and 3.1 read the same CSV's times a last bit apart, so a model fitted under one was
+    called stale under the other: the digest reads times to 9 digits, in any row order; a model that
+    recorded the old digest is still current."""
+    from lagom_tune.model.contention import stale_reason
+    from lagom_tune.model.rows import legacy_rows_digest, rows_digest
+
+    rows = synthetic(noise=0.03, seed=1)[["point", "repeat", "time_us"]]
+    digest = rows_digest(rows)
+    last_bit = rows.assign(time_us=np.nextafter(rows["time_us"].to_numpy(), np.inf))
+    assert rows_digest(last_bit) == digest and rows_digest(rows.iloc[::-1]) == digest
+    moved = rows.copy()
+    moved.loc[3, "time_us"] *= 1 + 1e-6
+    assert rows_digest(moved) != digest
+    old = {"rows": len(rows), "rows_digest": legacy_rows_digest(rows)}
+    assert stale_reason(old, rows, "run") is None and stale_reason(old, moved, "run") is not None

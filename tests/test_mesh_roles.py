@@ -160,6 +160,51 @@ def test_split_groups_get_their_roles_options(tmp_path, monkeypatch):
         ("ctas[world]", True), ("ctas[dp_shard]", True), ("ctas[tp]", True), ("ctas[dp_shard|cp]", False)]
 
 
+def torch24_device_mesh(c10d):
+    """torch 2.4's DeviceMesh as far as the shim sees it: no _init_one_process_group, and groups made
+    with no group_desc, dimension by dimension, every rank making every row; a 1-D mesh over every
+    rank reuses the world group."""
+
+    class DeviceMesh:
+        def __init__(self, shape, names):
+            self.mesh, self.mesh_dim_names = torch.arange(4).view(*shape), names
+            self._init_process_groups()
+
+        def _init_process_groups(self):
+            if self.mesh.ndim == 1 and self.mesh.numel() == c10d.get_world_size():
+                self._dim_group_infos = [("", list(range(4)), c10d._get_default_group().group_name)]
+                return
+            self._dim_group_infos = []
+            for dim in range(self.mesh.ndim):
+                for row in self.mesh.swapdims(-1, dim).reshape(-1, self.mesh.size(dim)).tolist():
+                    group = c10d.new_group(ranks=row)
+                    if c10d.get_rank() in row:
+                        self._dim_group_infos.append(("", row, group.group_name))
+
+    return types.SimpleNamespace(DeviceMesh=DeviceMesh)
+
+
+def test_a_torch_24_mesh_gets_each_dims_settings_without_group_descriptions(tmp_path):
+    """Before torch 2.6 DeviceMesh gives its groups no group_desc: the shim names each dimension's
+    groups from the mesh (rank 2 of a 2x2 mesh: dp_shard [0, 2], tp [2, 3]), and records the world
+    group a 1-D mesh reuses."""
+    shim = Shim(MESH_PLAN, str(tmp_path / "p.yaml"), None)
+    c10d = fake_c10d(rank=2)
+    shim.on_c10d(c10d)
+    mesh_module = torch24_device_mesh(c10d)
+    shim.on_device_mesh(mesh_module)
+    c10d.init_process_group("nccl", world_size=4, rank=2)
+    mesh_module.DeviceMesh((2, 2), ("dp_shard", "tp"))
+    mesh_module.DeviceMesh((4,), ("dp_shard",))
+    made = [(c.via, c.ranks, c.mesh_dim, c.role, c.matched_by) for c in shim.communicators]
+    assert made == [("init_process_group", [0, 1, 2, 3], None, None, ""),
+                    ("new_group", [0, 2], "dp_shard", "dp_shard", "mesh dim"), ("new_group", [2, 3], "tp", "tp", "mesh dim"),
+                    ("DeviceMesh, reusing a group (init_process_group)", [0, 1, 2, 3], "dp_shard", None, "")]
+    options = {ranks: opts for kind, ranks, opts in c10d.calls if kind == "new_group" and opts is not None}
+    assert {r: (o.config.min_ctas, o.config.max_ctas) for r, o in options.items()} == {(0, 2): (2, 4), (2, 3): (8, 8)}
+    assert shim.mesh_rows == []  # nothing left to name a later group by
+
+
 def test_non_members_make_no_communicator_and_are_not_recorded(tmp_path):
     shim = Shim(MESH_PLAN, str(tmp_path / "p.yaml"), None)
     c10d = fake_c10d(rank=0)

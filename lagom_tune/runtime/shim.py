@@ -471,14 +471,18 @@ class Shim:
 
         def _init_process_groups(mesh, *args, **kwargs):
             names = getattr(mesh, "mesh_dim_names", None) or ()
-            shim.mesh_rows = [(tuple(sorted(int(r) for r in row)), str(name)) for dim, name in enumerate(names)
-                              for row in mesh.mesh.swapdims(-1, dim).reshape(-1, mesh.mesh.size(dim)).tolist()]
+            try:
+                shim.mesh_rows = [(tuple(sorted(int(r) for r in row)), str(name)) for dim, name in enumerate(names)
+                                  for row in mesh.mesh.swapdims(-1, dim).reshape(-1, mesh.mesh.size(dim)).tolist()]
+            except Exception:  # a mesh of another shape than torch 2.4's: its groups go unnamed, the mesh is made
+                shim.mesh_rows = []
             try:
                 made = original(mesh, *args, **kwargs)
             finally:
                 shim.mesh_rows = []
-            for (_, _, group_name), name in zip(getattr(mesh, "_dim_group_infos", ()), names):
-                shim._mesh_dim_made(str(group_name), str(name))
+            for info, name in zip(getattr(mesh, "_dim_group_infos", None) or (), names):
+                if isinstance(info, (tuple, list)) and len(info) == 3:  # (tag, ranks, group name) in torch 2.4
+                    shim._mesh_dim_made(str(info[2]), str(name))
             return made
 
         _init_process_groups.__wrapped__, _init_process_groups._lagom_tune = original, True
