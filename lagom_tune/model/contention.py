@@ -268,7 +268,7 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
     v.field(acc, "rows_digest", path, str, None)
     mape = v.number_map(v.field(acc, "mape", path, dict, {}), f"{path}.mape", minimum=0.0)
     v.number_map(v.field(acc, "scored", path, dict, {}), f"{path}.scored", minimum=0.0)  # absent before 2026-12-02
-    noise = v.number_map(v.field(acc, "noise", path, dict, {}), f"{path}.noise", minimum=0.0)  # absent before 2026-12-07
+    noise = v.number_map(v.field(acc, "noise", path, dict, {}), f"{path}.noise", minimum=0.0)  # absent before 2026-12-06
     v.field(acc, "noise_method", path, str, "")
     warnings = v.field(acc, "warnings", path, list, [])
     for i, line in enumerate(warnings):

@@ -115,7 +115,7 @@ NOISE_METHOD = ("half the gap between the medians of a point's even and odd repe
 
 def repeat_noise(df: pd.DataFrame) -> dict[str, float]:
     """How far each held-out quantity's point medians move with the repeats that happened to be
-    drawn: the floor under its MAPE that no model can go below (:data:`NOISE_METHOD`).
+    drawn: an estimate of the floor under its MAPE, which no model goes below (:data:`NOISE_METHOD`).
 
     For independent repeats the medians of two halves of a point's repeats differ by about twice
     what the median of all of them differs from the point's true time, so half their gap is that
