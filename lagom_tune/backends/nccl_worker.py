@@ -72,12 +72,11 @@ def worker_main(spec: WorkerSpec, results, parent: int) -> None:
         for i, point in enumerate(spec.points):
             results.put(("rows", i, meter.measure(point, spec.repeats)))
         dist.barrier()
-        jobs = tuple((k, n, b) for k, (n, b) in getattr(meter, "jobs", {}).items())
-        if spec.standin:  # its gloo group, left as it is (a teardown can hang before torch 2.8)
-            results.put(("done", jobs))
+        if not spec.standin:  # a gloo group is left as it is (its teardown can hang before torch 2.8)
+            dist.destroy_process_group()
+        results.put(("done", tuple((k, n, b) for k, (n, b) in getattr(meter, "jobs", {}).items())))
+        if spec.standin:
             end_reported(results)
-        dist.destroy_process_group()
-        results.put(("done", jobs))
     except Exception as e:  # the parent names the rank and ends the run
         log = os.environ.get(FILE_ENV)  # where NCCL wrote its warnings instead of the terminal
         said = warnings(LogReader(log_path(log)).new_text()) if log else []

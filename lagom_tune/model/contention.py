@@ -307,7 +307,7 @@ def stale_reason(accuracy: dict[str, Any], rows: pd.DataFrame, run_path: str | P
     if isinstance(fitted, int) and not isinstance(fitted, bool) and fitted != len(rows):
         return (f"model.yaml was fitted to {fitted} measurement rows, measurements.csv now holds {len(rows)}; "
                 f"rerun `lagom-tune fit {run_path}`")
-    if digest is not None and digest not in (rows_digest(rows), legacy_rows_digest(rows)):
+    if digest is not None and digest != rows_digest(rows) and digest != legacy_rows_digest(rows):
         return (f"model.yaml was fitted to other measurement rows than measurements.csv holds now (as many, measured "
                 f"again since); rerun `lagom-tune fit {run_path}`")
     return None

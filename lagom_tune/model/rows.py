@@ -29,12 +29,8 @@ def rows_digest(df: pd.DataFrame) -> str:
     Returns:
         16 hex digits.
     """
-    if not len(df):
-        return f"{0:016x}"
-    text = (df["point"].astype(str) + "|" + df["repeat"].astype("int64").astype(str) + "|"
-            + df["time_us"].astype("float64").map(DIGEST_TIME.format)).astype(object)
-    total = int(pd.util.hash_pandas_object(text, index=False).sum())  # wraps: uint64
-    return f"{total % 2 ** 64:016x}"
+    return _summed_hash((df["point"].astype(str) + "|" + df["repeat"].astype("int64").astype(str) + "|"
+                         + df["time_us"].astype("float64").map(DIGEST_TIME.format)).astype(object))
 
 
 def legacy_rows_digest(df: pd.DataFrame) -> str:
@@ -47,8 +43,12 @@ def legacy_rows_digest(df: pd.DataFrame) -> str:
     Returns:
         16 hex digits.
     """
-    cols = df[["point", "repeat", "time_us"]].astype({"point": str, "repeat": "int64", "time_us": "float64"})
-    total = int(pd.util.hash_pandas_object(cols, index=False).sum()) if len(df) else 0  # wraps: uint64
+    return _summed_hash(df[["point", "repeat", "time_us"]].astype({"point": str, "repeat": "int64", "time_us": "float64"}))
+
+
+def _summed_hash(rows: pd.DataFrame | pd.Series) -> str:
+    """The sum of pandas' hashes of ``rows``, one a row (so in any order), as 16 hex digits."""
+    total = int(pd.util.hash_pandas_object(rows, index=False).sum()) if len(rows) else 0  # wraps: uint64
     return f"{total % 2 ** 64:016x}"
 
 
