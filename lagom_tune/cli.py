@@ -257,8 +257,14 @@ def search(
 
     opts = taken_options(list(OPTIMIZERS) if compare else ["default", "autoccl", optimizer],
                          {**flag_options, "on_trial": None if as_json else on_trial})
+
+    def warn(line: str) -> None:  # on stderr: --json's stdout stays one document
+        render.err_console.print(f"[yellow]warning[/] {escape(line)}", highlight=False)
+
     if compare:
         inputs = load_search_inputs(run_dir)
+        for line in inputs.notes:
+            warn(line)
         with bar:
             results, skipped = compare_all(inputs.workload, inputs.model, inputs.space, chosen=inputs.chosen, **opts)
             rows = render.compare_rows(results)
@@ -275,7 +281,7 @@ def search(
     if validate:
         check_no_plan_in_effect(os.environ, "search --validate")
     with bar:
-        plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, min_gain=min_gain, **opts)
+        plan, _ = plan_from_run(run_dir, optimizer, validate_repeats=validate, on_note=warn, min_gain=min_gain, **opts)
     plan.save(out)
     if as_json:
         print(json.dumps({"plan": str(out), **plan.to_dict()}, indent=1))

@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import BackendChoices, KnobSpace, Settings
-from lagom_tune.model.contention import CostModel, load_model, stale_reason
+from lagom_tune.model.contention import CostModel, fit_revision_note, load_model, stale_reason
 from lagom_tune.plan.schema import (HARDWARE_COUNTS, HARDWARE_NAMES, HARDWARE_OFFERS, MAX_ITERATION_MS, MAX_RULE_BYTES,
                                     SEARCH_OPTIONS, CollectiveRule, Plan, knob_space_for)
 from lagom_tune.precision import ms_round, ms_text
@@ -35,6 +35,7 @@ class SearchInputs:
     accuracy: dict[str, Any]
     space: KnobSpace
     chosen: BackendChoices = BackendChoices()  # what the backend ran the collectives with when nothing was set
+    notes: tuple[str, ...] = ()  # what the user should know of the model before trusting the search's figures
 
     @property
     def simulated(self) -> bool:
@@ -73,7 +74,9 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
         raise UserError(f"{run.path} is a single-GPU profile (GEMMs beside the contention probe): it fits the compute side "
                         "only; profile with torchrun on the GPUs the job uses to search for NCCL settings")
     workload = run.workload()
-    return SearchInputs(run.path, meta, workload, model, accuracy, knob_space_for(fp["backend"], fp), backend_choices(df, workload))
+    notes = tuple(line for line in (fit_revision_note(accuracy, run.path),) if line)
+    return SearchInputs(run.path, meta, workload, model, accuracy, knob_space_for(fp["backend"], fp), backend_choices(df, workload),
+                        notes)
 
 
 # A rule matches its collective's size within this share either way: the job's model need not be
@@ -240,7 +243,8 @@ def _check_recordable(workload: Workload, outcome: SearchOutcome) -> None:
                         "or its exposed_ms (`search --compare` prints the predictions without a plan)")
 
 
-def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0, **options: Any) -> tuple[Plan, SearchOutcome]:
+def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0, on_note: Callable[[str], None] | None = None,
+                  **options: Any) -> tuple[Plan, SearchOutcome]:
     """Read a profiled run folder (workload, fingerprint, fitted model), search it, make the plan.
 
     Args:
@@ -248,11 +252,15 @@ def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0
         optimizer: an optimizer's name (``run.OPTIMIZERS``).
         validate_repeats: if not 0, replay the default settings and the plan on the profiling
             backend this many times each, interleaved, and record the times in the plan.
+        on_note: called with each of :attr:`SearchInputs.notes` before the search starts.
         **options: ``min_gain`` and the optimizers' options (``run.search``).
     Returns:
         The plan and the search's outcome.
     """
     inputs = load_search_inputs(run_dir)
+    if on_note:
+        for line in inputs.notes:
+            on_note(line)
     outcome = search(inputs.workload, inputs.model, inputs.space, optimizer, chosen=inputs.chosen, **options)
     _check_recordable(inputs.workload, outcome)
     plan = build_plan(inputs, outcome)

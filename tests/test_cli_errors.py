@@ -1,5 +1,6 @@
 """Bad input: one line on stderr, exit code 2, no traceback, nothing written."""
 
+import json
 import re
 
 import pandas as pd
@@ -265,6 +266,43 @@ def test_a_csv_that_lost_points_or_a_model_fitted_to_other_rows_is_no_basis_for_
     df.to_csv(again / "measurements.csv", index=False)
     assert_one_line_error(cli("search", again, "--out", tmp_path / "p.yaml"), "model.yaml was fitted to other measurement rows")
     assert "fitted to other measurement rows" in " ".join(cli("show", again, check=True).stdout.split())
+
+
+@pytest.mark.parametrize("recorded, said", [("absent", "an older lagom-tune (before fit revisions were recorded)"), (0, None),
+                                             ("two", None), ("newer", "a newer lagom-tune (fit revision")])
+def test_a_model_another_revision_of_the_fit_made_is_named_with_how_to_refit(tiny_run, tmp_path, recorded, said):
+    """The committed H200 tables held a fit from before the roll-off curve, and nothing said so: a
+    model.yaml records the fit's revision, and show, report and search name a model another
+    revision made (search still searches it: its rows are current), with the command that refits it.
+    A revision that is not a whole number of at least 1 is refused."""
+    import shutil
+
+    from lagom_tune.model.contention import FIT_REVISION
+
+    assert yaml.safe_load((tiny_run / "model.yaml").read_text())["accuracy"]["fit_revision"] == FIT_REVISION
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    doc = yaml.safe_load((run / "model.yaml").read_text())
+    if recorded == "absent":  # every model.yaml fitted before 2026-12-06
+        del doc["accuracy"]["fit_revision"]
+    else:
+        doc["accuracy"]["fit_revision"] = FIT_REVISION + 1 if recorded == "newer" else recorded
+    (run / "model.yaml").write_text(yaml.safe_dump(doc))
+    if said is None:
+        assert_one_line_error(cli("show", run), "fit_revision")
+        assert_one_line_error(cli("search", run, "--out", tmp_path / "p.yaml"), "fit_revision")
+        return
+    refit = f"`lagom-tune fit {run}` refits it"
+    assert said in " ".join(cli("show", run, check=True).stdout.split())
+    report = tmp_path / "r.html"
+    cli("report", run, "--out", report, check=True)
+    assert said in " ".join(report.read_text().split())
+    searched = cli("search", run, "--json", "--out", tmp_path / "p.yaml", check=True)
+    assert json.loads(searched.stdout)["plan"] == str(tmp_path / "p.yaml")  # the warning stays off --json's stdout
+    assert said in " ".join(searched.stderr.split()) and refit in " ".join(searched.stderr.split())
+    # refitted, nothing is said
+    cli("fit", run, check=True)
+    assert said not in cli("show", run, check=True).stdout and said not in cli("search", run, "--out", tmp_path / "q.yaml", check=True).stderr
 
 
 def test_an_output_that_holds_something_else_is_never_replaced(tiny_run, tmp_path):

@@ -419,3 +419,14 @@ def test_the_rows_digest_reads_the_same_rows_alike_under_any_pandas():
     assert rows_digest(moved) != digest
     old = {"rows": len(rows), "rows_digest": legacy_rows_digest(rows)}
     assert stale_reason(old, rows, "run") is None and stale_reason(old, moved, "run") is not None
+
+
+def test_an_older_revision_of_the_fit_is_named_as_older(monkeypatch):
+    """Once the fit's revision moves on, a model the one before made reads as older, with its
+    number; this revision's own reads as current."""
+    from lagom_tune.model import contention
+
+    monkeypatch.setattr(contention, "FIT_REVISION", 3)
+    said = contention.fit_revision_note({"fit_revision": 2}, "runs/x")
+    assert "an older lagom-tune (fit revision 2); this one fits revision 3" in said and "`lagom-tune fit runs/x`" in said
+    assert contention.fit_revision_note({"fit_revision": 3}, "runs/x") is None

@@ -24,6 +24,13 @@ from lagom_tune.workload.spec import Collective, Gemm
 
 SCHEMA_VERSION = 1
 
+# What the fit makes of a run's rows. Bump it with any change to the fit that would fit another
+# model to the same measurements (a family's terms or candidates, its losses, its folds): a
+# model.yaml records the revision that fitted it, and ``show``, ``report`` and ``search`` say when
+# it is another one (:func:`fit_revision_note`). 1: the fit of 2026-12-06 (roll-off curve, folds by
+# point hash); files fitted before then record none.
+FIT_REVISION = 1
+
 
 class CostModel(Protocol):
     """Seconds for each op alone, and the factor by which it slows while the other stream runs."""
@@ -266,6 +273,7 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
     acc = v.mapping(d if d is not None else {}, path)
     v.field(acc, "rows", path, int, None, minimum=0)
     v.field(acc, "rows_digest", path, str, None)
+    v.field(acc, "fit_revision", path, int, None, minimum=1)  # absent before 2026-12-06
     mape = v.number_map(v.field(acc, "mape", path, dict, {}), f"{path}.mape", minimum=0.0)
     v.number_map(v.field(acc, "scored", path, dict, {}), f"{path}.scored", minimum=0.0)  # absent before 2026-12-02
     noise = v.number_map(v.field(acc, "noise", path, dict, {}), f"{path}.noise", minimum=0.0)  # absent before 2026-12-06
@@ -313,9 +321,31 @@ def stale_reason(accuracy: dict[str, Any], rows: pd.DataFrame, run_path: str | P
     return None
 
 
+def fit_revision_note(accuracy: dict[str, Any], run_path: str | Path) -> str | None:
+    """Why a model's figures and predictions may not be what this lagom-tune would fit to the same
+    rows, or None: another revision of the fit (:data:`FIT_REVISION`) made it.
+
+    Args:
+        accuracy: the model's ``accuracy`` record (:func:`accuracy_record`).
+        run_path: the run folder, for the advice.
+    Returns:
+        One line with what to do, or None when this revision fitted it.
+    """
+    fitted = accuracy.get("fit_revision")
+    if fitted == FIT_REVISION:
+        return None
+    if fitted is None:
+        by = "an older lagom-tune (before fit revisions were recorded)"
+    else:
+        by = f"{'an older' if fitted < FIT_REVISION else 'a newer'} lagom-tune (fit revision {fitted})"
+    return (f"model.yaml was fitted by {by}; this one fits revision {FIT_REVISION}, which may predict otherwise from the "
+            f"same measurements: `lagom-tune fit {run_path}` refits it, measuring nothing")
+
+
 def run_problems(health: CsvHealth, model_doc: dict[str, Any] | None, rows: pd.DataFrame, run_path: str | Path) -> list[str]:
-    """What ``show`` and ``report`` warn of for a run folder: its CSV's problems, and a model fitted
-    to other rows once the rows are whole (before, the rows are what is named).
+    """What ``show`` and ``report`` warn of for a run folder: its CSV's problems, a model fitted
+    to other rows once the rows are whole (before, the rows are what is named), and a model that
+    another revision of the fit made.
 
     Args:
         health: the CSV's health (``RunFolder.read``).
@@ -326,7 +356,8 @@ def run_problems(health: CsvHealth, model_doc: dict[str, Any] | None, rows: pd.D
         One line per problem.
     """
     stale = stale_reason(model_doc["accuracy"], rows, run_path) if model_doc and health.whole else None
-    return health.problems() + ([stale] if stale else [])
+    revision = fit_revision_note(model_doc["accuracy"], run_path) if model_doc else None
+    return health.problems() + [line for line in (stale, revision) if line]
 
 
 def read_model_file(path: str | Path, expected: ModelExpectation | None = None) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace
 from lagom_tune.measurements import CHOICE_COLUMNS, CHOICE_KNOBS, DEFAULT, KNOB_COLUMNS, chosen_settings
 from lagom_tune.model.contention import (
-    COMM_FEATURES, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
+    COMM_FEATURES, FIT_REVISION, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
     model_from_dict,
 )
 from lagom_tune.model.fit_workers import run_each
@@ -179,6 +179,7 @@ class FitResult:
             "noise_method": NOISE_METHOD,
             "rows": len(rows),
             "rows_digest": rows_digest(rows),
+            "fit_revision": FIT_REVISION,
             "warnings": list(self.warnings),
         }
         if self.ranking is not None:
