@@ -38,6 +38,7 @@ from lagom_tune.backends.nccl_knobs import NVLS, ll128_offered, nccl_knob_space
 from lagom_tune.backends.nccl_sweep import OBSERVING, batches, plan_collective_points, plan_probe_points, worker_env
 from lagom_tune.backends.nccl_worker import WorkerSpec, worker_main
 from lagom_tune.backends.parent_watch import start_shielded
+from lagom_tune.backends.rank_exchange import RankExchange
 from lagom_tune.backends.tuner_build import ensure_plugin
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.workload.spec import Workload
@@ -59,16 +60,24 @@ class Coordinator:
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
         self.gpus_per_node = int(env.get("LOCAL_WORLD_SIZE", str(self.world)))
         self.dist = dist
+        # Longer than a worker's own limit, so a rank whose worker failed waits for the others to
+        # report theirs instead of timing out first.
+        timeout = datetime.timedelta(seconds=3 * timeout_s)
         if self.world > 1:
             if not dist.is_initialized():
-                # Longer than a worker's own limit, so a rank whose worker failed waits for the
-                # others to report theirs instead of timing out first.
-                dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3 * timeout_s))
+                # The rendezvous (and, where torchrun's agent does not, the hosting of its store); the
+                # group itself runs no collective (rank_exchange.py says why).
+                dist.init_process_group("gloo", timeout=timeout)
                 # Whatever ends the process (an error included), leave the group before the
                 # interpreter tears down: a live gloo group there aborts the process.
                 atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
             self.store_host, self.store_port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
             self._store = None
+            # one job's keys apart from another's (an elastic restart is another job)
+            job = f"lagom/exchange/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+            self.exchange = RankExchange(dist.PrefixStore(job, dist.TCPStore(self.store_host, self.store_port, is_master=False,
+                                                                             wait_for_workers=False, timeout=timeout)),
+                                         self.rank, self.world)
         else:  # workers still need a store to meet at
             self._store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False,
                                         timeout=datetime.timedelta(seconds=timeout_s))
@@ -80,25 +89,18 @@ class Coordinator:
 
     def share(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
-        if self.world == 1:
-            return value
-        box = [value]
-        self.dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return value if self.world == 1 else self.exchange.share(value)
 
     def finish(self) -> None:
         """Leave together: a rank that exits while a peer still holds the connection can bring
         that peer down (gloo raises on a closed socket)."""
         if self.world > 1 and self.dist.is_initialized():
-            self.dist.barrier()
+            self.exchange.barrier()
             self.dist.destroy_process_group()
 
     def all_gather(self, value: Any) -> list[Any]:
-        if self.world == 1:
-            return [value]
-        out: list[Any] = [None] * self.world
-        self.dist.all_gather_object(out, value)
-        return out
+        """Every rank's ``value``, in rank order."""
+        return [value] if self.world == 1 else self.exchange.all_gather(value)
 
 
 def _run(cmd: list[str]) -> str:
