@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export GLOO_SOCKET_IFNAME ?= lo
 
-.PHONY: venv demo test test-oldest bench clean
+.PHONY: venv demo test test-oldest test-torch bench clean
 
 venv: $(STAMP)
 
@@ -35,8 +35,18 @@ test-oldest:
 		&& $(OLDEST)/bin/python -m pip install -q -c .ci/oldest.txt -e ".[test,bench]" && touch $(OLDEST)/.installed; }
 	$(OLDEST)/bin/python -m pytest -q -n 2 --dist loadscope
 
+# The same tests on another torch release, the rest the newest pyproject.toml accepts: by hand,
+# `make test-torch TORCH=2.8.0` (from PyPI: a CUDA build of several GB; it runs on a CPU).
+TORCH_VENV = .venv-torch-$(TORCH)
+test-torch:
+	test -n "$(TORCH)" || { echo "name the release: make test-torch TORCH=2.8.0"; exit 2; }
+	test -f $(TORCH_VENV)/.installed || { $(PYTHON) -m venv $(TORCH_VENV) && $(TORCH_VENV)/bin/python -m pip install -q --upgrade pip "setuptools>=68" \
+		&& $(TORCH_VENV)/bin/python -m pip install -q "torch==$(TORCH)" && $(TORCH_VENV)/bin/python -m pip install -q -e ".[test,bench]" \
+		&& touch $(TORCH_VENV)/.installed; }
+	$(TORCH_VENV)/bin/python -m pytest -q -n 2 --dist loadscope
+
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST) runs .pytest_cache
+	rm -rf $(VENV) $(OLDEST) .venv-torch-* runs .pytest_cache
