@@ -74,9 +74,9 @@ def load_search_inputs(run_dir: str | Path) -> SearchInputs:
         raise UserError(f"{run.path} is a single-GPU profile (GEMMs beside the contention probe): it fits the compute side "
                         "only; profile with torchrun on the GPUs the job uses to search for NCCL settings")
     workload = run.workload()
-    notes = tuple(line for line in (fit_revision_note(accuracy, run.path),) if line)
+    revision = fit_revision_note(accuracy, run.path)
     return SearchInputs(run.path, meta, workload, model, accuracy, knob_space_for(fp["backend"], fp), backend_choices(df, workload),
-                        notes)
+                        (revision,) if revision else ())
 
 
 # A rule matches its collective's size within this share either way: the job's model need not be
