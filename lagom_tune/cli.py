@@ -150,9 +150,10 @@ def profile(
 ) -> None:
     """Measure GEMMs, collectives and overlapped pairs; fit the contention model into RUN_DIR/model.yaml.
 
-    Rerunning the same command resumes an interrupted profile where it stopped.
+    Rerunning the same command resumes an interrupted profile where it stopped; on a finished one
+    it measures nothing, and refits only a model another lagom-tune made or one fitted to other rows.
     """
-    from lagom_tune.model.fit import fit_run  # local: fitting imports torch; other verbs start without it
+    from lagom_tune.model.fit import fit_run_unless_current  # local: fitting imports torch; other verbs start without it
 
     check_no_plan_in_effect(os.environ, "profile")
     check_writable(out / "meta.yaml", "run folder")
@@ -175,12 +176,17 @@ def profile(
         run = run_profile(w, b, out, repeats=repeats,
                           progress=lambda done, total, what: bar.update(task, completed=done, total=total))
         fitting = bar.add_task("fit model (k-fold)", total=None)
-        fit = fit_run(run, progress=lambda done, total: bar.update(fitting, completed=done, total=total))
+        accuracy, fitted = fit_run_unless_current(run, progress=lambda done, total: bar.update(fitting, completed=done, total=total))
+        if not fitted:
+            bar.update(fitting, description="fit model: model.yaml already fits these rows", total=1, completed=1)
     render.console.print(f"[green]profiled[/] {escape(str(run.path))}{render.simulated_tag(b.simulated)} · model MAPE "
-                         + render.mape_text(fit.mape))
+                         + render.mape_text(accuracy["mape"]))
+    if not fitted:
+        render.console.print(f"model.yaml is this lagom-tune's fit of these measurements: not refitted (`lagom-tune fit "
+                             f"{escape(str(run.path))}` refits it anyway)", highlight=False)
     for line in render.own_choice_lines(collective_summary(run.measurements())):
         render.console.print(line, highlight=False)
-    for line in render.fit_warnings(fit.warnings):
+    for line in render.fit_warnings(accuracy["warnings"]):
         render.console.print(line)
 
 

@@ -149,3 +149,39 @@ def test_report_without_out_writes_report_html_here(tiny_run, tmp_path):
     current folder."""
     r = subprocess.run([str(BIN / "lagom-tune"), "report", str(tiny_run)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and (tmp_path / "report.html").is_file(), r.stderr
+
+
+def test_a_rerun_of_a_finished_profile_measures_nothing_and_keeps_a_current_model(tiny_run, tmp_path):
+    """The same command again on a finished folder: nothing left to measure, and model.yaml, this
+    revision's fit of exactly these rows, is kept as it is; a model another revision made is refitted."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    again = ("profile", "--workload", tiny_run.parent / "tiny.yaml", "--backend", "gloo", "--ranks", 2, "--out", run, "--repeats", 3)
+    rows, model = (run / "measurements.csv").read_bytes(), (run / "model.yaml").read_bytes()
+    r = cli(*again, check=True)
+    assert "not refitted" in r.stdout and "MAPE" in r.stdout, r.stdout
+    assert (run / "measurements.csv").read_bytes() == rows and (run / "model.yaml").read_bytes() == model
+    doc = yaml.safe_load(model)
+    doc["accuracy"]["fit_revision"] = 0
+    (run / "model.yaml").write_text(yaml.safe_dump(doc))
+    r = cli(*again, check=True)
+    assert "not refitted" not in r.stdout and yaml.safe_load((run / "model.yaml").read_text())["accuracy"]["fit_revision"] >= 1
+
+
+def test_a_model_is_current_only_for_this_fit_of_these_rows(tiny_run, tmp_path):
+    from lagom_tune.model.contention import FIT_REVISION
+    from lagom_tune.model.fit import current_accuracy
+    from lagom_tune.profile.store import RunFolder
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    folder = RunFolder(run)
+    assert current_accuracy(folder)["fit_revision"] == FIT_REVISION
+    doc = yaml.safe_load((run / "model.yaml").read_text())
+    for key, other in (("rows_digest", "0123abcd"), ("fit_revision", FIT_REVISION + 1)):  # other rows; another fit
+        (run / "model.yaml").write_text(yaml.safe_dump({**doc, "accuracy": {**doc["accuracy"], key: other}}))
+        assert current_accuracy(folder) is None, key
+    (run / "model.yaml").write_text("kind: [")  # unreadable: a refit writes a good one
+    assert current_accuracy(folder) is None
+    (run / "model.yaml").unlink()
+    assert current_accuracy(folder) is None

@@ -21,7 +21,7 @@ from lagom_tune.knobs import KnobSpace
 from lagom_tune.measurements import CHOICE_COLUMNS, CHOICE_KNOBS, DEFAULT, KNOB_COLUMNS, chosen_settings
 from lagom_tune.model.contention import (
     COMM_FEATURES, FIT_REVISION, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
-    model_from_dict,
+    model_from_dict, read_model_file,
 )
 from lagom_tune.model.fit_workers import run_each
 from lagom_tune.model.gpu_fit import fit_gpu
@@ -419,6 +419,46 @@ def fit_device(fingerprint: dict[str, Any]) -> dict[str, Any] | None:
     """
     info = backend_info(fingerprint["backend"]) if fingerprint.get("backend") in backend_names() else None
     return {"sms": fingerprint["sms"], "hbm_GBps": fingerprint["hbm_GBps"]} if info is not None and info.gpu_model else None
+
+
+def current_accuracy(run) -> dict[str, Any] | None:
+    """The accuracy record of the run's ``model.yaml`` when refitting could only write it again:
+    this revision of the fit (:data:`FIT_REVISION`) made it from exactly the rows
+    ``measurements.csv`` holds now (their digest).
+
+    Args:
+        run: the run folder (``profile.store.RunFolder``).
+    Returns:
+        The record; None when there is no model, or one that is unreadable, another revision's,
+        or fitted to other rows.
+    """
+    if not run.model_path.exists():
+        return None
+    try:
+        accuracy = read_model_file(run.model_path)["accuracy"]
+    except UserError:
+        return None  # a refit writes a good one over it
+    if accuracy.get("fit_revision") != FIT_REVISION or accuracy.get("rows_digest") != rows_digest(run.measurements()):
+        return None
+    return accuracy
+
+
+def fit_run_unless_current(run, progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, Any], bool]:
+    """What ``profile`` does once it has measured: fit the run (:func:`fit_run`) unless its
+    ``model.yaml`` is already this fit of these rows (:func:`current_accuracy`), as after a rerun of
+    a finished profile, which measures nothing.
+
+    Args:
+        run: the run folder (``profile.store.RunFolder``).
+        progress: called with (fits done, fits) while fitting.
+    Returns:
+        ``model.yaml``'s accuracy record, and whether this call fitted it.
+    """
+    accuracy = current_accuracy(run)
+    if accuracy is not None:
+        return accuracy, False
+    fit_run(run, progress)
+    return read_model_file(run.model_path)["accuracy"], True
 
 
 def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResult:
