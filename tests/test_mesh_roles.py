@@ -2,7 +2,9 @@
 split_group, DeviceMesh) reaches the shim, matched to a plan role by mesh dimension, rank set or
 size; ambiguous plans are refused. NCCL's Options are faked, as in test_nccl_runtime.py."""
 
+import functools
 import json
+import subprocess
 import sys
 import types
 
@@ -250,8 +252,6 @@ def test_a_2x2_mesh_on_gloo_gets_each_dims_settings(tmp_path):
     script.write_text(WORKER)
     applied = tmp_path / "applied"
     applied.mkdir()
-    import subprocess
-
     r = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "4", str(script), str(plan), str(applied)],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -295,8 +295,6 @@ dist.destroy_process_group()
 
 @pytest.mark.slow
 def test_a_late_install_records_earlier_groups_and_reaches_early_imports(tmp_path):
-    import subprocess
-
     plan = Plan(backend="gloo", world_size=1, hardware={}, settings=Settings({}), groups={"dp_shard": 1, "tp": 1}
                 ).save(tmp_path / "p.yaml")
     script = tmp_path / "late.py"
@@ -317,22 +315,34 @@ def test_a_late_install_records_earlier_groups_and_reaches_early_imports(tmp_pat
         (via, "dp_shard", "dp_shard"), (via, "tp", "tp")]
 
 
-def fsdp2_streams_need_cuda() -> bool:
-    """Whether this torch's FSDP2 makes its streams with ``torch.cuda.Stream`` whatever the device
-    (2.4.1 and 2.5.1 seen; 2.5 refuses outright, "FSDP requires CUDA for streams"), rather than
-    through its device's handle (2.8 seen)."""
-    import inspect
-
+FSDP2_ON_CPU = """
+import os, tempfile
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+try:
+    from torch.distributed.fsdp import fully_shard
+except ImportError:  # before FSDP2 left _composable
+    from torch.distributed._composable.fsdp import fully_shard
+with tempfile.TemporaryDirectory() as d:
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(d, "store"), 1), rank=0, world_size=1)
     try:
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPCommContext
-    except ImportError:  # before FSDP2 left _composable
-        from torch.distributed._composable.fsdp._fsdp_param_group import FSDPCommContext
-    return "torch.cuda.Stream(" in inspect.getsource(FSDPCommContext.lazy_init)
+        fully_shard(torch.nn.Linear(4, 4), mesh=init_device_mesh("cpu", (1,)))(torch.ones(2, 4)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+"""
+
+
+@functools.cache
+def fsdp2_on_cpu_error() -> str | None:
+    """Why this torch's FSDP2 cannot train on a CPU, from one step of one rank, or None. Seen:
+    2.4.1 and 2.5.1 make its streams with ``torch.cuda.Stream`` ("FSDP requires CUDA for
+    streams" in 2.5); 2.6.0 makes CPU streams that lack ``record_event``; 2.8, 2.9 and 2.13 train."""
+    r = subprocess.run([sys.executable, "-c", FSDP2_ON_CPU], capture_output=True, text=True, timeout=120)
+    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not torch.cuda.is_available() and fsdp2_streams_need_cuda(),
-                    reason=f"torch {torch.__version__}'s FSDP2 makes its streams on CUDA whatever the device: no FSDP2 on a CPU")
 @pytest.mark.parametrize("mesh, roles", [
     (["--tp", "2"], {"world": 4, "dp_shard": 2, "tp": 2}),
     # HSDP: FSDP2 on a (dp_replicate, dp_shard) mesh; its replicas' all-reduce group has a role of its own
@@ -340,6 +350,8 @@ def fsdp2_streams_need_cuda() -> bool:
 ], ids=["fsdp2-tp", "hsdp"])
 def test_apply_records_every_group_of_the_fsdp2_example_with_its_role(tmp_path, mesh, roles):
     """The acceptance run: the FSDP2 + DeviceMesh example under `apply`, unmodified."""
+    if not torch.cuda.is_available() and fsdp2_on_cpu_error():
+        pytest.skip(f"torch {torch.__version__}'s FSDP2 does not train on a CPU: {fsdp2_on_cpu_error()}")
     plan = Plan(backend="gloo", world_size=4, hardware={"device": "cpu"}, settings=Settings({"threads": 1}),
                 groups=roles).save(tmp_path / "p.yaml")
     metrics = tmp_path / "m.json"
