@@ -1,7 +1,10 @@
 """The two kinds of failure the CLI distinguishes: bad input (exit 2) and runtime failure (exit 1);
 and a stop asked for by a signal."""
 
+import os
 import signal
+import sys
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -43,6 +46,7 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+REDELIVER_S = 0.01  # how long after a lost stop it is delivered again: the callback that lost it has returned
 _received: list[int] = []
 # stopping: set by stopping(); depth: stops_deferred blocks open; pending: the stop they hold back
 _stops: dict = {"stopping": False, "depth": 0, "pending": None}
@@ -60,7 +64,8 @@ def stop_signal() -> int:
 
 def raise_on_stop_signals() -> None:
     """Turn SIGTERM and SIGHUP into :class:`Interrupted` in this (the main) thread, and note each
-    (and Ctrl-C's SIGINT, unless it is ignored) as it arrives, for :func:`interrupts_kept`."""
+    (and Ctrl-C's SIGINT, unless it is ignored) as it arrives, for :func:`interrupts_kept`. A stop
+    raised inside a callback that cannot pass it on (a finalizer) is delivered again after it."""
 
     def stop(signum: int, _frame) -> None:
         _received.append(signum)  # typer returns an interrupt as exit code 130, whatever stopped it
@@ -74,6 +79,25 @@ def raise_on_stop_signals() -> None:
         signal.signal(s, stop)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # a job started with SIGINT ignored keeps ignoring it
         signal.signal(signal.SIGINT, stop)
+    previous = sys.unraisablehook
+
+    def stop_again(unraisable) -> None:
+        # A stop raised where Python cannot pass it on (a weakref finalizer or __del__ run as an
+        # object is collected: a multiprocessing queue closed mid-profile) was printed as "Exception
+        # ignored ... KeyboardInterrupt" and lost, and the profile went on: deliver it again, to be
+        # raised once the callback has returned: from another thread, a moment later, since any
+        # way of raising it from here (signal.raise_signal, os.kill, _thread.interrupt_main) runs
+        # the handler before this hook returns, where its exception is lost the same way.
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received:
+            again = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), _received[-1]))
+            again.daemon = True
+            again.start()
+        else:
+            previous(unraisable)
+
+    if not getattr(previous, "stops_again", False):  # installed once, however often the CLI runs in one process
+        stop_again.stops_again = True
+        sys.unraisablehook = stop_again
 
 
 @contextmanager

@@ -4,6 +4,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -270,6 +271,7 @@ def test_a_stop_signal_waits_for_the_block_that_writes_rows(monkeypatch):
     when another thread (torch's, a queue's) is the one the signal is delivered to."""
     monkeypatch.setattr(errors, "_received", [])  # the stop noted here is no later test's
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, *STOP_SIGNALS)}
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # restored after: raise_on_stop_signals wraps it
     other = threading.Thread(target=time.sleep, args=(0.5,))  # SIGTERM unblocked there too
     try:
         raise_on_stop_signals()
@@ -285,6 +287,33 @@ def test_a_stop_signal_waits_for_the_block_that_writes_rows(monkeypatch):
         for s, handler in old.items():
             signal.signal(s, handler)
         other.join()
+
+
+STOP_IN_A_FINALIZER = """
+import signal, time
+from lagom_tune.errors import raise_on_stop_signals
+
+class Collected:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+        sum(range(1000))  # the handler runs here, inside __del__, where its KeyboardInterrupt cannot go on
+
+raise_on_stop_signals()
+try:
+    Collected()
+    time.sleep(30)  # the work a profile goes on with
+    print("lost")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_a_stop_raised_inside_a_finalizer_is_raised_again_after_it():
+    """The burst of Ctrl-Cs below once printed "Exception ignored in: <Finalize object, dead> ...
+    KeyboardInterrupt": the first Ctrl-C landed while a multiprocessing queue was closed as it was
+    collected, where Python prints an exception and drops it."""
+    r = subprocess.run([sys.executable, "-c", STOP_IN_A_FINALIZER], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "interrupted" and not r.stderr, (r.stdout, r.stderr)
 
 
 def test_a_burst_of_ctrl_cs_keeps_every_point_meta_yaml_counts(tmp_path):
