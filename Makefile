@@ -24,26 +24,30 @@ demo: $(STAMP)
 
 # Two workers: run one at a time, most tests wait on processes they start (ranks, torchrun,
 # `lagom-tune` itself) and kept 2 cores 57% busy; a module stays on one worker (its fixtures are made once).
+PYTEST := -m pytest -q -n 2 --dist loadscope
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadscope
+	$(BIN)/python $(PYTEST)
+
+# A by-hand environment $(1): pip, and a setuptools new enough for the packaging test (Python 3.11's venv has 65).
+new_venv = $(PYTHON) -m venv $(1) && $(1)/bin/python -m pip install -q --upgrade pip "setuptools>=68"
 
 # The same tests on the oldest releases pyproject.toml accepts (.ci/oldest.txt; torch 2.4.1 is a
 # 5 GB CUDA build from PyPI): by hand, not in CI.
 OLDEST := .venv-oldest
 test-oldest:
-	test -f $(OLDEST)/.installed || { $(PYTHON) -m venv $(OLDEST) && $(OLDEST)/bin/python -m pip install -q --upgrade pip "setuptools>=68" \
+	test -f $(OLDEST)/.installed || { $(call new_venv,$(OLDEST)) \
 		&& $(OLDEST)/bin/python -m pip install -q -c .ci/oldest.txt -e ".[test,bench]" && touch $(OLDEST)/.installed; }
-	$(OLDEST)/bin/python -m pytest -q -n 2 --dist loadscope
+	$(OLDEST)/bin/python $(PYTEST)
 
 # The same tests on another torch release, the rest the newest pyproject.toml accepts: by hand,
 # `make test-torch TORCH=2.8.0` (from PyPI: a CUDA build of several GB; it runs on a CPU).
 TORCH_VENV = .venv-torch-$(TORCH)
 test-torch:
 	test -n "$(TORCH)" || { echo "name the release: make test-torch TORCH=2.8.0"; exit 2; }
-	test -f $(TORCH_VENV)/.installed || { $(PYTHON) -m venv $(TORCH_VENV) && $(TORCH_VENV)/bin/python -m pip install -q --upgrade pip "setuptools>=68" \
+	test -f $(TORCH_VENV)/.installed || { $(call new_venv,$(TORCH_VENV)) \
 		&& $(TORCH_VENV)/bin/python -m pip install -q "torch==$(TORCH)" && $(TORCH_VENV)/bin/python -m pip install -q -e ".[test,bench]" \
 		&& touch $(TORCH_VENV)/.installed; }
-	$(TORCH_VENV)/bin/python -m pytest -q -n 2 --dist loadscope
+	$(TORCH_VENV)/bin/python $(PYTEST)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
