@@ -82,6 +82,17 @@ def groups_of_this_rank(mesh) -> list[dict]:
     return out
 
 
+def gloo_averages(group) -> bool:
+    """Whether this torch's gloo reduces with ``ReduceOp.AVG``: FSDP2's HSDP all-reduce averages fp32
+    gradients with it, and torch 2.7's gloo refuses it ("Cannot use ReduceOp.AVG with Gloo", raised
+    on every rank alike, so none waits on another); 2.8 and later average."""
+    try:
+        dist.all_reduce(torch.zeros(1), op=dist.ReduceOp.AVG, group=group)
+    except RuntimeError:
+        return False
+    return True
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel degree; the rest of the ranks shard (FSDP2)")
@@ -110,6 +121,9 @@ def main() -> None:
     shard = world // (args.tp * args.replicate)
     if args.replicate > 1:
         mesh = init_device_mesh(args.device, (args.replicate, shard, args.tp), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+        if args.device == "cpu" and not gloo_averages(mesh.get_group("dp_replicate")):  # said now, not as a traceback mid-step
+            raise SystemExit(1 if dist.get_rank() else f"torch {torch.__version__}'s gloo cannot average (ReduceOp.AVG), which "
+                             "FSDP2's HSDP all-reduce uses: run without --replicate, on torch 2.8 or later, or on GPUs (--device cuda)")
     else:
         mesh = init_device_mesh(args.device, (shard, args.tp), mesh_dim_names=("dp_shard", "tp"))
     model = build(args, mesh)

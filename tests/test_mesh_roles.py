@@ -4,6 +4,7 @@ size; ambiguous plans are refused. NCCL's Options are faked, as in test_nccl_run
 
 import functools
 import json
+import os
 import subprocess
 import sys
 import types
@@ -331,15 +332,38 @@ with tempfile.TemporaryDirectory() as d:
     finally:
         dist.destroy_process_group()
 """
+# HSDP's all-reduce averages fp32 gradients with ReduceOp.AVG
+GLOO_AVERAGES = """
+import os, tempfile
+import torch
+import torch.distributed as dist
+with tempfile.TemporaryDirectory() as d:
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(d, "store"), 1), rank=0, world_size=1)
+    try:
+        dist.all_reduce(torch.zeros(1), op=dist.ReduceOp.AVG)
+    finally:
+        dist.destroy_process_group()
+"""
 
 
 @functools.cache
-def fsdp2_on_cpu_error() -> str | None:
-    """Why this torch's FSDP2 cannot train on a CPU, from one step of one rank, or None. Seen:
-    2.4.1 and 2.5.1 make its streams with ``torch.cuda.Stream`` ("FSDP requires CUDA for
-    streams" in 2.5); 2.6.0 makes CPU streams that lack ``record_event``; 2.8, 2.9 and 2.13 train."""
-    r = subprocess.run([sys.executable, "-c", FSDP2_ON_CPU], capture_output=True, text=True, timeout=120)
+def refusal(script: str) -> str | None:
+    """What this torch says when it cannot run ``script`` (one gloo rank on the CPU, in a fresh
+    process): its last line, or None when it runs."""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     return None if r.returncode == 0 else (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+
+
+def cpu_refusal(roles: dict) -> str | None:
+    """Why this torch cannot run the FSDP2 example with ``roles`` on a CPU, or None. Seen: 2.4.1 and
+    2.5.1 make FSDP2's streams with ``torch.cuda.Stream`` ("FSDP requires CUDA for streams" in 2.5);
+    2.6.0 makes CPU streams that lack ``record_event``; 2.7.0's gloo refuses ReduceOp.AVG (HSDP);
+    2.8, 2.9 and 2.13 train both meshes."""
+    if refusal(FSDP2_ON_CPU):
+        return f"torch {torch.__version__}'s FSDP2 does not train on a CPU: {refusal(FSDP2_ON_CPU)}"
+    if "dp_replicate" in roles and refusal(GLOO_AVERAGES):
+        return f"torch {torch.__version__}'s gloo cannot average, which HSDP's all-reduce does: {refusal(GLOO_AVERAGES)}"
+    return None
 
 
 @pytest.mark.slow
@@ -350,8 +374,8 @@ def fsdp2_on_cpu_error() -> str | None:
 ], ids=["fsdp2-tp", "hsdp"])
 def test_apply_records_every_group_of_the_fsdp2_example_with_its_role(tmp_path, mesh, roles):
     """The acceptance run: the FSDP2 + DeviceMesh example under `apply`, unmodified."""
-    if not torch.cuda.is_available() and fsdp2_on_cpu_error():
-        pytest.skip(f"torch {torch.__version__}'s FSDP2 does not train on a CPU: {fsdp2_on_cpu_error()}")
+    if not torch.cuda.is_available() and cpu_refusal(roles):
+        pytest.skip(cpu_refusal(roles))
     plan = Plan(backend="gloo", world_size=4, hardware={"device": "cpu"}, settings=Settings({"threads": 1}),
                 groups=roles).save(tmp_path / "p.yaml")
     metrics = tmp_path / "m.json"
@@ -365,3 +389,33 @@ def test_apply_records_every_group_of_the_fsdp2_example_with_its_role(tmp_path, 
     assert {tuple(g["ranks"]): g["group"] for g in groups} == seen  # every group, each with its role
     for rank, data in applied["ranks"].items():
         assert {c["role"] for c in data["communicators"]} == set(roles)
+
+
+# Makes this torch's gloo refuse ReduceOp.AVG, as torch 2.7.0's does, in every process it starts.
+REFUSE_AVERAGES = """
+import torch.distributed as dist
+_all_reduce = dist.all_reduce
+def all_reduce(tensor, op=dist.ReduceOp.SUM, *args, **kwargs):
+    if op == dist.ReduceOp.AVG:
+        raise RuntimeError("Cannot use ReduceOp.AVG with Gloo")
+    return _all_reduce(tensor, op, *args, **kwargs)
+dist.all_reduce = all_reduce
+"""
+
+
+@pytest.mark.slow
+def test_the_fsdp2_example_says_once_why_hsdp_cannot_run_on_a_gloo_that_cannot_average(tmp_path):
+    """torch 2.7.0's gloo refuses ReduceOp.AVG, which FSDP2's HSDP all-reduce uses: the example says so
+    in one line (rank 0's) before its first step, rather than four ranks' tracebacks mid-step."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(REFUSE_AVERAGES)
+    r = subprocess.run([BIN / "torchrun", "--standalone", "--nproc-per-node", "4", ROOT / "examples" / "train_fsdp2_mesh.py",
+                        "--replicate", "2", "--tp", "1", "--steps", "1"], capture_output=True, text=True, timeout=180,
+                       env={**os.environ, "PYTHONPATH": str(site), "GLOO_SOCKET_IFNAME": "lo"})
+    assert r.returncode != 0
+    said = [line for line in r.stderr.splitlines() if "cannot average" in line]
+    assert said == [f"torch {torch.__version__}'s gloo cannot average (ReduceOp.AVG), which FSDP2's HSDP all-reduce uses: "
+                    "run without --replicate, on torch 2.8 or later, or on GPUs (--device cuda)"], r.stderr[-3000:]
+    assert "Traceback" not in r.stderr.split("cannot average")[0]  # nothing of ours before it; torchrun's own report follows
+    assert "median step" not in r.stdout
