@@ -277,9 +277,12 @@ class SimBackend(LocalBackend):
         return self.sim.iteration(workload, settings_from_items(items))
 
     def _overlap(self, p: Point, nodes: int) -> dict[str, float]:
-        """An overlap point's row without noise: as many GEMMs as take about the collective's time."""
+        """An overlap point's row without noise. Its job is sized as the nccl backend sizes one
+        (``nccl_sweep.JOB_REFERENCE``): as many GEMMs as last about as long as the collective with
+        nothing set, the same job at every setting of the shape and collective, so that its points'
+        windows compare settings, not amounts of work."""
         y = self.sim.gemm_time(p.gemm)
-        x = self.sim.comm_time(p.op, p.nbytes, p.ranks, nodes, p.settings)
+        x = self.sim.comm_time(p.op, p.nbytes, p.ranks, nodes, self.sim.nothing_set(self.knob_space, p.op, p.nbytes, p.ranks, nodes))
         return self.sim.overlap(p.gemm, max(1, round(x / y)), p.op, p.nbytes, p.ranks, nodes, p.settings)
 
     def measure(self, points: list[Point], repeats: int, sink: RowSink) -> None:
