@@ -17,10 +17,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test,bench]"
 	touch $(STAMP)
 
+# The trial sets OMP_NUM_THREADS=1, what torchrun sets anyway, so that torchrun does not warn so in each of its 12 runs.
 demo: $(STAMP)
 	$(BIN)/lagom-tune profile --workload cpu-demo --backend gloo --ranks 2 --out runs/demo-cpu
 	$(BIN)/lagom-tune search runs/demo-cpu --optimizer lagom --out runs/demo-cpu/plan.yaml
-	$(BIN)/lagom-tune trial runs/demo-cpu/plan.yaml --rounds 6 --warmup 2 -- $(BIN)/torchrun --standalone --nproc-per-node 2 examples/train_gpt.py --steps 8
+	OMP_NUM_THREADS=1 $(BIN)/lagom-tune trial runs/demo-cpu/plan.yaml --rounds 6 --warmup 2 -- $(BIN)/torchrun --standalone --nproc-per-node 2 examples/train_gpt.py --steps 8
 
 # Two workers: run one at a time, most tests wait on processes they start (ranks, torchrun,
 # `lagom-tune` itself) and kept 2 cores 57% busy; a module stays on one worker (its fixtures are made once).
