@@ -24,6 +24,9 @@ from lagom_tune.backends.tuner_build import LIBRARY_NAME, cache_root, ensure_plu
 
 from conftest import ROOT, RULES_PLAN, cli
 
+sys.path.insert(0, str(ROOT / "bench"))
+from nccl_tuner_versions import installed_nccl, tuner_versions_named  # noqa: E402  (the table bench/results/nccl_tuner_versions.md shows)
+
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs the system C compiler `cc`")
 
 # NCCL's numbering (nccl_common.h, plugin/nccl_tuner.h): the cost table is float[NUM_ALGOS][NUM_PROTOS].
@@ -315,7 +318,7 @@ def test_tuner_api_v1_has_one_context_per_process(lib, tmp_path, monkeypatch):
     assert (algo.value, proto.value, nch.value) == (ALGO["ring"], PROTO["simple"], 2)
     assert v1.destroy() == 0
 
-    # NCCL 2.19 inits once per communicator, with no context to tell their calls apart: each init
+    # NCCL 2.19 and 2.20 init once per communicator, with no context to tell their calls apart: each init
     # replaced the last, and the last communicator's rules then reached every communicator
     said = []
     logger = LOGGER(lambda level, flags, file, line, fmt, msg: said.append(msg))
@@ -462,6 +465,19 @@ def test_the_library_exports_every_tuner_api_version(library):
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
     assert {f"ncclTunerPlugin_v{v}" for v in range(1, 8)} <= exported
     assert not {"plugin_init", "parse_rules"} & exported  # everything else stays hidden
+
+
+@pytest.mark.skipif(not installed_nccl(), reason="needs an NCCL library (a CUDA build of torch brings one)")
+def test_the_installed_nccl_finds_the_newest_tuner_api_it_knows(library):
+    """NCCL looks for the newest tuner API it knows first, then older ones: the plugin must define
+    that newest one (a new NCCL release with a new version fails here on a CUDA machine; it would
+    still load an older version, without what the new one adds). Every release from 2.19 to 2.32:
+    bench/results/nccl_tuner_versions.md."""
+    exported = tuner_versions_named(Path(library).read_bytes())
+    for nccl in installed_nccl():
+        asked = tuner_versions_named(nccl.read_bytes())
+        assert asked, f"{nccl} names no ncclTunerPlugin_vN: not an NCCL with tuner plugins (2.19 and later)?"
+        assert max(asked) in exported, f"{nccl} asks for v{max(asked)} first; the plugin defines v{min(exported)}-v{max(exported)}"
 
 
 def test_a_build_is_reused_and_keyed_by_the_source(tmp_path):

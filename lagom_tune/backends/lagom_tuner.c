@@ -64,7 +64,7 @@ enum { PROTO_LL = 0, PROTO_LL128 = 1, PROTO_SIMPLE = 2, NUM_PROTOS = 3 };
 typedef ncclResult_t (*chunk_size_fn)(void* ctx, ncclFunc_t coll, size_t nBytes, int algo, int proto, int nChannels,
                                       size_t* chunkSize);
 
-/* v1 (NCCL 2.19): no context; the plugin returns algorithm and protocol directly. */
+/* v1 (NCCL 2.19, 2.20): no context; the plugin returns algorithm and protocol directly. */
 typedef struct {
   const char* name;
   ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t log);
@@ -73,7 +73,7 @@ typedef struct {
   ncclResult_t (*destroy)(void);
 } tuner_v1_t;
 
-/* v2 (2.20, 2.21): a context per communicator; still algorithm and protocol as outputs. */
+/* v2 (2.21): a context per communicator; still algorithm and protocol as outputs. */
 typedef struct {
   const char* name;
   ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t log, void** ctx);
@@ -82,7 +82,7 @@ typedef struct {
   ncclResult_t (*destroy)(void* ctx);
 } tuner_v2_t;
 
-/* v3 (2.22): the cost table float[numAlgo][numProto], passed as float**; -1.0 marks an entry unavailable. */
+/* v3 (2.22, 2.23): the cost table float[numAlgo][numProto], passed as float**; -1.0 marks an entry unavailable. */
 typedef struct {
   const char* name;
   ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t log, void** ctx);
@@ -91,7 +91,7 @@ typedef struct {
   ncclResult_t (*destroy)(void* ctx);
 } tuner_v3_t;
 
-/* v4 (2.23 - 2.26): adds regBuff. */
+/* v4 (2.24 - 2.27): adds regBuff. */
 typedef struct {
   const char* name;
   ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t log, void** ctx);
@@ -100,7 +100,7 @@ typedef struct {
   ncclResult_t (*destroy)(void* ctx);
 } tuner_v4_t;
 
-/* v5 (2.27 - 2.29): init takes the communicator id, NVLink-domain info and the tuning constants
+/* v5 (2.28, 2.29): init takes the communicator id, NVLink-domain info and the tuning constants
  * (both only passed through here); destroy is named finalize. */
 typedef struct {
   const char* name;
@@ -111,8 +111,9 @@ typedef struct {
   ncclResult_t (*finalize)(void* ctx);
 } tuner_v5_t;
 
-/* v6 (2.30) and v7 (2.31): v5 plus an optional getChunkSize (NULL: NCCL keeps its own). v7 only
- * widens the constants struct, which this plugin never reads. */
+/* v6 (2.30 - 2.32) and v7 (declared in NCCL's source after 2.32; no release to 2.32 looks it up): v5
+ * plus an optional getChunkSize (NULL: NCCL keeps its own). v7 only widens the constants struct, which
+ * this plugin never reads. Which release looks up which: bench/results/nccl_tuner_versions.md. */
 typedef struct {
   const char* name;
   ncclResult_t (*init)(void** ctx, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t log,

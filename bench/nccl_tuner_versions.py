@@ -1,0 +1,123 @@
+"""Which tuner-plugin API each released NCCL looks for, read from the released libraries.
+
+NCCL dlopens ``NCCL_TUNER_PLUGIN`` and looks up ``ncclTunerPlugin_vN`` symbols, newest first; the
+names it tries are strings in ``libnccl.so``. This downloads each ``nvidia-nccl-cu12`` release
+from PyPI (the NCCL that pip-installed CUDA builds of torch load; the newest patch of each minor
+release from 2.19 on unless ``--releases`` names others), reads those names from the library in
+the wheel, and says which of the versions lagom-tune's plugin exports each release will use.
+Needs PyPI and about 300 MB of disk at a time (one wheel); not part of ``make bench``.
+
+    python bench/nccl_tuner_versions.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from lagom_tune.backends.tuner_build import ensure_plugin
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "nvidia-nccl-cu12"
+FIRST = (2, 19)  # the first NCCL with tuner plugins
+_NAME = re.compile(rb"ncclTunerPlugin_v(\d+)")
+
+
+def tuner_versions_named(data: bytes) -> set[int]:
+    """The ``ncclTunerPlugin_vN`` versions a library's bytes name: for NCCL those it looks up in a
+    plugin, for a plugin those it defines.
+
+    Args:
+        data: the shared library's contents.
+    Returns:
+        The version numbers.
+    """
+    return {int(v) for v in _NAME.findall(data)}
+
+
+def installed_nccl() -> list[Path]:
+    """The NCCL libraries this Python would load with torch: a CUDA build's ``nvidia/nccl`` wheel
+    or one bundled in ``torch/lib`` (none beside a CPU build).
+
+    Returns:
+        Their resolved paths, sorted.
+    """
+    found = {p.resolve() for entry in sys.path if entry and Path(entry).is_dir()
+             for sub in ("nvidia/nccl/lib", "torch/lib") for p in Path(entry).glob(f"{sub}/libnccl.so*")}
+    return sorted(found)
+
+
+def pip(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=True).stdout
+
+
+def releases() -> list[str]:
+    """The newest patch of each minor ``nvidia-nccl-cu12`` release from 2.19 on, oldest first."""
+    listed = pip("index", "versions", PACKAGE).split("Available versions:")[1].splitlines()[0]
+    newest: dict[tuple[int, int], tuple[int, int, int]] = {}
+    for v in (x.strip() for x in listed.split(",")):
+        if re.fullmatch(r"\d+\.\d+\.\d+", v):  # not 2.26.2.post1, a repackaged 2.26.2
+            parts = tuple(int(x) for x in v.split("."))
+            if parts[:2] >= FIRST:
+                newest[parts[:2]] = max(newest.get(parts[:2], parts), parts)
+    return [".".join(map(str, v)) for _, v in sorted(newest.items())]
+
+
+def asked_by_release(version: str, tmp: Path) -> set[int]:
+    """Download one release's wheel and read the tuner versions its libnccl looks up."""
+    pip("download", "-q", "--no-deps", "-d", str(tmp), f"{PACKAGE}=={version}")
+    wheel = next(tmp.glob(f"{PACKAGE.replace('-', '_')}-{version}-*.whl"))
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            lib = next(n for n in z.namelist() if re.search(r"/libnccl\.so(\.\d+)*$", n))
+            return tuner_versions_named(z.read(lib))
+    finally:
+        wheel.unlink()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--releases", nargs="*", help=f"{PACKAGE} versions (default: the newest patch of each minor from 2.19)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "nccl_tuner_versions.md")
+    args = p.parse_args()
+    build = ensure_plugin()
+    if not build.ok:
+        sys.exit(f"the plugin did not build: {build.reason}")
+    exported = tuner_versions_named(build.path.read_bytes())
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for version in args.releases or releases():
+            asked = asked_by_release(version, Path(tmp))
+            used = max(asked & exported, default=None)
+            rows.append(f"| {version} | {', '.join(f'v{v}' for v in sorted(asked, reverse=True)) or 'none'} | "
+                        f"{f'v{used}' if used else 'none: NCCL keeps its own choices'} |")
+            print(rows[-1], flush=True)
+    text = "\n".join([
+        "# Tuner-plugin API versions each NCCL release looks for (MEASURED from the released libraries)",
+        "",
+        f"{datetime.date.today()} · {platform.node()} ({platform.machine()}) · `python bench/nccl_tuner_versions.py`",
+        "",
+        f"Each row: the `{PACKAGE}` wheel of that release from PyPI, its `libnccl.so`'s `ncclTunerPlugin_vN` names "
+        "(NCCL tries them newest first and uses the first the plugin defines), and the version of lagom-tune's "
+        f"plugin it therefore uses (the plugin defines v{min(exported)}-v{max(exported)}).",
+        "",
+        "| NCCL | looks for | lagom-tune's plugin used as |",
+        "|---|---|---|",
+        *rows,
+        "",
+    ])
+    tmp_out = args.out.with_suffix(".md.tmp")
+    tmp_out.write_text(text)
+    tmp_out.replace(args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
