@@ -131,6 +131,46 @@ def test_the_users_own_options_are_kept_and_bounded(tmp_path):
     assert c10d.calls[1][3] is mine and (mine.config.min_ctas, mine.config.max_ctas) == (-1, -1)
 
 
+def test_a_group_maker_without_pg_options_is_reported_not_applied(tmp_path, monkeypatch):
+    """Set as an argument the call lacks, the bounds were dropped by the binding while the record
+    said applied: a torch whose new_group takes no pg_options is named instead."""
+    monkeypatch.delenv("NCCL_MAX_CTAS", raising=False)
+    c10d = fake_c10d()
+
+    def new_group(ranks=None, timeout=None, backend=None):
+        c10d.calls.append(("new_group", backend, len(ranks or []), None))
+
+    c10d.new_group = new_group
+    shim = Shim(PLAN, str(tmp_path / "p.yaml"), None)
+    shim.on_c10d(c10d)
+    c10d.new_group(ranks=list(range(8)), backend="nccl")
+    (record,) = shim.records
+    assert record["setting"] == "ctas[tp]" and not record["applied"]
+    assert "this torch's new_group takes no pg_options" in record["how"]
+    assert shim.communicators[0].not_applied["ctas"] == "8..8: this torch's new_group takes no pg_options"
+
+
+# The arguments the shim reads from each group maker's call (and pg_options, which it also sets),
+# by name: one renamed in a torch release would be read as absent.
+SHIM_READS = {"init_process_group": ("backend", "init_method", "rank", "world_size", "pg_options"),
+              "new_group": ("ranks", "backend", "group_desc", "pg_options"),
+              "split_group": ("parent_pg", "split_ranks", "group_desc", "pg_options")}  # torch 2.5 and later
+
+
+def test_this_torchs_group_makers_take_the_arguments_the_shim_reads():
+    import inspect
+
+    from torch.distributed import distributed_c10d
+
+    for name, reads in SHIM_READS.items():
+        fn = getattr(distributed_c10d, name, None)
+        if fn is None:
+            assert name == "split_group", f"this torch has no {name}"
+            continue
+        missing = set(reads) - set(inspect.signature(fn).parameters)
+        assert not missing, f"{name} takes no {sorted(missing)} in this torch"
+
+
 def test_environment_overrides_are_reported_not_hidden(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_MAX_CTAS", "32")
     shim = Shim(PLAN, str(tmp_path / "p.yaml"), None)

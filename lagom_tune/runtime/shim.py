@@ -51,6 +51,8 @@ DDP_ROLE = DDP_ROLES[0]
 DDP_KNOBS = ("bucket_cap_mb", "chunk_bytes")  # the per-communicator knobs the runtime sets through DDP
 # Group-making functions the shim wraps, in c10d and wherever a module imported them by name.
 GROUP_MAKERS = ("init_process_group", "new_group", "split_group", "new_subgroups", "new_subgroups_by_enumeration")
+# The argument of each group maker that takes a group's ProcessGroupNCCL.Options.
+OPTIONS_ARGUMENT = "pg_options"
 # torch process-group backends (not lagom-tune backends) whose groups take ProcessGroupNCCL.Options
 # (tests on CPU add "gloo" to drive the same path).
 NCCL_BACKENDS = ("nccl",)
@@ -589,8 +591,9 @@ class Shim:
         """Make a group this rank is a member of, with the options its role asks for; record it."""
         ident, backend, is_nccl, name_of, parent = made.ident, made.backend, made.is_nccl, made.name_of, made.parent
         via = f"{self.via_outer} -> {via}" if self.via_outer else via
-        rec, opts = self._decide(via, ident, backend, is_nccl, bound.arguments.get("pg_options"))
-        if opts is None and parent is not None and parent.applied and bound.arguments.get("pg_options") is None:
+        takes_options = OPTIONS_ARGUMENT in bound.signature.parameters
+        rec, opts = self._decide(via, ident, backend, is_nccl, bound.arguments.get(OPTIONS_ARGUMENT), takes_options)
+        if opts is None and takes_options and parent is not None and parent.applied and bound.arguments.get(OPTIONS_ARGUMENT) is None:
             # split_group copies the parent's options, CTA bounds included: a group of no role of
             # the plan gets NCCL's defaults instead of another role's bounds.
             cls = nccl_options_class(self.c10d)
@@ -598,7 +601,7 @@ class Shim:
                 opts = cls()
                 rec.note += f"; NCCL's default CTA bounds, not those of the parent group ({parent.role})"
         if opts is not None:
-            bound.arguments["pg_options"] = opts
+            bound.arguments[OPTIONS_ARGUMENT] = opts
         self.making = via
         try:
             pg = fn(*bound.args, **bound.kwargs)
@@ -611,8 +614,10 @@ class Shim:
         self._add(rec)
         return pg
 
-    def _decide(self, via: str, ident, backend: str, is_nccl: bool, existing: Any) -> tuple[CommunicatorRecord, Any]:
-        """The group's role and the ProcessGroupNCCL.Options to make it with (None: leave as given)."""
+    def _decide(self, via: str, ident, backend: str, is_nccl: bool, existing: Any,
+                takes_options: bool = True) -> tuple[CommunicatorRecord, Any]:
+        """The group's role and the ProcessGroupNCCL.Options to make it with (None: leave as given);
+        ``takes_options``: whether the call that makes it has a ``pg_options`` argument."""
         if existing is not None and id(existing) in self.users_bounds:
             # Options the script reuses for another group: that group starts from the script's own bounds
             _, existing.config.min_ctas, existing.config.max_ctas = self.users_bounds[id(existing)]
@@ -640,6 +645,8 @@ class Shim:
             why = f"{', '.join(self.overridden)} in the environment silently override every communicator's config"
         elif cls is None:
             why = "this torch has no ProcessGroupNCCL"
+        elif not takes_options:  # set as an argument it lacks, the bounds would be dropped without a word
+            why = f"this torch's {via.split(' -> ')[-1]} takes no {OPTIONS_ARGUMENT}"
         if why:
             rec.not_applied["ctas"] = f"{bounds}: {why}"
             self.record(f"ctas[{cfg.role}]", bounds, False, why)
