@@ -161,6 +161,7 @@ def test_this_torchs_group_makers_take_the_arguments_the_shim_reads():
     import inspect
 
     from torch.distributed import distributed_c10d
+    from torch.distributed.device_mesh import DeviceMesh
 
     for name, reads in SHIM_READS.items():
         fn = getattr(distributed_c10d, name, None)
@@ -169,6 +170,9 @@ def test_this_torchs_group_makers_take_the_arguments_the_shim_reads():
             continue
         missing = set(reads) - set(inspect.signature(fn).parameters)
         assert not missing, f"{name} takes no {sorted(missing)} in this torch"
+    # and the mesh's own group maker, where it has one (2.6 and later): the dimension it makes a group for
+    one = getattr(DeviceMesh, "_init_one_process_group", None)
+    assert one is None or "dim_name" in inspect.signature(one).parameters
 
 
 def test_environment_overrides_are_reported_not_hidden(tmp_path, monkeypatch):
