@@ -253,7 +253,7 @@ def test_apply_reaches_a_real_nccl_communicator(tmp_path):
     assert any("NCCL_BUFFSIZE set by environment to 2097152" in line for line in evidence), log[-3000:]
     channels = [int(m.group(1)) for m in re.finditer(r"(\d+) coll channels", log)]
     assert channels and max(channels) <= 2, evidence  # max_ctas = 2 from the plan's one rule
-    # NCCL names the tuner it loaded: "TUNER/Plugin: Using lagom-tune (v5)" (2.27-2.29; vN is the
+    # NCCL names the tuner it loaded: "TUNER/Plugin: Using lagom-tune (v5)" (2.28-2.29; vN is the
     # newest symbol that NCCL knows) and "Successfully loaded external tuner plugin <path>" (2.23+).
     loaded = [line for line in evidence if re.search(r"TUNER/Plugin: Using (tuner plugin:? )?lagom-tune\b", line)
               or ("Successfully loaded external tuner plugin" in line and LIBRARY_NAME in line)]
