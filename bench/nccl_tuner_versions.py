@@ -42,18 +42,6 @@ def tuner_versions_named(data: bytes) -> set[int]:
     return {int(v) for v in _NAME.findall(data)}
 
 
-def installed_nccl() -> list[Path]:
-    """The NCCL libraries this Python would load with torch: a CUDA build's ``nvidia/nccl`` wheel
-    or one bundled in ``torch/lib`` (none beside a CPU build).
-
-    Returns:
-        Their resolved paths, sorted.
-    """
-    found = {p.resolve() for entry in sys.path if entry and Path(entry).is_dir()
-             for sub in ("nvidia/nccl/lib", "torch/lib") for p in Path(entry).glob(f"{sub}/libnccl.so*")}
-    return sorted(found)
-
-
 def pip(*args: str) -> str:
     return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=True).stdout
 

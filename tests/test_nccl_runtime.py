@@ -1,5 +1,6 @@
 """The NCCL deployment path, tested on CPU with fakes of the torch classes."""
 
+import inspect
 import shutil
 import sys
 import types
@@ -10,7 +11,7 @@ from lagom_tune.backends import nccl_tuner
 from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import CollectiveRule, Plan, load_plan
 from lagom_tune.runtime import nccl
-from lagom_tune.runtime.shim import Shim, rank_reports
+from lagom_tune.runtime.shim import OPTIONS_ARGUMENT, Shim, rank_reports
 
 from conftest import cli
 
@@ -152,14 +153,12 @@ def test_a_group_maker_without_pg_options_is_reported_not_applied(tmp_path, monk
 
 # The arguments the shim reads from each group maker's call (and pg_options, which it also sets),
 # by name: one renamed in a torch release would be read as absent.
-SHIM_READS = {"init_process_group": ("backend", "init_method", "rank", "world_size", "pg_options"),
-              "new_group": ("ranks", "backend", "group_desc", "pg_options"),
-              "split_group": ("parent_pg", "split_ranks", "group_desc", "pg_options")}  # torch 2.5 and later
+SHIM_READS = {"init_process_group": ("backend", "init_method", "rank", "world_size", OPTIONS_ARGUMENT),
+              "new_group": ("ranks", "backend", "group_desc", OPTIONS_ARGUMENT),
+              "split_group": ("parent_pg", "split_ranks", "group_desc", OPTIONS_ARGUMENT)}  # torch 2.5 and later
 
 
 def test_this_torchs_group_makers_take_the_arguments_the_shim_reads():
-    import inspect
-
     from torch.distributed import distributed_c10d
     from torch.distributed.device_mesh import DeviceMesh
 

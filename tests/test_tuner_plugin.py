@@ -25,7 +25,7 @@ from lagom_tune.backends.tuner_build import LIBRARY_NAME, cache_root, ensure_plu
 from conftest import ROOT, RULES_PLAN, cli
 
 sys.path.insert(0, str(ROOT / "bench"))
-from nccl_tuner_versions import installed_nccl, tuner_versions_named  # noqa: E402  (the table bench/results/nccl_tuner_versions.md shows)
+from nccl_tuner_versions import tuner_versions_named  # noqa: E402  (the table bench/results/nccl_tuner_versions.md shows)
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs the system C compiler `cc`")
 
@@ -465,6 +465,18 @@ def test_the_library_exports_every_tuner_api_version(library):
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
     assert {f"ncclTunerPlugin_v{v}" for v in range(1, 8)} <= exported
     assert not {"plugin_init", "parse_rules"} & exported  # everything else stays hidden
+
+
+def installed_nccl() -> list[Path]:
+    """The NCCL libraries this Python would load with torch: a CUDA build's ``nvidia/nccl`` wheel
+    or one bundled in ``torch/lib`` (none beside a CPU build).
+
+    Returns:
+        Their resolved paths, sorted.
+    """
+    found = {p.resolve() for entry in sys.path if entry and Path(entry).is_dir()
+             for sub in ("nvidia/nccl/lib", "torch/lib") for p in Path(entry).glob(f"{sub}/libnccl.so*")}
+    return sorted(found)
 
 
 @pytest.mark.skipif(not installed_nccl(), reason="needs an NCCL library (a CUDA build of torch brings one)")

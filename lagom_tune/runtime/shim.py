@@ -615,7 +615,7 @@ class Shim:
         return pg
 
     def _decide(self, via: str, ident, backend: str, is_nccl: bool, existing: Any,
-                takes_options: bool = True) -> tuple[CommunicatorRecord, Any]:
+                takes_options: bool) -> tuple[CommunicatorRecord, Any]:
         """The group's role and the ProcessGroupNCCL.Options to make it with (None: leave as given);
         ``takes_options``: whether the call that makes it has a ``pg_options`` argument."""
         if existing is not None and id(existing) in self.users_bounds:
