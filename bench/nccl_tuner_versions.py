@@ -1,10 +1,11 @@
 """Which tuner-plugin API each released NCCL looks for, read from the released libraries.
 
 NCCL dlopens ``NCCL_TUNER_PLUGIN`` and looks up ``ncclTunerPlugin_vN`` symbols, newest first; the
-names it tries are strings in ``libnccl.so``. This downloads each ``nvidia-nccl-cu12`` release
-from PyPI (the NCCL that pip-installed CUDA builds of torch load; the newest patch of each minor
-release from 2.19 on unless ``--releases`` names others), reads those names from the library in
-the wheel, and says which of the versions lagom-tune's plugin exports each release will use.
+names it tries are strings in ``libnccl.so``. This downloads NCCL's wheels from PyPI
+(``nvidia-nccl-cu12`` and ``nvidia-nccl-cu13``, the NCCL that pip-installed CUDA builds of torch
+load; of each, the newest patch of each minor release from 2.19 on unless ``--releases`` names
+others), reads those names from the library in each wheel, and says which of the versions
+lagom-tune's plugin exports each release will use.
 Needs PyPI and about 300 MB of disk at a time (one wheel); not part of ``make bench``.
 
     python bench/nccl_tuner_versions.py
@@ -25,7 +26,7 @@ from pathlib import Path
 from lagom_tune.backends.tuner_build import ensure_plugin
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = "nvidia-nccl-cu12"
+PACKAGES = ("nvidia-nccl-cu12", "nvidia-nccl-cu13")  # NCCL for CUDA 12 and 13: their patch releases differ
 FIRST = (2, 19)  # the first NCCL with tuner plugins
 _NAME = re.compile(rb"ncclTunerPlugin_v(\d+)")
 
@@ -46,9 +47,9 @@ def pip(*args: str) -> str:
     return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=True).stdout
 
 
-def releases() -> list[str]:
-    """The newest patch of each minor ``nvidia-nccl-cu12`` release from 2.19 on, oldest first."""
-    listed = pip("index", "versions", PACKAGE).split("Available versions:")[1].splitlines()[0]
+def releases(package: str) -> list[str]:
+    """The newest patch of each minor release of ``package`` from 2.19 on, oldest first."""
+    listed = pip("index", "versions", package).split("Available versions:")[1].splitlines()[0]
     newest: dict[tuple[int, int], tuple[int, int, int]] = {}
     for v in (x.strip() for x in listed.split(",")):
         if re.fullmatch(r"\d+\.\d+\.\d+", v):  # not 2.26.2.post1, a repackaged 2.26.2
@@ -58,10 +59,10 @@ def releases() -> list[str]:
     return [".".join(map(str, v)) for _, v in sorted(newest.items())]
 
 
-def asked_by_release(version: str, tmp: Path) -> set[int]:
+def asked_by_release(package: str, version: str, tmp: Path) -> set[int]:
     """Download one release's wheel and read the tuner versions its libnccl looks up."""
-    pip("download", "-q", "--no-deps", "-d", str(tmp), f"{PACKAGE}=={version}")
-    wheel = next(tmp.glob(f"{PACKAGE.replace('-', '_')}-{version}-*.whl"))
+    pip("download", "-q", "--no-deps", "-d", str(tmp), f"{package}=={version}")
+    wheel = next(tmp.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
     try:
         with zipfile.ZipFile(wheel) as z:
             lib = next(n for n in z.namelist() if re.search(r"/libnccl\.so(\.\d+)*$", n))
@@ -72,7 +73,7 @@ def asked_by_release(version: str, tmp: Path) -> set[int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--releases", nargs="*", help=f"{PACKAGE} versions (default: the newest patch of each minor from 2.19)")
+    p.add_argument("--releases", nargs="*", help="versions, of each package (default: the newest patch of each minor from 2.19)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "nccl_tuner_versions.md")
     args = p.parse_args()
     build = ensure_plugin()
@@ -81,10 +82,11 @@ def main() -> None:
     exported = tuner_versions_named(build.path.read_bytes())
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for version in args.releases or releases():
-            asked = asked_by_release(version, Path(tmp))
+        wheels = [(package, version) for package in PACKAGES for version in args.releases or releases(package)]
+        for package, version in wheels:
+            asked = asked_by_release(package, version, Path(tmp))
             used = max(asked & exported, default=None)
-            rows.append(f"| {version} | {', '.join(f'v{v}' for v in sorted(asked, reverse=True)) or 'none'} | "
+            rows.append(f"| {version} | `{package}` | {', '.join(f'v{v}' for v in sorted(asked, reverse=True)) or 'none'} | "
                         f"{f'v{used}' if used else 'none: NCCL keeps its own choices'} |")
             print(rows[-1], flush=True)
     text = "\n".join([
@@ -92,12 +94,12 @@ def main() -> None:
         "",
         f"{datetime.date.today()} · {platform.node()} ({platform.machine()}) · `python bench/nccl_tuner_versions.py`",
         "",
-        f"Each row: the `{PACKAGE}` wheel of that release from PyPI, its `libnccl.so`'s `ncclTunerPlugin_vN` names "
+        "Each row: the wheel of that release from PyPI, its `libnccl.so`'s `ncclTunerPlugin_vN` names "
         "(NCCL tries them newest first and uses the first the plugin defines), and the version of lagom-tune's "
         f"plugin it therefore uses (the plugin defines v{min(exported)}-v{max(exported)}).",
         "",
-        "| NCCL | looks for | lagom-tune's plugin used as |",
-        "|---|---|---|",
+        "| NCCL | wheel | looks for | lagom-tune's plugin used as |",
+        "|---|---|---|---|",
         *rows,
         "",
     ])

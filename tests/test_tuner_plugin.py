@@ -483,7 +483,7 @@ def installed_nccl() -> list[Path]:
 def test_the_installed_nccl_finds_the_newest_tuner_api_it_knows(library):
     """NCCL looks for the newest tuner API it knows first, then older ones: the plugin must define
     that newest one (a new NCCL release with a new version fails here on a CUDA machine; it would
-    still load an older version, without what the new one adds). Every release from 2.19 to 2.32:
+    still load an older version, without what the new one adds). The releases from 2.19 to 2.32.6:
     bench/results/nccl_tuner_versions.md."""
     exported = tuner_versions_named(Path(library).read_bytes())
     for nccl in installed_nccl():

@@ -111,9 +111,9 @@ typedef struct {
   ncclResult_t (*finalize)(void* ctx);
 } tuner_v5_t;
 
-/* v6 (2.30 - 2.32) and v7 (declared in NCCL's source after 2.32; no release to 2.32 looks it up): v5
- * plus an optional getChunkSize (NULL: NCCL keeps its own). v7 only widens the constants struct, which
- * this plugin never reads. Which release looks up which: bench/results/nccl_tuner_versions.md. */
+/* v6 (2.30 - 2.32.3) and v7 (2.32.6): v5 plus an optional getChunkSize (NULL: NCCL keeps its own).
+ * v7 only widens the constants struct, which this plugin never reads. Which release looks up which:
+ * bench/results/nccl_tuner_versions.md. */
 typedef struct {
   const char* name;
   ncclResult_t (*init)(void** ctx, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t log,
