@@ -23,6 +23,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.tuner_build import ensure_plugin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +45,7 @@ def tuner_versions_named(data: bytes) -> set[int]:
 
 
 def pip(*args: str) -> str:
+    """Run this Python's pip with ``args``; its standard output (a failure raises)."""
     return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=True).stdout
 
 
@@ -103,9 +105,7 @@ def main() -> None:
         *rows,
         "",
     ])
-    tmp_out = args.out.with_suffix(".md.tmp")
-    tmp_out.write_text(text)
-    tmp_out.replace(args.out)
+    atomic_write_text(args.out, text)
     print(f"wrote {args.out}")
 
 
