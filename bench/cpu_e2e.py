@@ -4,7 +4,7 @@
 The example (``examples/train_gpt.py``, DDP on gloo ranks under torchrun) runs in interleaved
 rounds, each in the reverse order of the one before (``lagom_tune.comparison``: a run's position
 in its round is not neutral here), each run timed by its optimizer steps (``runtime/steps.py``).
-The table reports each configuration's median over rounds, its spread, and a 95% bootstrap
+The table reports each configuration's median over rounds, its spread, and a 95% Student-t
 interval of the geometric-mean per-round ratio with a plain verdict: faster, slower, or no
 difference measurable on this machine. ``--grid`` also times one run of every bucket cap.
 
@@ -100,7 +100,7 @@ def main() -> None:
         lines.append(f"| {arm} | {ms:.2f} | {low:.2f} | {high:.2f} | {settings_text(plan) if arm == 'plan' else 'nothing'} |")
     ratio = reading.step_ms["default"] / reading.step_ms["plan"]
     # the headline is the estimate the interval is of: the paired rounds' geometric mean, not the ratio of medians
-    lines += ["", f"**speedup (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, {CI_LEVEL:.0%} bootstrap "
+    lines += ["", f"**speedup (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, {CI_LEVEL:.0%} Student-t "
                   f"interval {reading.low:.3f}–{reading.high:.3f}×** (per-round ratios {min(per_round):.3f}–{max(per_round):.3f}; "
                   f"ratio of the medians {ratio:.3f}×): **{reading.verdict}**", ""]
     if record.same_settings:

@@ -92,7 +92,7 @@ def main() -> None:
         f"| µs per all-reduce call (median of rounds) | {call['plain']:.1f} | {call['apply']:.1f} | {call['apply'] / call['plain']:.3f} |",
         f"| ms to start a process that imports torch | {boot['plain']:.0f} | {boot['shim']:.0f} | {boot['shim'] / boot['plain']:.3f} |",
         "",
-        f"Per-call ratio, the geometric mean of the per-round ratios: **{estimate:.3f}**, {CI_LEVEL:.0%} bootstrap interval "
+        f"Per-call ratio, the geometric mean of the per-round ratios: **{estimate:.3f}**, {CI_LEVEL:.0%} Student-t interval "
         f"{low:.3f}-{high:.3f} (the table's ratio is of the medians; rounds alternate which",
         "runs first). A small all-reduce on a shared VM takes one scheduler tick or none from call to call, so rounds",
         "scatter; an interval that holds 1 is no measurable overhead.",

@@ -32,7 +32,7 @@ from lagom_tune.report import write_report
 from lagom_tune.runtime import launch
 from lagom_tune.runtime.nccl import nccl_ran
 from lagom_tune.runtime.shim import check_no_plan_in_effect
-from lagom_tune.runtime.trial import KIND as TRIAL_KIND, MAX_ROUNDS, TrialRecord, run_trial
+from lagom_tune.runtime.trial import KIND as TRIAL_KIND, MAX_ROUNDS, MIN_ROUNDS, TrialRecord, run_trial
 from lagom_tune.search import DEFAULT_MIN_GAIN
 from lagom_tune.workload.presets import GPUS_PER_NODE, MAX_MBS, MAX_SEQ, PARALLEL_EXAMPLES, PRESETS, resolve_workload
 from lagom_tune.workload.spec import FILE_MARK as WORKLOAD_FILE_MARK, Workload
@@ -401,7 +401,7 @@ def apply(
 def trial(
     ctx: typer.Context,
     plan_file: Path = typer.Argument(..., metavar="PLAN", parser=_path, help="Plan YAML from `lagom-tune search`."),
-    rounds: int = typer.Option(4, min=1, max=MAX_ROUNDS, help="Rounds; each runs the command with the defaults and with the plan, "
+    rounds: int = typer.Option(4, min=MIN_ROUNDS, max=MAX_ROUNDS, help="Rounds; each runs the command with the defaults and with the plan, "
                                "in turn first (an even number runs each first equally often)."),
     warmup: int = typer.Option(3, min=0, max=1_000_000, help="Optimizer steps of each run left out before the timing starts."),
     out: Optional[Path] = typer.Option(None, parser=_path, help="The trial record (default: trial.json beside the plan; "

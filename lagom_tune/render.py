@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Any
@@ -642,8 +643,10 @@ def trial_summary(record: TrialRecord) -> list[Any]:
     for arm, ms in reading.step_ms.items():
         low, high = reading.spread_ms[arm]
         t.add_row(arm, str(sum(r.arm == arm for r in record.runs)), ms_text(ms), ms_text(low), ms_text(high))
+    interval = (f"{CI_LEVEL:.0%} interval {reading.low:.3f}–{reading.high:.3f}×" if math.isfinite(reading.high)
+                else "no interval from one round")
     out: list[Any] = [t, f"speed-up (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, "
-                         f"{CI_LEVEL:.0%} interval {reading.low:.3f}–{reading.high:.3f}×: [bold]{escape(reading.verdict)}[/]"]
+                         f"{interval}: [bold]{escape(reading.verdict)}[/]"]
     if not record.same_settings and reading.low <= 1.0 <= reading.high:
         out.append("the interval holds 1: more rounds (--rounds) narrow it, if the difference is there to find")
     if not record.complete:

@@ -168,6 +168,7 @@ def test_a_stop_signal_ends_the_trial_and_its_command_keeping_the_runs_before_it
     (["--", sys.executable, "-c", "pass"], "round 1, default run: no process stepped an optimizer"),
     (["--warmup", "20", "--", sys.executable, "SCRIPT"], r"10 optimizer step\(s\) seen, too few to time any after --warmup 20"),
     (["--rounds", "0", "--", sys.executable, "SCRIPT"], "--rounds"),
+    (["--rounds", "1", "--", sys.executable, "SCRIPT"], "--rounds"),
     ([], "nothing to run"),
     (["--out", "--", sys.executable, "SCRIPT"], "--out took it as its path"),
     (["--out", "NOTES", "--", sys.executable, "SCRIPT"], "exists and is not a trial record lagom-tune wrote"),

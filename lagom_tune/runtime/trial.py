@@ -4,7 +4,7 @@ interleaved rounds, each run timed by its own optimizer steps; the plan's speed-
 Both arms run the same command with the step clock in every Python process
 (``runtime/steps.py``); the plan's arm runs it as ``apply`` does. A run's step time is its slowest
 rank's mean step after the warm-up steps. The rounds are read as the geometric mean of the
-per-round default / plan ratios with a bootstrap interval (``comparison``). Every run is added to
+per-round default / plan ratios with a Student-t interval (``comparison``). Every run is added to
 the trial record (``trial.json`` beside the plan) as soon as it ends, so an interrupted trial
 keeps the rounds it finished.
 """
@@ -33,6 +33,7 @@ from lagom_tune.runtime.shim import check_no_plan_in_effect
 from lagom_tune.runtime.steps import STEPS_ENV, read_steps, step_seconds
 
 ARMS = ("default", "plan")
+MIN_ROUNDS = 2  # one round's ratio has no interval (comparison.ratio_interval)
 MAX_ROUNDS = 100
 KIND = "lagom-trial"
 SCHEMA_VERSION = 1
@@ -92,7 +93,7 @@ class TrialReading:
         step_ms: each arm's median step time over its runs.
         spread_ms: each arm's fastest and slowest run.
         speedup: the geometric mean of the per-round default / plan ratios.
-        low, high: its bootstrap interval at ``comparison.CI_LEVEL``.
+        low, high: its interval at ``comparison.CI_LEVEL`` (0 and infinity from one round).
         verdict: the plain reading (``comparison.verdict``).
     """
 
@@ -252,7 +253,7 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
     Args:
         plan, plan_path: the plan and its file.
         cmd: the training command (e.g. torchrun and its arguments), unchanged.
-        rounds: rounds (1 to :data:`MAX_ROUNDS`; an even number runs each arm first equally often).
+        rounds: rounds (:data:`MIN_ROUNDS` to :data:`MAX_ROUNDS`; an even number runs each arm first equally often).
         warmup: optimizer steps of each run left out before the timing starts.
         out: the trial record (default: ``trial.json`` beside the plan; ``launch.record_path``).
         on_run: called with each run once it is recorded.
@@ -266,8 +267,8 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
         RunError: a run that failed (its exit status said); the runs before it stay recorded.
         KeyboardInterrupt: a stop signal (passed on to the command, which then ended); so do they.
     """
-    if not 1 <= rounds <= MAX_ROUNDS:
-        raise UserError(f"--rounds: expected 1 to {MAX_ROUNDS}, got {rounds}")
+    if not MIN_ROUNDS <= rounds <= MAX_ROUNDS:
+        raise UserError(f"--rounds: expected {MIN_ROUNDS} to {MAX_ROUNDS} (one round's ratio has no interval), got {rounds}")
     if warmup < 0:
         raise UserError(f"--warmup: expected at least 0 steps, got {warmup}")
     if not cmd:
