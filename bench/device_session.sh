@@ -5,7 +5,8 @@
 # and the GPU tests, then one tarball of it all plus the three reports and a log.
 #   bash bench/device_session.sh OUT_DIR [WORKLOAD ...]   (default: mpt-7b-tp8-dp1 llama3-8b-fsdp8 olmoe-1b-7b-ep8)
 # About 4 minutes on one H200 (gpu_check ~40 s a workload). Sets itself up as ../shared/GPU.md says:
-# optuna from wheels in ./.whl when the machine lacks it, this checkout installed without deps.
+# from the wheels in ./.whl, each package the machine lacks (optuna and what it needs; scipy, which
+# `trial`'s interval needs), this checkout installed without deps.
 # Exit: 0 when every step passed; 1 when some step failed (each is logged, the rest still run; the
 # log's last line counts them); 2 without a CUDA GPU.
 set -uo pipefail
@@ -37,8 +38,14 @@ step() {  # step NAME CMD...: run, log, count a failure, go on
   fi
 }
 { date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1; } >"$log"
-if ! "$py" -c 'import optuna' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-  step "optuna from .whl" "$py" -m pip install -q --no-index --no-deps --target "$work/site" .whl/*.whl
+missing=()
+for w in .whl/*.whl; do  # a wheel's name starts with its package's, which these import as, lower-cased
+  [ -f "$w" ] || continue
+  pkg=$(basename "$w" | cut -d- -f1 | tr 'A-Z' 'a-z')
+  "$py" -c "import $pkg" 2>/dev/null || missing+=("$w")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  step "what the machine lacks, from .whl" "$py" -m pip install -q --no-index --no-deps --target "$work/site" "${missing[@]}"
   export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 step "install this checkout" "$py" -m pip install -q --no-index --no-deps --no-build-isolation -e .
