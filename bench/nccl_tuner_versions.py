@@ -49,11 +49,16 @@ def pip(*args: str) -> str:
     return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=True).stdout
 
 
-def releases(package: str) -> list[str]:
-    """The newest patch of each minor release of ``package`` from 2.19 on, oldest first."""
-    listed = pip("index", "versions", package).split("Available versions:")[1].splitlines()[0]
+def listed(package: str) -> list[str]:
+    """Every version of ``package`` on the index, as ``pip index versions`` lists them."""
+    line = pip("index", "versions", package).split("Available versions:")[1].splitlines()[0]
+    return [x.strip() for x in line.split(",")]
+
+
+def newest_patches(versions: list[str]) -> list[str]:
+    """The newest patch of each minor release from 2.19 on, oldest first."""
     newest: dict[tuple[int, int], tuple[int, int, int]] = {}
-    for v in (x.strip() for x in listed.split(",")):
+    for v in versions:
         if re.fullmatch(r"\d+\.\d+\.\d+", v):  # not 2.26.2.post1, a repackaged 2.26.2
             parts = tuple(int(x) for x in v.split("."))
             if parts[:2] >= FIRST:
@@ -75,7 +80,8 @@ def asked_by_release(package: str, version: str, tmp: Path) -> set[int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--releases", nargs="*", help="versions, of each package (default: the newest patch of each minor from 2.19)")
+    p.add_argument("--releases", nargs="*", help="versions, read from each package that has them "
+                   "(default: the newest patch of each minor from 2.19)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "nccl_tuner_versions.md")
     args = p.parse_args()
     build = ensure_plugin()
@@ -84,7 +90,14 @@ def main() -> None:
     exported = tuner_versions_named(build.path.read_bytes())
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        wheels = [(package, version) for package in PACKAGES for version in args.releases or releases(package)]
+        on_index = {package: listed(package) for package in PACKAGES}
+        # a version named by --releases is read from each package that has it (2.32.6 is cu13's only)
+        wheels = [(package, version) for package in PACKAGES
+                  for version in ([r for r in args.releases if r in on_index[package]] if args.releases else newest_patches(on_index[package]))]
+        unknown = sorted(set(args.releases or ()) - {version for _, version in wheels})
+        if unknown:
+            print(f"--releases: {', '.join(unknown)} is no release of {' or '.join(PACKAGES)}", file=sys.stderr)
+            sys.exit(2)
         for package, version in wheels:
             asked = asked_by_release(package, version, Path(tmp))
             used = max(asked & exported, default=None)
