@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import rich.table
 
 from lagom_tune.backends.registry import backend_info
-from lagom_tune.comparison import CI_LEVEL
+from lagom_tune.comparison import CI_LEVEL, verdict
 from lagom_tune.measurements import CHOICE_KNOBS
 from lagom_tune.plan.schema import Plan
 from lagom_tune.plan_check import STALE_REASON, PlanPredictions
@@ -338,18 +338,28 @@ def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
     Returns:
         The rows and the caption.
     """
-    kind = "simulated" if plan.validated.get("simulated") else "measured"
-    vbase = plan.validated.get("iteration_ms", {}).get("default")
-    same = plan.validated.get("same_settings")
+    validated = plan.validated
+    kind = "simulated" if validated.get("simulated") else "measured"
+    vbase = validated.get("iteration_ms", {}).get("default")
+    same = validated.get("same_settings")
     rows = []
-    for name, ms in plan.validated.get("iteration_ms", {}).items():
+    for name, ms in validated.get("iteration_ms", {}).items():
         # the same settings replayed twice: a ratio would present the replay's noise as a speed-up
         ratio = "same settings" if same and name != "default" else f"{vbase / ms:.3f}×" if vbase and ms else ""
+        if name == "plan" and not same and validated.get("speedup") is not None:
+            ratio = f"{validated['speedup']:.3f}×"  # the recorded reading (the rounds' ratios), not the medians'
         rows.append((f"{kind} {name} (replay)", ms_text(ms), ratio))
-    caption = "the plan keeps the defaults: both replays ran the same settings, so their difference is noise" if same else ""
+    if same:
+        caption = "the plan keeps the defaults: both replays ran the same settings, so their difference is noise"
+    elif validated.get("interval") and validated.get("speedup") is not None:
+        low, high = validated["interval"]
+        caption = (f"replayed speed-up {validated['speedup']:.3f}× (geometric mean of the {validated.get('repeats', '')} rounds' "
+                   f"ratios), {CI_LEVEL:.0%} interval {low:.3f}–{high:.3f}×: {verdict(low, high, False)}")
+    else:
+        caption = ""
     shortfall = replay_shortfall(plan)
     if shortfall:
-        caption = f"[yellow]warning[/] {shortfall}"
+        caption = f"[yellow]warning[/] {shortfall}" + (f"\n{caption}" if caption else "")
     return rows, caption
 
 
@@ -367,7 +377,7 @@ def replay_shortfall(plan: Plan) -> str:
     replay, predicted = plan.validated.get("iteration_ms", {}), plan.predicted.get("iteration_ms", {})
     if plan.validated.get("same_settings") or not all(replay.get(k) and predicted.get(k) for k in ("default", "plan")):
         return ""
-    said, got = predicted["default"] / predicted["plan"], replay["default"] / replay["plan"]
+    said, got = predicted["default"] / predicted["plan"], plan.validated.get("speedup") or replay["default"] / replay["plan"]
     if said <= 1 or got - 1 >= (said - 1) / 2:
         return ""
     kind = "simulated" if plan.validated.get("simulated") else "measured"

@@ -13,6 +13,8 @@ import io
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from lagom_tune.artifact_io import atomic_write_text, check_writable
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import read_model_file, run_problems
@@ -146,6 +148,7 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
                      f"({d.iteration_s / p.iteration_s:.3f}×)</h2>" + _img(gantt(d, p, simulated), "timeline under default settings and under the plan"))
         if plan.validated:  # the rows `show` prints, not the record as Python writes a dict
             rows, caption = replay_rows(plan)
+            caption = Text.from_markup(caption).plain  # the console's colours are markup, not text
             parts.append("<h2>Validation</h2><table><tr><th>settings</th><th>iteration ms</th><th>vs default</th></tr>"
                          + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
                          + f"</table><p>{html.escape(str(plan.validated.get('method', '')))}{'. ' + html.escape(caption) if caption else ''}</p>")

@@ -123,6 +123,10 @@ def _set_rule(d: dict, **match) -> None:
     (lambda d: d["predicted"]["iteration_ms"].update(plan=1.0), r"predicted.iteration_ms.plan: 1.0 ms, below the contention-free bound"),
     (lambda d: d["validated"].update(method=[1]), "validated.method: expected str"),
     (lambda d: d["validated"].update(spread_ms={"plan": 5}), r"validated.spread_ms.plan: expected \[least, most\]"),
+    # the replay's speed-up is the geometric mean of its rounds' ratios, which lies in its interval
+    (lambda d: d["validated"].update(speedup=1.05, interval=[1.1, 1.2]), r"validated.speedup: 1.05, outside its interval 1.1-1.2"),
+    (lambda d: d["validated"].update(interval=[1.2, 1.1]), r"validated.interval: expected \[low, high\] speed-ups"),
+    (lambda d: d["validated"].update(interval=[1.0, float("inf")]), r"validated.interval: expected \[low, high\] speed-ups"),
 ])
 def test_plans_that_cannot_mean_what_they_say_are_refused(mutate, message):
     """Each was accepted by show and apply --dry-run: a rule that matches nothing, NCCL's tree on

@@ -157,3 +157,23 @@ def test_show_rechecks_a_plans_predictions_against_its_runs_model(sim_plan, tmp_
     assert r.stdout.count("\n") > 5  # the plan itself is still printed
     check = json.loads(cli("show", edited, "--json", check=True).stdout)["predictions_check"]
     assert not check["rechecked"] and "gone is not here" in check["why"]
+
+
+def test_a_replay_that_falls_short_is_said_in_words_not_console_markup(sim_plan, tmp_path):
+    """The report printed the console's "[yellow]warning[/]" as text under its Validation table."""
+    import yaml
+
+    plan = tmp_path / "plan.yaml"
+    cli("search", sim_plan / "run", "--min-gain", "0", "--out", plan, check=True)
+    d = yaml.safe_load(plan.read_text())
+    predicted = d["predicted"]["iteration_ms"]
+    assert predicted["default"] / predicted["plan"] > 1.0, predicted  # a gain for the replay to fall short of
+    base = predicted["default"]
+    d["validated"] = {"method": "simulated replay", "simulated": True, "repeats": 2, "iteration_ms": {"default": base, "plan": base},
+                      "spread_ms": {"default": [base, base], "plan": [base, base]}, "speedup": 1.0, "interval": [0.99, 1.01]}
+    plan.write_text(yaml.safe_dump(d))
+    out = tmp_path / "report.html"
+    cli("report", plan, "--out", out, check=True)
+    page = out.read_text()
+    assert "warning the simulated replay ran the plan 1.000×" in page and "[yellow]" not in page and "[/]" not in page
+    assert "95% interval 0.990–1.010×: no difference measurable on this machine" in page

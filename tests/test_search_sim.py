@@ -148,12 +148,16 @@ def test_exhaustive_refuses_a_space_too_large(phi2):
 
 def test_validate_replays_default_and_plan_on_the_simulator(phi2, tmp_path):
     plan = tmp_path / "p.yaml"
-    cli("search", phi2[0], "--out", plan, "--validate", "3", check=True)
+    r = cli("search", phi2[0], "--out", plan, "--validate", "3", "--min-gain", "0", check=True)
     v = yaml.safe_load(plan.read_text())["validated"]
     assert v["simulated"] is True and v["repeats"] == 3 and set(v["iteration_ms"]) == {"default", "plan"}
     # The plan deploys Lagom's settings only when predicted more than --min-gain faster, so on the
     # simulator's ground truth it is never worse than NCCL's defaults by more than the 2% noise.
     assert v["speedup"] >= 0.98 and v["iteration_ms"]["plan"] > 0
+    # read as trial reads its rounds: the rounds' ratios' geometric mean, inside its 95% t interval
+    low, high = v["interval"]
+    assert low <= v["speedup"] <= high and high > low, v
+    assert f"{low:.3f}–{high:.3f}×" in r.stdout and "geometric mean of the 3 rounds' ratios" in r.stdout, r.stdout
 
 
 def test_a_plan_that_keeps_the_defaults_says_its_replays_ran_the_same_settings(phi2, tmp_path):

@@ -386,12 +386,23 @@ def _check_times(predicted: dict[str, Any], validated: dict[str, Any] | None, si
         said = "simulated" if validated.get("simulated", False) else "measured"
         raise UserError(f"{path}.validated.simulated: the replay is said to be {said}, but the plan's target is "
                         f"{'a simulated cluster' if simulated else 'real hardware'}")
-    times = validated.get("iteration_ms", {})
-    if validated.get("speedup") is not None and times.get("default") and times.get("plan"):
+    times, speedup, interval = validated.get("iteration_ms", {}), validated.get("speedup"), validated.get("interval")
+    if speedup is not None and interval is not None:  # the geometric mean of the rounds' ratios lies in its interval
+        if not interval[0] - ROUNDING_RATIO * speedup <= speedup <= interval[1] + ROUNDING_RATIO * speedup:
+            raise UserError(f"{path}.validated.speedup: {speedup}, outside its interval {interval[0]}-{interval[1]}")
+    elif speedup is not None and times.get("default") and times.get("plan"):
+        # one round, or a plan written before 2026-12-07 (the ratio of the medians): the times' ratio
         ratio = times["default"] / times["plan"]
-        if abs(validated["speedup"] - ratio) > ROUNDING_RATIO * max(1.0, ratio):
-            raise UserError(f"{path}.validated.speedup: {validated['speedup']}, but its replay times give "
+        if abs(speedup - ratio) > ROUNDING_RATIO * max(1.0, ratio):
+            raise UserError(f"{path}.validated.speedup: {speedup}, but its replay times give "
                             f"{times['default']} / {times['plan']} = {ratio:.4f}")
+
+
+def _ordered_pair(pair: Any, path: str, expected: str) -> None:
+    """Refuse (UserError, naming ``path`` and ``expected``) anything but two finite numbers, 0 <= first <= second."""
+    ok = isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in pair)
+    if not ok or not 0 <= pair[0] <= pair[1] < float("inf"):
+        raise UserError(f"{path}: expected {expected}, got {pair!r}")
 
 
 def _times_record(d: Any, path: str) -> dict[str, Any]:
@@ -404,10 +415,10 @@ def _times_record(d: Any, path: str) -> dict[str, Any]:
     v.field(d, "same_settings", path, bool, False)  # validated: both replays ran the defaults
     v.field(d, "method", path, str, "")  # validated: how the replays were measured
     v.field(d, "repeats", path, int, None, minimum=1)
+    if d.get("interval") is not None:  # validated: the speedup's interval (comparison.ratio_interval)
+        _ordered_pair(d["interval"], f"{path}.interval", "[low, high] speed-ups")
     for name, spread in v.mapping(v.field(d, "spread_ms", path, dict, {}), f"{path}.spread_ms").items():
-        ok = isinstance(spread, list) and len(spread) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in spread)
-        if not ok or not 0 <= spread[0] <= spread[1]:
-            raise UserError(f"{path}.spread_ms.{name}: expected [least, most] ms, got {spread!r}")
+        _ordered_pair(spread, f"{path}.spread_ms.{name}", "[least, most] ms")
     if "iteration_ms" not in d:  # a plan written in code may have no predictions: loaded as it was saved
         return d
     # an iteration of no time (0) was shown as the plan's, below its own contention-free bound

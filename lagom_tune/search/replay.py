@@ -8,7 +8,7 @@ from typing import Any
 from lagom_tune.backends.base import BackendOptions, Point, check_memory
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
-from lagom_tune.comparison import interleaved
+from lagom_tune.comparison import interleaved, ratio_interval
 from lagom_tune.knobs import Settings, settings_items
 from lagom_tune.precision import ms_round
 from lagom_tune.workload.spec import Workload
@@ -45,18 +45,26 @@ def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[s
         candidates: name -> settings, e.g. ``{"default": ..., "plan": ...}``.
         repeats: rounds; each replays every candidate once.
     Returns:
-        The plan's ``validated`` section: method, median and spread per candidate, and the
-        default-over-plan speedup when both are there (with ``same_settings`` when the plan keeps
-        the defaults, so that any difference is noise).
+        The plan's ``validated`` section: method, median and spread per candidate, and, when both
+        are there, the default-over-plan speedup read as ``trial`` reads its rounds (the geometric
+        mean of the per-round ratios, with its ``comparison.CI_LEVEL`` interval from 2 repeats on;
+        ``comparison.ratio_interval``), with ``same_settings`` when the plan keeps the defaults,
+        so that any difference is noise.
     """
     backend = backend_from_fingerprint(fingerprint)
     ranks = workload.world_size
-    names = [name for _, name in interleaved(list(candidates), repeats)]
-    points = [Point("iteration", settings_items(candidates[name]), ranks=ranks, workload=workload) for name in names]
+    runs = list(interleaved(list(candidates), repeats))
+    points = [Point("iteration", settings_items(candidates[name]), ranks=ranks, workload=workload) for _, name in runs]
     check_memory(points, backend.fingerprint())
-    times: dict[str, list[float]] = {name: [] for name in candidates}
-    order = iter(names)
-    backend.measure(points, 1, lambda p, rows: times[next(order)].append(rows[0]["time_us"] / 1e3))
+    by_round: dict[int, dict[str, float]] = {}
+    order = iter(runs)
+
+    def record(point: Point, rows: list[dict[str, Any]]) -> None:
+        r, name = next(order)
+        by_round.setdefault(r, {})[name] = rows[0]["time_us"] / 1e3
+
+    backend.measure(points, 1, record)
+    times = {name: [arms[name] for arms in by_round.values()] for name in candidates}
     med = {name: ms_round(statistics.median(t)) for name, t in times.items()}
     out = {
         "method": f"{'simulated' if backend.simulated else 'measured'} replay of the workload on {backend.name}, "
@@ -66,8 +74,11 @@ def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[s
         "iteration_ms": med,
         "spread_ms": {name: [ms_round(min(t)), ms_round(max(t))] for name, t in times.items()},
     }
-    if "default" in med and "plan" in med and med["plan"] > 0:
-        out["speedup"] = round(med["default"] / med["plan"], 4)
+    if "default" in med and "plan" in med:
+        speedup, low, high = ratio_interval([arms["default"] / arms["plan"] for arms in by_round.values()])
+        out["speedup"] = round(speedup, 4)
+        if repeats >= 2:  # one round's ratio has no interval
+            out["interval"] = [round(low, 4), round(high, 4)]
         if settings_items(candidates["default"]) == settings_items(candidates["plan"]):
             out["same_settings"] = True  # a plan that keeps the defaults: the speedup is the replay's noise
     return out
