@@ -330,6 +330,17 @@ def prediction_table(plan: Plan) -> Table:
     return t
 
 
+def interval_text(low: float, high: float) -> str:
+    """A speed-up's interval as ``trial`` and ``search --validate`` print it (``comparison.ratio_interval``).
+
+    Args:
+        low, high: the interval (0 and infinity from one round).
+    Returns:
+        "95% interval 1.015–1.143×", or that one round gives none.
+    """
+    return f"{CI_LEVEL:.0%} interval {low:.3f}–{high:.3f}×" if math.isfinite(high) else "no interval from one round"
+
+
 def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
     """A validated plan's replays as rows (settings, iteration ms, vs default), and a caption ("" if none).
 
@@ -353,8 +364,9 @@ def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
         caption = "the plan keeps the defaults: both replays ran the same settings, so their difference is noise"
     elif validated.get("interval") and validated.get("speedup") is not None:
         low, high = validated["interval"]
-        caption = (f"replayed speed-up {validated['speedup']:.3f}× (geometric mean of the {validated.get('repeats', '')} rounds' "
-                   f"ratios), {CI_LEVEL:.0%} interval {low:.3f}–{high:.3f}×: {verdict(low, high, False)}")
+        rounds = f"the {validated['repeats']} rounds'" if validated.get("repeats") else "its rounds'"
+        caption = (f"replayed speed-up {validated['speedup']:.3f}× (geometric mean of {rounds} ratios), "
+                   f"{interval_text(low, high)}: {verdict(low, high, False)}")
     else:
         caption = ""
     shortfall = replay_shortfall(plan)
@@ -653,10 +665,8 @@ def trial_summary(record: TrialRecord) -> list[Any]:
     for arm, ms in reading.step_ms.items():
         low, high = reading.spread_ms[arm]
         t.add_row(arm, str(sum(r.arm == arm for r in record.runs)), ms_text(ms), ms_text(low), ms_text(high))
-    interval = (f"{CI_LEVEL:.0%} interval {reading.low:.3f}–{reading.high:.3f}×" if math.isfinite(reading.high)
-                else "no interval from one round")
     out: list[Any] = [t, f"speed-up (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, "
-                         f"{interval}: [bold]{escape(reading.verdict)}[/]"]
+                         f"{interval_text(reading.low, reading.high)}: [bold]{escape(reading.verdict)}[/]"]
     if not record.same_settings and reading.low <= 1.0 <= reading.high:
         out.append("the interval holds 1: more rounds (--rounds) narrow it, if the difference is there to find")
     if not record.complete:

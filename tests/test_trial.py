@@ -94,6 +94,17 @@ def test_the_rounds_are_read_as_paired_ratios_with_an_interval():
         read_trial(runs[:1], False)
 
 
+def test_a_trial_stopped_after_one_round_says_it_has_no_interval():
+    """One round's ratio has no interval: shown as such, never as a measured speed-up."""
+    from lagom_tune.render import trial_summary
+    from lagom_tune.runtime.trial import TrialRecord
+
+    runs = (TrialRun(1, "default", 110.0, 10, 2), TrialRun(1, "plan", 100.0, 10, 2))
+    lines = [x for x in trial_summary(TrialRecord("p.yaml", "cmd", "2026-12-07", "h", 4, 2, False, runs)) if isinstance(x, str)]
+    assert "1.100×, no interval from one round: [bold]no difference measurable on this machine[/]" in lines[0], lines
+    assert any("stopped after 2 of 8 runs" in line for line in lines), lines
+
+
 def test_trial_measures_the_plan_against_the_defaults_and_records_every_run(script, tmp_path):
     plan = BASE.save(tmp_path / "plan.yaml")  # threads=1: OMP_NUM_THREADS=1 under the plan, a 20 ms step
     # RANK as torchrun sets it: the shim reports for ranks
