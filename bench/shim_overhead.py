@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.registry import usable_cores
 from lagom_tune.comparison import CI_LEVEL, interleaved, ratio_interval
 
@@ -104,8 +105,7 @@ def main() -> None:
         "Reproduce: `python bench/shim_overhead.py`",
         "",
     ])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    atomic_write_text(args.out, text)
     print(text)
 
 
