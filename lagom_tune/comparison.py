@@ -65,6 +65,28 @@ def ratio_interval(ratios: Sequence[float]) -> tuple[float, float, float]:
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
+def rounds_to_show(ratios: Sequence[float], effect: float, most: int) -> int | None:
+    """Rounds after which a ratio of ``effect`` would show, at the spread these rounds have: the
+    fewest at which the interval's half-width (:func:`ratio_interval`, the same sample standard
+    deviation of log ratios) is narrower than ``log(effect)``, so an interval centred on it would
+    leave 1 out (about even odds that a trial of that many rounds does).
+
+    Args:
+        ratios: the rounds so far (two or more; positive).
+        effect: the ratio to resolve (not 1).
+        most: the most rounds to consider.
+    Returns:
+        The rounds, from 2; None when more than ``most`` would be needed.
+    """
+    from scipy.special import stdtrit  # as in ratio_interval
+
+    spread = float(np.log(np.asarray(ratios, dtype=float)).std(ddof=1))
+    for n in range(2, most + 1):
+        if float(stdtrit(n - 1, 1 - (1 - CI_LEVEL) / 2)) * spread / math.sqrt(n) < abs(math.log(effect)):
+            return n
+    return None
+
+
 def verdict(low: float, high: float, same_settings: bool) -> str:
     """The plain reading of an interval of default / plan time ratios.
 

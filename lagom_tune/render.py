@@ -23,7 +23,7 @@ from lagom_tune.precision import ms_round, ms_text
 from lagom_tune.runtime.launch import describe, export_lines
 from lagom_tune.runtime.nccl import RanReport
 from lagom_tune.backends.nccl_tuner import RULES_ENV
-from lagom_tune.runtime.trial import TrialRecord, TrialRun
+from lagom_tune.runtime.trial import MAX_ROUNDS, TrialRecord, TrialRun
 from lagom_tune.search import TIE_TOLERANCE
 from lagom_tune.search.result import SearchResult
 from lagom_tune.workload.spec import Collective, Gemm, Workload
@@ -649,6 +649,17 @@ def trial_run_line(run: TrialRun, rounds: int) -> str:
             f"(mean after the warm-up, slowest of {run.ranks} process(es), {run.steps} steps)")
 
 
+def _unresolved_line(predicted: float | None, rounds: int | None, high: float) -> str:
+    """What to say of a trial whose interval (up to ``high``) holds 1 (``TrialReading.rounds_to_show``)."""
+    if predicted is None or predicted == 1.0 or not math.isfinite(high):  # nothing predicted, or one round: no spread yet
+        return "the interval holds 1: more rounds (--rounds) narrow it, if the difference is there to find"
+    if rounds is None:
+        return (f"the interval holds 1: at this spread between rounds the plan's predicted {predicted:.3f}× would not show "
+                f"within {MAX_ROUNDS} rounds; the noise between runs is larger than the gain")
+    return (f"the interval holds 1: at this spread between rounds the plan's predicted {predicted:.3f}× would show after "
+            f"about {rounds} rounds (--rounds {rounds}), a smaller true difference after more")
+
+
 def trial_summary(record: TrialRecord) -> list[Any]:
     """What ``trial`` prints at the end, and ``show`` of a trial record: each arm's step times and
     the speed-up with its interval (a trial stopped midway: the rounds it finished).
@@ -668,7 +679,7 @@ def trial_summary(record: TrialRecord) -> list[Any]:
     out: list[Any] = [t, f"speed-up (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, "
                          f"{interval_text(reading.low, reading.high)}: [bold]{escape(reading.verdict)}[/]"]
     if not record.same_settings and reading.low <= 1.0 <= reading.high:
-        out.append("the interval holds 1: more rounds (--rounds) narrow it, if the difference is there to find")
+        out.append(_unresolved_line(record.predicted, reading.rounds_to_show, reading.high))
     if not record.complete:
         out.append(f"[yellow]stopped after {len(record.runs)} of {record.planned_runs} runs[/]: the reading is of the rounds that ran both")
     out.append(f"command: {escape(record.command)} · warm-up {record.warmup} steps · plan {escape(record.plan)}")

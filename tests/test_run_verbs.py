@@ -86,6 +86,31 @@ def test_the_interval_holds_the_true_ratio_as_often_as_it_says():
     assert verdict(*ratio_interval([1.3])[1:], False) == "no difference measurable on this machine"
 
 
+def test_the_rounds_a_predicted_gain_needs_are_those_whose_interval_would_leave_1_out():
+    """rounds_to_show(ratios, e): at the spread of ``ratios``, the fewest rounds whose interval,
+    centred on ``e``, leaves 1 out; one round fewer, it holds 1."""
+    import numpy as np
+
+    from lagom_tune.comparison import ratio_interval, rounds_to_show
+
+    ratios = [1.10, 0.95, 1.05, 0.98]
+    spread = float(np.log(ratios).std(ddof=1))
+
+    def rounds_of(n: int, effect: float) -> list[float]:  # n rounds at exactly this spread, centred on effect
+        z = np.random.default_rng(n).normal(size=n)
+        z = (z - z.mean()) / z.std(ddof=1)
+        return list(np.exp(np.log(effect) + spread * z))
+
+    for effect in (1.03, 1.077, 0.94):
+        n = rounds_to_show(ratios, effect, 100)
+        assert n is not None and n > 2, (effect, n)
+        _, low, high = ratio_interval(rounds_of(n, effect))
+        assert not low <= 1.0 <= high, (effect, n, low, high)
+        _, low, high = ratio_interval(rounds_of(n - 1, effect))
+        assert low <= 1.0 <= high, (effect, n, low, high)
+    assert rounds_to_show(ratios, 1.005, 100) is None  # a 0.5% gain under ±6% noise: beyond 100 rounds
+
+
 def test_compared_arms_take_turns_running_first():
     from lagom_tune.comparison import interleaved
 

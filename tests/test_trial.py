@@ -94,13 +94,33 @@ def test_the_rounds_are_read_as_paired_ratios_with_an_interval():
         read_trial(runs[:1], False)
 
 
+def test_a_trial_that_cannot_tell_says_how_many_rounds_the_predicted_gain_would_need():
+    """An interval that holds 1 now says, at the spread the rounds showed, after how many rounds
+    the plan's predicted speed-up would show (it said only that more rounds narrow it)."""
+    from lagom_tune.render import trial_summary
+    from lagom_tune.runtime.trial import TrialRecord
+
+    ms = [(110.0, 100.0), (95.0, 100.0), (105.0, 100.0), (98.0, 100.0)]  # per-round ratios 1.10, 0.95, 1.05, 0.98
+    runs = tuple(TrialRun(i + 1, arm, t, 10, 2) for i, pair in enumerate(ms) for arm, t in zip(("default", "plan"), pair))
+    record = TrialRecord("p.yaml", "cmd", "2026-12-07", "h", 4, 2, False, 1.03, runs)
+    assert record.reading().rounds_to_show == 22  # comparison.rounds_to_show([1.10, 0.95, 1.05, 0.98], 1.03, 100)
+    lines = [x for x in trial_summary(record) if isinstance(x, str)]
+    assert any("the plan's predicted 1.030× would show after about 22 rounds (--rounds 22)" in line for line in lines), lines
+    assert TrialRecord.from_dict(record.to_dict(), "t.json") == record  # the prediction is kept in the record
+    tiny = TrialRecord("p.yaml", "cmd", "2026-12-07", "h", 4, 2, False, 1.005, runs)
+    assert any("would not show within 100 rounds" in line for line in map(str, trial_summary(tiny))), trial_summary(tiny)
+    old = {k: val for k, val in record.to_dict().items() if k not in ("predicted", "reading")}  # written before 2026-12-07
+    assert TrialRecord.from_dict(old, "t.json").reading().rounds_to_show is None
+    assert any("more rounds (--rounds) narrow it" in line for line in map(str, trial_summary(TrialRecord.from_dict(old, "t.json"))))
+
+
 def test_a_trial_stopped_after_one_round_says_it_has_no_interval():
     """One round's ratio has no interval: shown as such, never as a measured speed-up."""
     from lagom_tune.render import trial_summary
     from lagom_tune.runtime.trial import TrialRecord
 
     runs = (TrialRun(1, "default", 110.0, 10, 2), TrialRun(1, "plan", 100.0, 10, 2))
-    lines = [x for x in trial_summary(TrialRecord("p.yaml", "cmd", "2026-12-07", "h", 4, 2, False, runs)) if isinstance(x, str)]
+    lines = [x for x in trial_summary(TrialRecord("p.yaml", "cmd", "2026-12-07", "h", 4, 2, False, runs=runs)) if isinstance(x, str)]
     assert "1.100×, no interval from one round: [bold]no difference measurable on this machine[/]" in lines[0], lines
     assert any("stopped after 2 of 8 runs" in line for line in lines), lines
 
@@ -136,7 +156,7 @@ def test_trial_measures_the_plan_against_the_defaults_and_records_every_run(scri
 def test_a_trial_record_that_trial_did_not_write_is_refused_by_show(tmp_path, edit, said):
     from lagom_tune.runtime.trial import TrialRecord
 
-    record = TrialRecord("/p.yaml", "python t.py", "2026-12-05", "vm", 1, 2, False,
+    record = TrialRecord("/p.yaml", "python t.py", "2026-12-05", "vm", 1, 2, False, runs=
                          (TrialRun(1, "default", 110.0, 10, 1), TrialRun(1, "plan", 100.0, 10, 1)))
     d = record.to_dict()
     assert TrialRecord.from_dict(json.loads(json.dumps(d)), "t.json") == record

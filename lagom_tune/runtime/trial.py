@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, check_writable
-from lagom_tune.comparison import CI_LEVEL, interleaved, ratio_interval, verdict
+from lagom_tune.comparison import CI_LEVEL, interleaved, ratio_interval, rounds_to_show, verdict
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.plan.schema import Plan
 from lagom_tune.precision import ms_round
@@ -95,6 +95,9 @@ class TrialReading:
         speedup: the geometric mean of the per-round default / plan ratios.
         low, high: its interval at ``comparison.CI_LEVEL`` (0 and infinity from one round).
         verdict: the plain reading (``comparison.verdict``).
+        rounds_to_show: where the interval holds 1 and the plan predicted a speed-up, the rounds
+            after which that speed-up would show at this spread (``comparison.rounds_to_show``;
+            None otherwise, or beyond :data:`MAX_ROUNDS`).
     """
 
     step_ms: dict[str, float]
@@ -103,14 +106,16 @@ class TrialReading:
     low: float
     high: float
     verdict: str
+    rounds_to_show: int | None = None
 
 
-def read_trial(runs: list[TrialRun], same_settings: bool) -> TrialReading:
+def read_trial(runs: list[TrialRun], same_settings: bool, predicted: float | None = None) -> TrialReading:
     """Read the rounds that ran both arms.
 
     Args:
         runs: the trial's runs, in the order they ran.
         same_settings: whether the plan keeps the defaults (both arms run the same settings).
+        predicted: the plan's predicted speed-up (:func:`predicted_speedup`), if it has one.
     Returns:
         The reading.
     Raises:
@@ -124,8 +129,22 @@ def read_trial(runs: list[TrialRun], same_settings: bool) -> TrialReading:
         raise UserError("no round ran both the defaults and the plan: nothing to compare")
     times = {arm: [r.step_ms for r in runs if r.arm == arm] for arm in ARMS}
     speedup, low, high = ratio_interval(ratios)
+    unresolved = not same_settings and predicted is not None and predicted != 1.0 and len(ratios) > 1 and low <= 1.0 <= high
     return TrialReading({arm: statistics.median(t) for arm, t in times.items()}, {arm: (min(t), max(t)) for arm, t in times.items()},
-                        speedup, low, high, verdict(low, high, same_settings))
+                        speedup, low, high, verdict(low, high, same_settings),
+                        rounds_to_show(ratios, predicted, MAX_ROUNDS) if unresolved else None)
+
+
+def predicted_speedup(plan: Plan) -> float | None:
+    """The plan's predicted speed-up, its default over its plan iteration time (``predicted``).
+
+    Args:
+        plan: the plan.
+    Returns:
+        The ratio, or None for a plan without both predictions.
+    """
+    times = plan.predicted.get("iteration_ms", {})
+    return times["default"] / times["plan"] if times.get("default") and times.get("plan") else None
 
 
 @dataclass(frozen=True)
@@ -140,6 +159,7 @@ class TrialRecord:
         rounds: rounds asked for.
         warmup: steps left out of each run's timing.
         same_settings: whether the plan keeps the defaults.
+        predicted: the plan's predicted speed-up when the trial began (:func:`predicted_speedup`).
         runs: the runs finished, in the order they ran.
     """
 
@@ -150,6 +170,7 @@ class TrialRecord:
     rounds: int
     warmup: int
     same_settings: bool
+    predicted: float | None = None
     runs: tuple[TrialRun, ...] = ()
 
     @property
@@ -164,7 +185,7 @@ class TrialRecord:
 
     def reading(self) -> TrialReading:
         """What the runs say (:func:`read_trial`)."""
-        return read_trial(list(self.runs), self.same_settings)
+        return read_trial(list(self.runs), self.same_settings, self.predicted)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": KIND, "schema_version": SCHEMA_VERSION, **asdict(self), "runs": [asdict(r) for r in self.runs]}
@@ -204,7 +225,8 @@ class TrialRecord:
             if any((r.round, r.arm) == (runs[-1].round, runs[-1].arm) for r in runs[:-1]):
                 raise UserError(f"{where}: round {runs[-1].round}'s {runs[-1].arm} run is recorded twice")
         return cls(v.field(d, "plan", path, str), v.field(d, "command", path, str), v.field(d, "date", path, str),
-                   v.field(d, "host", path, str), rounds, warmup, v.field(d, "same_settings", path, bool), tuple(runs))
+                   v.field(d, "host", path, str), rounds, warmup, v.field(d, "same_settings", path, bool),
+                   v.field(d, "predicted", path, float, None, minimum=v.POSITIVE), tuple(runs))
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(TrialRecord))
@@ -289,7 +311,7 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
             on_warning(line)
 
     record = TrialRecord(str(plan_path.resolve()), shlex.join(cmd), datetime.date.today().isoformat(), platform.node(), rounds,
-                         warmup, sets_nothing(plan))
+                         warmup, sets_nothing(plan), predicted_speedup(plan))
     for r, arm in interleaved(ARMS, rounds):
         code, steps, stop = timed_run(cmd, plan if arm == "plan" else None, plan_path, warn_once)
         where = f"round {r + 1}, {arm} run"
