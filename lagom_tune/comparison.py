@@ -54,15 +54,21 @@ def ratio_interval(ratios: Sequence[float]) -> tuple[float, float, float]:
         (geometric mean, low, high): the t interval of the mean log ratio, mapped back to ratios.
         One round gives no interval: (the ratio, 0.0, inf).
     """
-    # scipy only here: the CLI starts without it, and a GPU machine that lacks it still profiles.
-    from scipy.special import stdtrit
-
     logs = np.log(np.asarray(ratios, dtype=float))
     mean = float(logs.mean())
     if len(logs) < 2:
         return math.exp(mean), 0.0, math.inf
-    half = float(stdtrit(len(logs) - 1, 1 - (1 - CI_LEVEL) / 2)) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+    half = _half_width(float(logs.std(ddof=1)), len(logs))
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def _half_width(spread: float, rounds: int) -> float:
+    """The t interval's half-width in log ratio, at :data:`CI_LEVEL`, for ``rounds`` (two or more)
+    whose log ratios have sample standard deviation ``spread``."""
+    # scipy only here: the CLI starts without it, and a GPU machine that lacks it still profiles.
+    from scipy.special import stdtrit
+
+    return float(stdtrit(rounds - 1, 1 - (1 - CI_LEVEL) / 2)) * spread / math.sqrt(rounds)
 
 
 def rounds_to_show(ratios: Sequence[float], effect: float, most: int) -> int | None:
@@ -78,13 +84,8 @@ def rounds_to_show(ratios: Sequence[float], effect: float, most: int) -> int | N
     Returns:
         The rounds, from 2; None when more than ``most`` would be needed.
     """
-    from scipy.special import stdtrit  # as in ratio_interval
-
     spread = float(np.log(np.asarray(ratios, dtype=float)).std(ddof=1))
-    for n in range(2, most + 1):
-        if float(stdtrit(n - 1, 1 - (1 - CI_LEVEL) / 2)) * spread / math.sqrt(n) < abs(math.log(effect)):
-            return n
-    return None
+    return next((n for n in range(2, most + 1) if _half_width(spread, n) < abs(math.log(effect))), None)
 
 
 def verdict(low: float, high: float, same_settings: bool) -> str:
