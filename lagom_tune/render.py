@@ -362,12 +362,14 @@ def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
         rows.append((f"{kind} {name} (replay)", ms_text(ms), ratio))
     if same:
         caption = "the plan keeps the defaults: both replays ran the same settings, so their difference is noise"
-    elif validated.get("interval") and validated.get("speedup") is not None:
+    elif validated.get("speedup") is not None and validated.get("interval"):
         low, high = validated["interval"]
         rounds = f"the {validated['repeats']} rounds'" if validated.get("repeats") else "its rounds'"
         caption = (f"replayed speed-up {validated['speedup']:.3f}× (geometric mean of {rounds} ratios), "
                    f"{interval_text(low, high)}: {verdict(low, high, False)}")
-    else:
+    elif validated.get("speedup") is not None and validated.get("repeats") == 1:
+        caption = f"replayed speed-up {validated['speedup']:.3f}× from one round: no interval (--validate 2 or more gives one)"
+    else:  # a plan written before the replay recorded its interval
         caption = ""
     shortfall = replay_shortfall(plan)
     if shortfall:

@@ -245,6 +245,17 @@ def test_a_replay_that_does_not_bear_the_prediction_out_is_said():
     assert replay_shortfall(half) == ""  # 4.3% of a predicted 8.1%: more than half of it
 
 
+def test_a_replay_says_what_its_rounds_can_tell():
+    """The replay's speed-up is read with its interval, as trial reads its rounds; one round has none."""
+    plan = load_plan(ROOT / "plans" / "sim-a40-nvlink-phi-2-tp8-dp2.yaml")  # 3 rounds, 1.0772, [1.0148, 1.1434]
+    assert replay_rows(plan)[1] == ("replayed speed-up 1.077× (geometric mean of the 3 rounds' ratios), 95% interval "
+                                    "1.015–1.143×: the plan is faster")
+    assert replay_rows(plan)[0][-1] == ("simulated plan (replay)", "703.757", "1.077×")
+    one = {k: val for k, val in plan.validated.items() if k != "interval"}
+    assert "from one round: no interval (--validate 2 or more gives one)" in replay_rows(replace(plan, validated={**one, "repeats": 1}))[1]
+    assert replay_rows(replace(plan, validated=one))[1] == ""  # written before the replay recorded its interval
+
+
 # Each example plan in plans/ and the preset it was made from (README: the recipe).
 EXAMPLE_PLANS = {
     "demo-cpu.yaml": ("cpu-demo", None),
