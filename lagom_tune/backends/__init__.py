@@ -1,8 +1,7 @@
 """Backends measure GEMMs and collectives; the rest of lagom-tune never asks which one it has,
-only what its registry record says it can do (``registry.py``)."""
+only what its registry record says it can do (``registry.py``).
 
-from lagom_tune.backends.base import Backend, Point, get_backend
-from lagom_tune.backends.registry import BackendInfo, backend_info, register_backend
-from lagom_tune.knobs import Knob, KnobSpace
-
-__all__ = ["Backend", "BackendInfo", "Knob", "KnobSpace", "Point", "backend_info", "get_backend", "register_backend"]
+Import from the module that holds a name (``backends.base``, ``backends.registry``): this package
+imports nothing, so the runtime shim, which needs ``chunking`` and the NCCL controls in every rank,
+does not load the measuring side (``base`` and the workload presets) at start-up.
+"""

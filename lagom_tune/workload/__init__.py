@@ -1,6 +1,5 @@
-"""Workloads: which computations overlap which collectives, and how often per iteration."""
+"""Workloads: which computations overlap which collectives, and how often per iteration.
 
-from lagom_tune.workload.presets import resolve_workload
-from lagom_tune.workload.spec import Collective, Gemm, OverlapGroup, Workload, load_workload
-
-__all__ = ["Collective", "Gemm", "OverlapGroup", "Workload", "load_workload", "resolve_workload"]
+Import from the module that holds a name (``workload.spec``, ``workload.presets``): this package
+imports nothing, so a module that needs only the spec does not build the presets.
+"""
