@@ -120,7 +120,7 @@ def main() -> None:
         "Under a plan, sitecustomize loads the plan and installs the import hooks; in a trial's runs it installs the",
         "step clock (torch.optim's step hook). Each process runs under `python -X importtime`, whose own cost every arm",
         "shares; the last column is what it timed for sitecustomize's import (what lagom-tune adds before the user's",
-        "code runs, the part the wall clock's scatter of a few percent hides; none in a plain process).",
+        "code runs, the part the wall clock's scatter of a few percent hides; a plain process only looks for one).",
         "",
         "Reproduce: `python bench/shim_overhead.py`",
         "",
