@@ -355,10 +355,10 @@ def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
     same = validated.get("same_settings")
     rows = []
     for name, ms in validated.get("iteration_ms", {}).items():
-        # the same settings replayed twice: a ratio would present the replay's noise as a speed-up
-        ratio = "same settings" if same and name != "default" else f"{vbase / ms:.3f}×" if vbase and ms else ""
-        if name == "plan" and not same and validated.get("speedup") is not None:
-            ratio = f"{validated['speedup']:.3f}×"  # the recorded reading (the rounds' ratios), not the medians'
+        # the plan's is the recorded reading (the rounds' ratios), not the medians'; the same settings
+        # replayed twice: a ratio would present the replay's noise as a speed-up
+        x = validated.get("speedup") if name == "plan" and validated.get("speedup") is not None else vbase / ms if vbase and ms else None
+        ratio = "same settings" if same and name != "default" else f"{x:.3f}×" if x is not None else ""
         rows.append((f"{kind} {name} (replay)", ms_text(ms), ratio))
     if same:
         caption = "the plan keeps the defaults: both replays ran the same settings, so their difference is noise"
@@ -388,10 +388,10 @@ def replay_shortfall(plan: Plan) -> str:
     Returns:
         One line, or "".
     """
-    replay, predicted = plan.validated.get("iteration_ms", {}), plan.predicted.get("iteration_ms", {})
-    if plan.validated.get("same_settings") or not all(replay.get(k) and predicted.get(k) for k in ("default", "plan")):
+    replay, said = plan.validated.get("iteration_ms", {}), plan.predicted_speedup
+    if plan.validated.get("same_settings") or said is None or not (replay.get("default") and replay.get("plan")):
         return ""
-    said, got = predicted["default"] / predicted["plan"], plan.validated.get("speedup") or replay["default"] / replay["plan"]
+    got = plan.validated.get("speedup") or replay["default"] / replay["plan"]
     if said <= 1 or got - 1 >= (said - 1) / 2:
         return ""
     kind = "simulated" if plan.validated.get("simulated") else "measured"

@@ -124,6 +124,13 @@ class Plan:
                         {role: {**default.communicators.get(role, {}), **self.settings.communicators.get(role, {})} for role in roles},
                         {key: kv for key, kv in rules.items() if kv})
 
+    @property
+    def predicted_speedup(self) -> float | None:
+        """The predicted speed-up, the default's predicted iteration time over the plan's (None for a
+        plan without both predictions)."""
+        times = self.predicted.get("iteration_ms", {})
+        return times["default"] / times["plan"] if times.get("default") and times.get("plan") else None
+
     def refuse_if_simulated(self) -> None:
         """Raise UserError for a plan searched on a simulated cluster: a what-if result, which
         neither ``apply`` nor the runtime shim deploys."""

@@ -115,7 +115,7 @@ def read_trial(runs: list[TrialRun], same_settings: bool, predicted: float | Non
     Args:
         runs: the trial's runs, in the order they ran.
         same_settings: whether the plan keeps the defaults (both arms run the same settings).
-        predicted: the plan's predicted speed-up (:func:`predicted_speedup`), if it has one.
+        predicted: the plan's predicted speed-up (``Plan.predicted_speedup``), if it has one.
     Returns:
         The reading.
     Raises:
@@ -135,17 +135,6 @@ def read_trial(runs: list[TrialRun], same_settings: bool, predicted: float | Non
                         rounds_to_show(ratios, predicted, MAX_ROUNDS) if unresolved else None)
 
 
-def predicted_speedup(plan: Plan) -> float | None:
-    """The plan's predicted speed-up, its default over its plan iteration time (``predicted``).
-
-    Args:
-        plan: the plan.
-    Returns:
-        The ratio, or None for a plan without both predictions.
-    """
-    times = plan.predicted.get("iteration_ms", {})
-    return times["default"] / times["plan"] if times.get("default") and times.get("plan") else None
-
 
 @dataclass(frozen=True)
 class TrialRecord:
@@ -159,7 +148,7 @@ class TrialRecord:
         rounds: rounds asked for.
         warmup: steps left out of each run's timing.
         same_settings: whether the plan keeps the defaults.
-        predicted: the plan's predicted speed-up when the trial began (:func:`predicted_speedup`).
+        predicted: the plan's predicted speed-up when the trial began (``Plan.predicted_speedup``).
         runs: the runs finished, in the order they ran.
     """
 
@@ -311,7 +300,7 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
             on_warning(line)
 
     record = TrialRecord(str(plan_path.resolve()), shlex.join(cmd), datetime.date.today().isoformat(), platform.node(), rounds,
-                         warmup, sets_nothing(plan), predicted_speedup(plan))
+                         warmup, sets_nothing(plan), plan.predicted_speedup)
     for r, arm in interleaved(ARMS, rounds):
         code, steps, stop = timed_run(cmd, plan if arm == "plan" else None, plan_path, warn_once)
         where = f"round {r + 1}, {arm} run"
