@@ -17,7 +17,8 @@ import typer
 from rich.markup import escape
 
 from lagom_tune import __version__, render
-from lagom_tune.artifact_io import check_writable, read_yaml
+from lagom_tune.artifact_io import check_writable
+from lagom_tune.yaml_io import read_yaml
 from lagom_tune.backends.base import MAX_NOISE, BackendOptions, get_backend
 from lagom_tune.backends.nccl_log import read_logs
 from lagom_tune.backends.registry import backend_help, backend_info

@@ -16,7 +16,7 @@ PACKAGE = ROOT / "lagom_tune"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Shared types and file helpers: errors, field checks, YAML I/O, knobs and settings, the timeline,
     # the measurement row's columns.
-    ("base", ("lagom_tune", "lagom_tune.errors", "lagom_tune.validate", "lagom_tune.artifact_io",
+    ("base", ("lagom_tune", "lagom_tune.errors", "lagom_tune.validate", "lagom_tune.artifact_io", "lagom_tune.yaml_io",
               "lagom_tune.knobs", "lagom_tune.timeline", "lagom_tune.measurements",
               "lagom_tune.comparison")),
     ("workload", ("lagom_tune.workload",)),

@@ -194,7 +194,7 @@ def assert_whole_numbers_written_whole(csv: Path) -> None:
 def test_meta_yaml_is_the_same_text_with_its_workload_dumped_once(tmp_path):
     """meta.yaml is rewritten every flush; its workload section (16 s to dump for a 30,000-group
     trace) is dumped once per workload and joined to the rest, the same text as one dump."""
-    from lagom_tune.artifact_io import yaml_text
+    from lagom_tune.yaml_io import yaml_text
     from lagom_tune.workload.presets import build_preset
 
     run, w = RunFolder(tmp_path), build_preset("olmoe-1b-7b-ep8")

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from lagom_tune.artifact_io import write_yaml
+from lagom_tune.yaml_io import write_yaml
 from lagom_tune.backends.registry import backend_info, backend_names, usable_cores
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace

@@ -13,7 +13,7 @@ from typing import Any
 
 from lagom_tune import __version__
 from lagom_tune import validate as v
-from lagom_tune.artifact_io import read_yaml, write_yaml
+from lagom_tune.yaml_io import read_yaml, write_yaml
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import BackendChoices, KnobSpace, Settings

@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from lagom_tune import validate as v
-from lagom_tune.artifact_io import atomic_write_text, read_yaml, yaml_text
+from lagom_tune.artifact_io import atomic_write_text
+from lagom_tune.yaml_io import read_yaml, yaml_text
 from lagom_tune.backends.base import MAX_NOISE
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError, interrupts_kept

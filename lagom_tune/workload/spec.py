@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lagom_tune import validate as v
-from lagom_tune.artifact_io import read_yaml, write_yaml
+from lagom_tune.yaml_io import read_yaml, write_yaml
 from lagom_tune.errors import UserError
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
