@@ -651,6 +651,13 @@ def trial_run_line(run: TrialRun, rounds: int) -> str:
             f"(mean after the warm-up, slowest of {run.ranks} process(es), {run.steps} steps)")
 
 
+def _rounds_line(ratios: dict[str, tuple[float, ...]]) -> str:
+    """Each round's ratio, grouped by the arm that ran first (``TrialReading.ratios``): the numbers
+    the interval is read from, and where a run's place in its round would show."""
+    groups = [f"{first} first " + " ".join(f"{x:.3f}" for x in xs) for first, xs in ratios.items() if xs]
+    return "per round, default / plan: " + " · ".join(groups)
+
+
 def _unresolved_line(predicted: float | None, rounds: int | None, high: float) -> str:
     """What to say of a trial whose interval (up to ``high``) holds 1 (``TrialReading.rounds_to_show``)."""
     if predicted is None or predicted == 1.0 or not math.isfinite(high):  # nothing predicted, or one round: no spread yet
@@ -680,6 +687,7 @@ def trial_summary(record: TrialRecord) -> list[Any]:
         t.add_row(arm, str(sum(r.arm == arm for r in record.runs)), ms_text(ms), ms_text(low), ms_text(high))
     out: list[Any] = [t, f"speed-up (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, "
                          f"{interval_text(reading.low, reading.high)}: [bold]{escape(reading.verdict)}[/]"]
+    out.append(_rounds_line(reading.ratios))
     if not record.same_settings and reading.low <= 1.0 <= reading.high:
         out.append(_unresolved_line(record.predicted, reading.rounds_to_show, reading.high))
     if not record.complete:

@@ -12,7 +12,7 @@ import pytest
 from lagom_tune.errors import UserError
 from lagom_tune.runtime.launch import site_pythonpath
 from lagom_tune.runtime.steps import STEPS_ENV, read_steps, step_seconds
-from lagom_tune.runtime.trial import TrialRun, read_trial
+from lagom_tune.runtime.trial import ARMS, TrialRun, read_trial
 
 from conftest import ROOT, cli
 from test_plan import BASE
@@ -87,6 +87,7 @@ def test_the_rounds_are_read_as_paired_ratios_with_an_interval():
             TrialRun(3, "default", 109.0, 10, 2)]  # round 3 never ran the plan: left out of the ratios
     reading = read_trial(runs, same_settings=False)
     assert reading.speedup == pytest.approx(((110 / 100) * (112 / 101)) ** 0.5)
+    assert reading.ratios == {"default": (pytest.approx(1.1),), "plan": (pytest.approx(112 / 101),)}  # by the arm run first
     assert 1.0 < reading.low <= reading.speedup <= reading.high and reading.verdict == "the plan is faster"
     assert reading.step_ms == {"default": 110.0, "plan": 100.5} and reading.spread_ms["default"] == (109.0, 112.0)
     assert read_trial(runs, same_settings=True).verdict.startswith("same settings")
@@ -112,6 +113,24 @@ def test_a_trial_that_cannot_tell_says_how_many_rounds_the_predicted_gain_would_
     old = {k: val for k, val in record.to_dict().items() if k not in ("predicted", "reading")}  # written before 2026-12-07
     assert TrialRecord.from_dict(old, "t.json").reading().rounds_to_show is None
     assert any("more rounds (--rounds) narrow it" in line for line in map(str, trial_summary(TrialRecord.from_dict(old, "t.json"))))
+
+
+def test_a_trial_shows_its_rounds_by_the_arm_that_ran_first():
+    """The per-round ratios the interval is read from, in two groups: a run's place in its round,
+    if it matters, shows as one group above the other."""
+    from lagom_tune.render import trial_summary
+    from lagom_tune.runtime.trial import TrialRecord
+
+    ms = [(110.0, 100.0), (100.0, 104.0), (108.0, 100.0)]  # the plan second in rounds 1 and 3, first in 2
+    runs = tuple(TrialRun(i + 1, arm, t, 10, 2) for i, pair in enumerate(ms)
+                 for arm, t in (zip(ARMS, pair) if i % 2 == 0 else reversed(list(zip(ARMS, pair)))))
+    lines = [x for x in trial_summary(TrialRecord("p.yaml", "cmd", "2026-12-07", "h", 3, 2, False, runs=runs)) if isinstance(x, str)]
+    assert "per round, default / plan: default first 1.100 1.080 · plan first 0.962" in lines, lines
+
+
+def test_an_odd_number_of_rounds_is_said_to_favour_one_order(script, tmp_path):
+    r = cli("trial", BASE.save(tmp_path / "plan.yaml"), "--rounds", 3, "--", sys.executable, "-c", "pass", env=clean_env())
+    assert r.returncode == 2 and "--rounds 3 is odd: the default runs first in 2 rounds, the plan in 1" in r.stderr, r.stderr
 
 
 def test_a_trial_stopped_after_one_round_says_it_has_no_interval():

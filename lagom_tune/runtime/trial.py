@@ -18,7 +18,7 @@ import platform
 import shlex
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -98,6 +98,9 @@ class TrialReading:
         rounds_to_show: where the interval holds 1 and the plan predicted a speed-up, the rounds
             after which that speed-up would show at this spread (``comparison.rounds_to_show``;
             None otherwise, or beyond :data:`MAX_ROUNDS`).
+        ratios: each round's default / plan ratio, by the arm that ran first in it (``default``,
+            ``plan``), in round order: what the interval is read from, and where a run's place in
+            its round shows if it matters (one group's ratios all above the other's).
     """
 
     step_ms: dict[str, float]
@@ -107,6 +110,7 @@ class TrialReading:
     high: float
     verdict: str
     rounds_to_show: int | None = None
+    ratios: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def read_trial(runs: list[TrialRun], same_settings: bool, predicted: float | None = None) -> TrialReading:
@@ -122,9 +126,10 @@ def read_trial(runs: list[TrialRun], same_settings: bool, predicted: float | Non
         UserError: no round ran both arms.
     """
     by_round: dict[int, dict[str, float]] = {}
-    for r in runs:
+    for r in runs:  # in the order they ran: a round's first arm is the one that ran first
         by_round.setdefault(r.round, {})[r.arm] = r.step_ms
-    ratios = [arms["default"] / arms["plan"] for arms in by_round.values() if len(arms) == len(ARMS)]
+    paired = {rnd: arms for rnd, arms in sorted(by_round.items()) if len(arms) == len(ARMS)}
+    ratios = [arms["default"] / arms["plan"] for arms in paired.values()]
     if not ratios:
         raise UserError("no round ran both the defaults and the plan: nothing to compare")
     times = {arm: [r.step_ms for r in runs if r.arm == arm] for arm in ARMS}
@@ -132,7 +137,9 @@ def read_trial(runs: list[TrialRun], same_settings: bool, predicted: float | Non
     unresolved = not same_settings and predicted is not None and predicted != 1.0 and len(ratios) > 1 and low <= 1.0 <= high
     return TrialReading({arm: statistics.median(t) for arm, t in times.items()}, {arm: (min(t), max(t)) for arm, t in times.items()},
                         speedup, low, high, verdict(low, high, same_settings),
-                        rounds_to_show(ratios, predicted, MAX_ROUNDS) if unresolved else None)
+                        rounds_to_show(ratios, predicted, MAX_ROUNDS) if unresolved else None,
+                        {first: tuple(arms["default"] / arms["plan"] for arms in paired.values() if next(iter(arms)) == first)
+                         for first in ARMS})
 
 
 
@@ -289,7 +296,11 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
     check_command(cmd[0])
     out = check_writable(out or record_path(plan, plan_path, "trial"), "trial record", [plan_path, *files_among(cmd)],
                          replaces=FILE_MARK)
-    for note in check_fit(plan, cmd, dict(os.environ)):  # before the first run, not at the plan's first turn
+    notes = check_fit(plan, cmd, dict(os.environ))  # before the first run, not at the plan's first turn
+    if rounds % 2:
+        notes.append(f"--rounds {rounds} is odd: the default runs first in {rounds // 2 + 1} rounds, the plan in {rounds // 2}; "
+                     "an even count runs each first equally often (the second run of a round may be slower)")
+    for note in notes:
         if on_note:
             on_note(note)
     warned: set[str] = set()
