@@ -122,15 +122,19 @@ def percent(value: float) -> str:
     return "n/a" if value != value else f"{value:.1%}"
 
 
-def mape_text(mape: dict[str, float]) -> str:
-    """A model's held-out MAPE on one line: ``collective 2.5%, gemm 0.1%, ...``.
+def mape_text(mape: dict[str, float], noise: dict[str, float] | None = None) -> str:
+    """A model's held-out MAPE on one line: ``collective 2.5%, gemm 0.1%, ...``, each with its
+    repeat noise in brackets where given (``collective 33.7% (14.2%)``): the floor under it, which
+    says whether an error is the model's or the measurements'.
 
     Args:
         mape: quantity -> fraction.
+        noise: quantity -> the repeat noise of its points (``model.yaml``'s ``accuracy.noise``), or None.
     Returns:
         The line.
     """
-    return ", ".join(f"{k} {percent(v)}" for k, v in mape.items())
+    noise = noise or {}
+    return ", ".join(f"{k} {percent(v)}" + (f" ({percent(noise[k])})" if k in noise else "") for k, v in mape.items())
 
 
 def _fmt_bytes(n: float) -> str:

@@ -11,6 +11,8 @@ from lagom_tune.model.contention import fit_linear
 from lagom_tune.model.fit import fit_model, fit_run, fold_assignment, predict_point, repeat_noise
 from lagom_tune.model.rows import point_medians
 from lagom_tune.profile.store import open_run
+from lagom_tune.render import percent
+from lagom_tune.yaml_io import read_yaml
 from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Collective, Gemm
 
@@ -315,6 +317,17 @@ def test_profile_prints_the_warnings_show_prints(tmp_path):
     said = " ".join(r.stdout.split())
     assert "warning fold" in said and "could not be fitted from the other folds' points" in said, said
     assert "in no held-out figure" in " ".join(cli("show", tmp_path / "run", check=True).stdout.split())
+    # each held-out MAPE beside its repeat noise, the floor under it (`show` prints both; profile printed the MAPE alone)
+    acc = read_yaml(tmp_path / "run" / "model.yaml")["accuracy"]
+    assert "model's held-out MAPE (its repeat noise): " in said and acc["noise"], said
+    assert all(f"{k} {percent(acc['mape'][k])} ({percent(x)})" in said for k, x in acc["noise"].items()), (acc, said)
+
+
+def test_a_mape_is_shown_beside_its_noise_where_known():
+    from lagom_tune.render import mape_text
+
+    assert mape_text({"collective": 0.337, "gemm": 0.108}, {"gemm": 0.022}) == "collective 33.7%, gemm 10.8% (2.2%)"
+    assert mape_text({"gemm": 0.108}) == "gemm 10.8%"
 
 
 def test_a_short_collective_still_takes_its_pipeline_steps():
