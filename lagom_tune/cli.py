@@ -18,7 +18,6 @@ from rich.markup import escape
 
 from lagom_tune import __version__, render
 from lagom_tune.artifact_io import check_writable
-from lagom_tune.yaml_io import read_yaml
 from lagom_tune.backends.base import MAX_NOISE, BackendOptions, get_backend
 from lagom_tune.backends.nccl_log import read_logs
 from lagom_tune.backends.registry import backend_help, backend_info
@@ -38,6 +37,7 @@ from lagom_tune.search import DEFAULT_MIN_GAIN
 from lagom_tune.workload.presets import GPUS_PER_NODE, MAX_MBS, MAX_SEQ, PARALLEL_EXAMPLES, PRESETS, resolve_workload
 from lagom_tune.workload.spec import FILE_MARK as WORKLOAD_FILE_MARK, Workload
 from lagom_tune.workload.trace import import_trace, summary
+from lagom_tune.yaml_io import read_yaml
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Give each collective just enough of the machine while it overlaps computation.\n\n"

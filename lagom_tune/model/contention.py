@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 
 from lagom_tune import validate as v
-from lagom_tune.yaml_io import read_yaml
 from lagom_tune.errors import UserError
 from lagom_tune.model.gpu import LagomGpuModel
 from lagom_tune.model.rows import legacy_rows_digest, rows_digest
 from lagom_tune.profile.store import CsvHealth, ModelExpectation
 from lagom_tune.workload.spec import Collective, Gemm
+from lagom_tune.yaml_io import read_yaml
 
 SCHEMA_VERSION = 1
 

@@ -14,7 +14,6 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from lagom_tune.yaml_io import write_yaml
 from lagom_tune.backends.registry import backend_info, backend_names, usable_cores
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace
@@ -31,6 +30,7 @@ from lagom_tune.model.rows import gemm_of_row, point_medians, rows_digest, slowd
 from lagom_tune.profile.store import row_settings
 from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Collective
+from lagom_tune.yaml_io import write_yaml
 
 
 def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:

@@ -19,7 +19,6 @@ import pandas as pd
 
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text
-from lagom_tune.yaml_io import read_yaml, yaml_text
 from lagom_tune.backends.base import MAX_NOISE
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError, interrupts_kept
@@ -28,6 +27,7 @@ from lagom_tune.measurements import (
     ROW_KINDS, SETTING_COLUMNS, TIMED_COLUMNS, WHOLE_COLUMNS,
 )
 from lagom_tune.workload.spec import Workload, gemm_of_key
+from lagom_tune.yaml_io import read_yaml, yaml_text
 
 SCHEMA_VERSION = 1
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from lagom_tune import validate as v
-from lagom_tune.yaml_io import read_yaml, write_yaml
 from lagom_tune.errors import UserError
+from lagom_tune.yaml_io import read_yaml, write_yaml
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
