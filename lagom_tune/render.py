@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import rich.table
 
 from lagom_tune.backends.registry import backend_info
-from lagom_tune.comparison import CI_LEVEL, verdict
+from lagom_tune.comparison import CI_LEVEL, rounds_to_show, verdict
 from lagom_tune.measurements import CHOICE_KNOBS
 from lagom_tune.plan.schema import Plan
 from lagom_tune.plan_check import STALE_REASON, PlanPredictions
@@ -371,6 +371,13 @@ def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
         rounds = f"the {validated['repeats']} rounds'" if validated.get("repeats") else "its rounds'"
         caption = (f"replayed speed-up {validated['speedup']:.3f}× (geometric mean of {rounds} ratios), "
                    f"{interval_text(low, high)}: {verdict(low, high, False)}")
+        ratios = validated.get("ratios") or []
+        if ratios:  # written since 2026-12-07: the rounds themselves, the default first in every other one
+            caption += "\n" + _rounds_line({"default": tuple(ratios[0::2]), "plan": tuple(ratios[1::2])})
+        if low <= 1.0 <= high:
+            said = plan.predicted_speedup
+            needed = rounds_to_show(ratios, said, MAX_ROUNDS) if len(ratios) > 1 and said not in (None, 1.0) else None
+            caption += "\n" + _unresolved_line(said, needed, high if ratios else math.inf, "--validate")
     elif validated.get("speedup") is not None and validated.get("repeats") == 1:
         caption = f"replayed speed-up {validated['speedup']:.3f}× from one round: no interval (--validate 2 or more gives one)"
     else:  # a plan written before the replay recorded its interval
@@ -662,15 +669,16 @@ def _rounds_line(ratios: dict[str, tuple[float, ...]]) -> str:
     return "per round, default / plan: " + " · ".join(groups)
 
 
-def _unresolved_line(predicted: float | None, rounds: int | None, high: float) -> str:
-    """What to say of a trial whose interval (up to ``high``) holds 1 (``TrialReading.rounds_to_show``)."""
-    if predicted is None or predicted == 1.0 or not math.isfinite(high):  # nothing predicted, or one round: no spread yet
-        return "the interval holds 1: more rounds (--rounds) narrow it, if the difference is there to find"
+def _unresolved_line(predicted: float | None, rounds: int | None, high: float, option: str = "--rounds") -> str:
+    """What to say of a comparison whose interval (up to ``high``) holds 1: a trial's
+    (``TrialReading.rounds_to_show``) or a validated plan's replays (``option`` ``--validate``)."""
+    if predicted is None or predicted == 1.0 or not math.isfinite(high):  # nothing predicted, or its rounds unknown: no spread
+        return f"the interval holds 1: more rounds ({option}) narrow it, if the difference is there to find"
     if rounds is None:
         return (f"the interval holds 1: at this spread between rounds the plan's predicted {predicted:.3f}× would not show "
                 f"within {MAX_ROUNDS} rounds; the noise between runs is larger than the gain")
     return (f"the interval holds 1: at this spread between rounds the plan's predicted {predicted:.3f}× would show after "
-            f"about {rounds} rounds (--rounds {rounds}), a smaller true difference after more")
+            f"about {rounds} rounds ({option} {rounds}), a smaller true difference after more")
 
 
 def trial_summary(record: TrialRecord) -> list[Any]:

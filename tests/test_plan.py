@@ -127,6 +127,11 @@ def _set_rule(d: dict, **match) -> None:
     (lambda d: d["validated"].update(speedup=1.05, interval=[1.1, 1.2]), r"validated.speedup: 1.05, outside its interval 1.1-1.2"),
     (lambda d: d["validated"].update(interval=[1.2, 1.1]), r"validated.interval: expected \[low, high\] speed-ups"),
     (lambda d: d["validated"].update(interval=[1.0, float("inf")]), r"validated.interval: expected \[low, high\] speed-ups"),
+    # ... and the ratios it records are its rounds', one per repeat
+    (lambda d: d["validated"].update(ratios=[1.0998, 1.0998]), r"validated.ratios: 2 ratios for 3 repeats"),
+    (lambda d: d["validated"].update(ratios=[1.05, 1.05, 1.05]), r"validated.speedup: 1.0998, but the geometric mean of its rounds' ratios is 1.0500"),
+    (lambda d: d["validated"].update(ratios=[1.1, 0, 1.1]), r"validated.ratios.1: must be >= "),
+    (lambda d: d["validated"].update(ratios="1.1"), r"validated.ratios: expected list"),
 ])
 def test_plans_that_cannot_mean_what_they_say_are_refused(mutate, message):
     """Each was accepted by show and apply --dry-run: a rule that matches nothing, NCCL's tree on
@@ -249,11 +254,32 @@ def test_a_replay_says_what_its_rounds_can_tell():
     """The replay's speed-up is read with its interval, as trial reads its rounds; one round has none."""
     plan = load_plan(ROOT / "plans" / "sim-a40-nvlink-phi-2-tp8-dp2.yaml")  # 3 rounds, 1.0772, [1.0148, 1.1434]
     assert replay_rows(plan)[1] == ("replayed speed-up 1.077× (geometric mean of the 3 rounds' ratios), 95% interval "
-                                    "1.015–1.143×: the plan is faster")
+                                    "1.015–1.143×: the plan is faster\n"
+                                    "per round, default / plan: default first 1.048 1.089 · plan first 1.095")
     assert replay_rows(plan)[0][-1] == ("simulated plan (replay)", "703.757", "1.077×")
-    one = {k: val for k, val in plan.validated.items() if k != "interval"}
+    one = {k: val for k, val in plan.validated.items() if k not in ("interval", "ratios")}
     assert "from one round: no interval (--validate 2 or more gives one)" in replay_rows(replace(plan, validated={**one, "repeats": 1}))[1]
     assert replay_rows(replace(plan, validated=one))[1] == ""  # written before the replay recorded its interval
+
+
+def test_a_replay_that_cannot_tell_shows_its_rounds_and_the_repeats_the_prediction_would_need():
+    """As trial does: the rounds' ratios, the default first in every other one, and after how many
+    repeats the plan's predicted speed-up would show at their spread (``comparison.rounds_to_show``)."""
+    from lagom_tune.comparison import ratio_interval, rounds_to_show
+
+    plan = load_plan(ROOT / "plans" / "sim-a40-nvlink-phi-2-tp8-dp2.yaml")
+    ratios = [1.06, 0.97, 1.09]
+    speedup, low, high = ratio_interval(ratios)
+    validated = {**plan.validated, "speedup": round(speedup, 4), "interval": [round(low, 4), round(high, 4)], "ratios": ratios}
+    caption = replay_rows(replace(plan, validated=validated))[1].splitlines()
+    needed = rounds_to_show(ratios, plan.predicted_speedup, 100)
+    assert needed is not None and needed > 3
+    assert caption[-2:] == ["per round, default / plan: default first 1.060 1.090 · plan first 0.970",
+                           f"the interval holds 1: at this spread between rounds the plan's predicted {plan.predicted_speedup:.3f}× "
+                           f"would show after about {needed} rounds (--validate {needed}), a smaller true difference after more"], caption
+    no_rounds = {k: val for k, val in validated.items() if k != "ratios"}  # written before the rounds were recorded
+    assert replay_rows(replace(plan, validated=no_rounds))[1].splitlines()[-1:] == [
+        "the interval holds 1: more rounds (--validate) narrow it, if the difference is there to find"]
 
 
 # Each example plan in plans/ and the preset it was made from (README: the recipe).

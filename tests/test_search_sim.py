@@ -158,6 +158,9 @@ def test_validate_replays_default_and_plan_on_the_simulator(phi2, tmp_path):
     low, high = v["interval"]
     assert low <= v["speedup"] <= high and high > low, v
     assert f"{low:.3f}–{high:.3f}×" in r.stdout and "geometric mean of the 3 rounds' ratios" in r.stdout, r.stdout
+    assert len(v["ratios"]) == 3 and math.exp(sum(map(math.log, v["ratios"])) / 3) == pytest.approx(v["speedup"], rel=1e-3)
+    assert f"per round, default / plan: default first {v['ratios'][0]:.3f} {v['ratios'][2]:.3f} · plan first {v['ratios'][1]:.3f}" \
+        in " ".join(r.stdout.split()), r.stdout
 
 
 def test_a_plan_that_keeps_the_defaults_says_its_replays_ran_the_same_settings(phi2, tmp_path):

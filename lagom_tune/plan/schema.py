@@ -7,18 +7,19 @@ communicator and size). The runtime shim reads nothing else.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lagom_tune import __version__
 from lagom_tune import validate as v
-from lagom_tune.yaml_io import read_yaml, write_yaml
 from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import BackendChoices, KnobSpace, Settings
 from lagom_tune.precision import ROUNDING_REL
 from lagom_tune.workload.spec import OPS, Collective, Workload
+from lagom_tune.yaml_io import read_yaml, write_yaml
 
 SCHEMA_VERSION = 1
 KIND = "lagom-plan"
@@ -394,6 +395,12 @@ def _check_times(predicted: dict[str, Any], validated: dict[str, Any] | None, si
         raise UserError(f"{path}.validated.simulated: the replay is said to be {said}, but the plan's target is "
                         f"{'a simulated cluster' if simulated else 'real hardware'}")
     times, speedup, interval = validated.get("iteration_ms", {}), validated.get("speedup"), validated.get("interval")
+    ratios = validated.get("ratios") or []
+    if ratios and len(ratios) != validated.get("repeats", len(ratios)):
+        raise UserError(f"{path}.validated.ratios: {len(ratios)} ratios for {validated['repeats']} repeats")
+    geometric_mean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+    if geometric_mean is not None and speedup is not None and abs(geometric_mean / speedup - 1) > ROUNDING_RATIO:
+        raise UserError(f"{path}.validated.speedup: {speedup}, but the geometric mean of its rounds' ratios is {geometric_mean:.4f}")
     if speedup is not None and interval is not None:  # the geometric mean of the rounds' ratios lies in its interval
         if not interval[0] - ROUNDING_RATIO * speedup <= speedup <= interval[1] + ROUNDING_RATIO * speedup:
             raise UserError(f"{path}.validated.speedup: {speedup}, outside its interval {interval[0]}-{interval[1]}")
@@ -424,6 +431,8 @@ def _times_record(d: Any, path: str) -> dict[str, Any]:
     v.field(d, "repeats", path, int, None, minimum=1)
     if d.get("interval") is not None:  # validated: the speedup's interval (comparison.ratio_interval)
         _ordered_pair(d["interval"], f"{path}.interval", "[low, high] speed-ups")
+    for i, ratio in enumerate(v.seq(v.field(d, "ratios", path, list, []), f"{path}.ratios")):  # validated: per round
+        v.field({i: ratio}, i, f"{path}.ratios", float, minimum=v.POSITIVE)
     for name, spread in v.mapping(v.field(d, "spread_ms", path, dict, {}), f"{path}.spread_ms").items():
         _ordered_pair(spread, f"{path}.spread_ms.{name}", "[least, most] ms")
     if "iteration_ms" not in d:  # a plan written in code may have no predictions: loaded as it was saved

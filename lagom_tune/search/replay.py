@@ -48,8 +48,9 @@ def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[s
         The plan's ``validated`` section: method, median and spread per candidate, and, when both
         are there, the default-over-plan speedup read as ``trial`` reads its rounds (the geometric
         mean of the per-round ratios, with its ``comparison.CI_LEVEL`` interval from 2 repeats on;
-        ``comparison.ratio_interval``), with ``same_settings`` when the plan keeps the defaults,
-        so that any difference is noise.
+        ``comparison.ratio_interval``) and the ratios themselves (``ratios``, in round order: the
+        default ran first in the first round and every other one after it), with ``same_settings``
+        when the plan keeps the defaults, so that any difference is noise.
     """
     backend = backend_from_fingerprint(fingerprint)
     ranks = workload.world_size
@@ -75,10 +76,12 @@ def validate(workload: Workload, fingerprint: dict[str, Any], candidates: dict[s
         "spread_ms": {name: [ms_round(min(t)), ms_round(max(t))] for name, t in times.items()},
     }
     if "default" in med and "plan" in med:
-        speedup, low, high = ratio_interval([arms["default"] / arms["plan"] for arms in by_round.values()])
+        ratios = [arms["default"] / arms["plan"] for _, arms in sorted(by_round.items())]
+        speedup, low, high = ratio_interval(ratios)
         out["speedup"] = round(speedup, 4)
         if repeats >= 2:  # one round's ratio has no interval
             out["interval"] = [round(low, 4), round(high, 4)]
+        out["ratios"] = [round(x, 4) for x in ratios]
         if settings_items(candidates["default"]) == settings_items(candidates["plan"]):
             out["same_settings"] = True  # a plan that keeps the defaults: the speedup is the replay's noise
     return out
