@@ -71,19 +71,22 @@ def _half_width(spread: float, rounds: int) -> float:
     return float(stdtrit(rounds - 1, 1 - (1 - CI_LEVEL) / 2)) * spread / math.sqrt(rounds)
 
 
-def rounds_to_show(ratios: Sequence[float], effect: float, most: int) -> int | None:
+def rounds_to_show(ratios: Sequence[float], effect: float | None, most: int) -> int | None:
     """Rounds after which a ratio of ``effect`` would show, at the spread these rounds have: the
     fewest at which the interval's half-width (:func:`ratio_interval`, the same sample standard
     deviation of log ratios) is narrower than ``log(effect)``, so an interval centred on it would
     leave 1 out (about even odds that a trial of that many rounds does).
 
     Args:
-        ratios: the rounds so far (two or more; positive).
-        effect: the ratio to resolve (not 1).
+        ratios: the rounds so far (positive).
+        effect: the ratio to resolve (a plan's predicted speed-up), or None.
         most: the most rounds to consider.
     Returns:
-        The rounds, from 2; None when more than ``most`` would be needed.
+        The rounds, from 2; None when more than ``most`` would be needed, and when nothing can be
+        said: fewer than two rounds (no spread yet), or no effect (None or 1).
     """
+    if len(ratios) < 2 or effect is None or effect == 1.0:
+        return None
     spread = float(np.log(np.asarray(ratios, dtype=float)).std(ddof=1))
     return next((n for n in range(2, most + 1) if _half_width(spread, n) < abs(math.log(effect))), None)
 

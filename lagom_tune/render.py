@@ -376,8 +376,7 @@ def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
             caption += "\n" + _rounds_line({"default": tuple(ratios[0::2]), "plan": tuple(ratios[1::2])})
         if low <= 1.0 <= high:
             said = plan.predicted_speedup
-            needed = rounds_to_show(ratios, said, MAX_ROUNDS) if len(ratios) > 1 and said not in (None, 1.0) else None
-            caption += "\n" + _unresolved_line(said, needed, high if ratios else math.inf, "--validate")
+            caption += "\n" + _unresolved_line(said, rounds_to_show(ratios, said, MAX_ROUNDS), high if ratios else math.inf, "--validate")
     elif validated.get("speedup") is not None and validated.get("repeats") == 1:
         caption = f"replayed speed-up {validated['speedup']:.3f}× from one round: no interval (--validate 2 or more gives one)"
     else:  # a plan written before the replay recorded its interval

@@ -134,7 +134,7 @@ def read_trial(runs: list[TrialRun], same_settings: bool, predicted: float | Non
         raise UserError("no round ran both the defaults and the plan: nothing to compare")
     times = {arm: [r.step_ms for r in runs if r.arm == arm] for arm in ARMS}
     speedup, low, high = ratio_interval(ratios)
-    unresolved = not same_settings and predicted is not None and predicted != 1.0 and len(ratios) > 1 and low <= 1.0 <= high
+    unresolved = not same_settings and low <= 1.0 <= high
     return TrialReading({arm: statistics.median(t) for arm, t in times.items()}, {arm: (min(t), max(t)) for arm, t in times.items()},
                         speedup, low, high, verdict(low, high, same_settings),
                         rounds_to_show(ratios, predicted, MAX_ROUNDS) if unresolved else None,
