@@ -148,10 +148,11 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
                      f"({d.iteration_s / p.iteration_s:.3f}×)</h2>" + _img(gantt(d, p, simulated), "timeline under default settings and under the plan"))
         if plan.validated:  # the rows `show` prints, not the record as Python writes a dict
             rows, caption = replay_rows(plan)
-            caption = Text.from_markup(caption).plain  # the console's colours are markup, not text
+            # the console's colours are markup, not text; its lines, lines (HTML would run them together)
+            caption = "<br>".join(html.escape(line) for line in Text.from_markup(caption).plain.splitlines())
             parts.append("<h2>Validation</h2><table><tr><th>settings</th><th>iteration ms</th><th>vs default</th></tr>"
                          + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-                         + f"</table><p>{html.escape(str(plan.validated.get('method', '')))}{'. ' + html.escape(caption) if caption else ''}</p>")
+                         + f"</table><p>{html.escape(str(plan.validated.get('method', '')))}{'.<br>' + caption if caption else ''}</p>")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}img{max-width:100%}.sim{background:#fde;padding:.5em}"
              ".warn{background:#ffd;padding:.3em}")

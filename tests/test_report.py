@@ -177,3 +177,4 @@ def test_a_replay_that_falls_short_is_said_in_words_not_console_markup(sim_plan,
     page = out.read_text()
     assert "warning the simulated replay ran the plan 1.000×" in page and "[yellow]" not in page and "[/]" not in page
     assert "95% interval 0.990–1.010×: no difference measurable on this machine" in page
+    assert "<br>replayed speed-up 1.000×" in page  # each of the caption's lines its own, not run together
