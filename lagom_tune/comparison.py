@@ -44,6 +44,22 @@ def interleaved(arms: Sequence[T], rounds: int) -> Iterator[tuple[int, T]]:
             yield r, arm
 
 
+def by_first_arm(ratios: Sequence[float], arms: Sequence[T]) -> dict[T, tuple[float, ...]]:
+    """Per-round ratios grouped by the arm :func:`interleaved` ran first in each round: where a
+    run's place in its round matters, one group's ratios sit above the other's.
+
+    Args:
+        ratios: one per round, in round order.
+        arms: the arms, in the first round's order.
+    Returns:
+        Each arm (in ``arms``' order) -> the ratios of the rounds it ran first in.
+    """
+    first: dict[int, T] = {}
+    for r, arm in interleaved(arms, len(ratios)):
+        first.setdefault(r, arm)
+    return {arm: tuple(x for r, x in enumerate(ratios) if first[r] == arm) for arm in arms}
+
+
 def ratio_interval(ratios: Sequence[float]) -> tuple[float, float, float]:
     """Geometric mean of per-round ratios and its Student-t interval at :data:`CI_LEVEL`.
 

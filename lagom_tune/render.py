@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import rich.table
 
 from lagom_tune.backends.registry import backend_info
-from lagom_tune.comparison import CI_LEVEL, rounds_to_show, verdict
+from lagom_tune.comparison import CI_LEVEL, by_first_arm, rounds_to_show, verdict
 from lagom_tune.measurements import CHOICE_KNOBS
 from lagom_tune.plan.schema import Plan
 from lagom_tune.plan_check import STALE_REASON, PlanPredictions
@@ -372,8 +372,8 @@ def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
         caption = (f"replayed speed-up {validated['speedup']:.3f}× (geometric mean of {rounds} ratios), "
                    f"{interval_text(low, high)}: {verdict(low, high, False)}")
         ratios = validated.get("ratios") or []
-        if ratios:  # written since 2026-12-07: the rounds themselves, the default first in every other one
-            caption += "\n" + _rounds_line({"default": tuple(ratios[0::2]), "plan": tuple(ratios[1::2])})
+        if ratios:  # written since 2026-12-07: the rounds themselves, in the order the replay ran them (search.replay)
+            caption += "\n" + _rounds_line(by_first_arm(ratios, ("default", "plan")))
         if low <= 1.0 <= high:
             said = plan.predicted_speedup
             caption += "\n" + _unresolved_line(said, rounds_to_show(ratios, said, MAX_ROUNDS), high if ratios else math.inf, "--validate")

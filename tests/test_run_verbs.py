@@ -119,6 +119,13 @@ def test_compared_arms_take_turns_running_first():
     assert [r for r, _ in runs] == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
+def test_rounds_are_grouped_by_the_arm_that_ran_first():
+    from lagom_tune.comparison import by_first_arm
+
+    assert by_first_arm([1.0, 1.1, 1.2, 1.3, 1.4], ("default", "plan")) == {"default": (1.0, 1.2, 1.4), "plan": (1.1, 1.3)}
+    assert by_first_arm([], ("default", "plan")) == {"default": (), "plan": ()}
+
+
 def test_a_misspelled_search_option_is_an_error_not_a_no_op():
     from lagom_tune.errors import UserError
     from lagom_tune.search.run import check_options, option_names
