@@ -28,7 +28,7 @@ from lagom_tune.backends.registry import usable_cores
 from lagom_tune.comparison import CI_LEVEL
 from lagom_tune.knobs import Settings
 from lagom_tune.plan.schema import Plan, load_plan
-from lagom_tune.render import flat_settings
+from lagom_tune.render import flat_settings, rounds_line
 from lagom_tune.runtime.shim import ddp_role_of
 from lagom_tune.runtime.trial import run_trial, slowest_step_ms, timed_run
 
@@ -82,8 +82,6 @@ def main() -> None:
                                      on_run=lambda r: print(f"round {r.round}/{args.rounds} {r.arm:8s} {r.step_ms:.2f} ms a step", flush=True),
                                      on_warning=lambda line: print(f"lagom-tune: {line}", flush=True))
     reading = record.reading()
-    default_of = {r.round: r.step_ms for r in record.runs if r.arm == "default"}
-    per_round = [default_of[r.round] / r.step_ms for r in record.runs if r.arm == "plan"]
     lines = [
         "# CPU end to end: example training, default vs plan (measured)",
         "",
@@ -101,7 +99,7 @@ def main() -> None:
     ratio = reading.step_ms["default"] / reading.step_ms["plan"]
     # the headline is the estimate the interval is of: the paired rounds' geometric mean, not the ratio of medians
     lines += ["", f"**speedup (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, {CI_LEVEL:.0%} Student-t "
-                  f"interval {reading.low:.3f}–{reading.high:.3f}×** (per-round ratios {min(per_round):.3f}–{max(per_round):.3f}; "
+                  f"interval {reading.low:.3f}–{reading.high:.3f}×** ({rounds_line(reading.ratios)}; "
                   f"ratio of the medians {ratio:.3f}×): **{reading.verdict}**", ""]
     if record.same_settings:
         lines += ["The plan keeps the default settings (the model predicts no gain), so the two rows run the same",

@@ -373,7 +373,7 @@ def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
                    f"{interval_text(low, high)}: {verdict(low, high, False)}")
         ratios = validated.get("ratios") or []
         if ratios:  # written since 2026-12-07: the rounds themselves, in the order the replay ran them (search.replay)
-            caption += "\n" + _rounds_line(by_first_arm(ratios, ("default", "plan")))
+            caption += "\n" + rounds_line(by_first_arm(ratios, ("default", "plan")))
         if low <= 1.0 <= high:
             said = plan.predicted_speedup
             caption += "\n" + _unresolved_line(said, rounds_to_show(ratios, said, MAX_ROUNDS), high if ratios else math.inf, "--validate")
@@ -661,7 +661,7 @@ def trial_run_line(run: TrialRun, rounds: int) -> str:
             f"(mean after the warm-up, slowest of {run.ranks} process(es), {run.steps} steps)")
 
 
-def _rounds_line(ratios: dict[str, tuple[float, ...]]) -> str:
+def rounds_line(ratios: dict[str, tuple[float, ...]]) -> str:
     """Each round's ratio, grouped by the arm that ran first (``TrialReading.ratios``): the numbers
     the interval is read from, and where a run's place in its round would show."""
     groups = [f"{first} first " + " ".join(f"{x:.3f}" for x in xs) for first, xs in ratios.items() if xs]
@@ -698,7 +698,7 @@ def trial_summary(record: TrialRecord) -> list[Any]:
         t.add_row(arm, str(sum(r.arm == arm for r in record.runs)), ms_text(ms), ms_text(low), ms_text(high))
     out: list[Any] = [t, f"speed-up (default / plan, geometric mean of per-round ratios): {reading.speedup:.3f}×, "
                          f"{interval_text(reading.low, reading.high)}: [bold]{escape(reading.verdict)}[/]"]
-    out.append(_rounds_line(reading.ratios))
+    out.append(rounds_line(reading.ratios))
     if not record.same_settings and reading.low <= 1.0 <= reading.high:
         out.append(_unresolved_line(record.predicted, reading.rounds_to_show, reading.high))
     if not record.complete:
