@@ -376,7 +376,7 @@ def replay_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], str]:
             caption += "\n" + rounds_line(by_first_arm(ratios, ("default", "plan")))
         if low <= 1.0 <= high:
             said = plan.predicted_speedup
-            caption += "\n" + _unresolved_line(said, rounds_to_show(ratios, said, MAX_ROUNDS), high if ratios else math.inf, "--validate")
+            caption += "\n" + _unresolved_line(said, rounds_to_show(ratios, said, MAX_ROUNDS), len(ratios) > 1, "--validate")
     elif validated.get("speedup") is not None and validated.get("repeats") == 1:
         caption = f"replayed speed-up {validated['speedup']:.3f}× from one round: no interval (--validate 2 or more gives one)"
     else:  # a plan written before the replay recorded its interval
@@ -668,10 +668,11 @@ def rounds_line(ratios: dict[str, tuple[float, ...]]) -> str:
     return "per round, default / plan: " + " · ".join(groups)
 
 
-def _unresolved_line(predicted: float | None, rounds: int | None, high: float, option: str = "--rounds") -> str:
-    """What to say of a comparison whose interval (up to ``high``) holds 1: a trial's
-    (``TrialReading.rounds_to_show``) or a validated plan's replays (``option`` ``--validate``)."""
-    if predicted is None or predicted == 1.0 or not math.isfinite(high):  # nothing predicted, or its rounds unknown: no spread
+def _unresolved_line(predicted: float | None, rounds: int | None, spread_known: bool, option: str = "--rounds") -> str:
+    """What to say of a comparison whose interval holds 1: a trial's (``TrialReading.rounds_to_show``)
+    or a validated plan's replays (``option`` ``--validate``). ``rounds`` is ``comparison.rounds_to_show``
+    of its rounds, which says something only where their spread is known (two rounds or more, recorded)."""
+    if predicted is None or predicted == 1.0 or not spread_known:
         return f"the interval holds 1: more rounds ({option}) narrow it, if the difference is there to find"
     if rounds is None:
         return (f"the interval holds 1: at this spread between rounds the plan's predicted {predicted:.3f}× would not show "
@@ -700,7 +701,7 @@ def trial_summary(record: TrialRecord) -> list[Any]:
                          f"{interval_text(reading.low, reading.high)}: [bold]{escape(reading.verdict)}[/]"]
     out.append(rounds_line(reading.ratios))
     if not record.same_settings and reading.low <= 1.0 <= reading.high:
-        out.append(_unresolved_line(record.predicted, reading.rounds_to_show, reading.high))
+        out.append(_unresolved_line(record.predicted, reading.rounds_to_show, math.isfinite(reading.high)))
     if not record.complete:
         out.append(f"[yellow]stopped after {len(record.runs)} of {record.planned_runs} runs[/]: the reading is of the rounds that ran both")
     out.append(f"command: {escape(record.command)} · warm-up {record.warmup} steps · plan {escape(record.plan)}")

@@ -128,8 +128,9 @@ def read_trial(runs: list[TrialRun], same_settings: bool, predicted: float | Non
     by_round: dict[int, dict[str, float]] = {}
     for r in runs:  # in the order they ran: a round's first arm is the one that ran first
         by_round.setdefault(r.round, {})[r.arm] = r.step_ms
-    paired = {rnd: arms for rnd, arms in sorted(by_round.items()) if len(arms) == len(ARMS)}
-    ratios = [arms["default"] / arms["plan"] for arms in paired.values()]
+    # (the arm that ran first, default / plan) of each round that ran both, in round order
+    rounds = [(next(iter(arms)), arms["default"] / arms["plan"]) for _, arms in sorted(by_round.items()) if len(arms) == len(ARMS)]
+    ratios = [ratio for _, ratio in rounds]
     if not ratios:
         raise UserError("no round ran both the defaults and the plan: nothing to compare")
     times = {arm: [r.step_ms for r in runs if r.arm == arm] for arm in ARMS}
@@ -138,8 +139,7 @@ def read_trial(runs: list[TrialRun], same_settings: bool, predicted: float | Non
     return TrialReading({arm: statistics.median(t) for arm, t in times.items()}, {arm: (min(t), max(t)) for arm, t in times.items()},
                         speedup, low, high, verdict(low, high, same_settings),
                         rounds_to_show(ratios, predicted, MAX_ROUNDS) if unresolved else None,
-                        {first: tuple(arms["default"] / arms["plan"] for arms in paired.values() if next(iter(arms)) == first)
-                         for first in ARMS})
+                        {arm: tuple(ratio for first, ratio in rounds if first == arm) for arm in ARMS})
 
 
 
