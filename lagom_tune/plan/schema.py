@@ -398,6 +398,7 @@ def _check_times(predicted: dict[str, Any], validated: dict[str, Any] | None, si
     ratios = validated.get("ratios") or []
     if ratios and len(ratios) != validated.get("repeats", len(ratios)):
         raise UserError(f"{path}.validated.ratios: {len(ratios)} ratios for {validated['repeats']} repeats")
+    # by hand, not comparison.ratio_interval: that imports numpy, and a plan loads in every rank without it
     geometric_mean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
     if geometric_mean is not None and speedup is not None and abs(geometric_mean / speedup - 1) > ROUNDING_RATIO:
         raise UserError(f"{path}.validated.speedup: {speedup}, but the geometric mean of its rounds' ratios is {geometric_mean:.4f}")
