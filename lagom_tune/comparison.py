@@ -44,6 +44,22 @@ def interleaved(arms: Sequence[T], rounds: int) -> Iterator[tuple[int, T]]:
             yield r, arm
 
 
+def order_note(arms: Sequence[str], rounds: int, option: str) -> str | None:
+    """What an odd number of rounds of two arms leaves unbalanced, as one line for the user.
+
+    Args:
+        arms: the two arms, in the first round's order (:func:`interleaved`).
+        rounds: the rounds asked for.
+        option: the option that set them, as the user typed it (``--rounds``).
+    Returns:
+        The line, or None for an even count (each arm runs first equally often) or a single round.
+    """
+    if rounds % 2 == 0 or rounds < 2 or len(arms) != 2:
+        return None
+    return (f"{option} {rounds} is odd: the {arms[0]} runs first in {rounds // 2 + 1} rounds, the {arms[1]} in {rounds // 2}; "
+            "an even count runs each first equally often (the second run of a round may be slower)")
+
+
 def by_first_arm(ratios: Sequence[float], arms: Sequence[T]) -> dict[T, tuple[float, ...]]:
     """Per-round ratios grouped by the arm :func:`interleaved` ran first in each round: where a
     run's place in its round matters, one group's ratios sit above the other's.

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from lagom_tune.comparison import order_note
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import BackendChoices, KnobSpace, Settings
 from lagom_tune.model.contention import CostModel, fit_revision_note, load_model, stale_reason
@@ -243,6 +244,9 @@ def _check_recordable(workload: Workload, outcome: SearchOutcome) -> None:
                         "or its exposed_ms (`search --compare` prints the predictions without a plan)")
 
 
+REPLAYED = ("default", "plan")  # what `search --validate` replays, in its first round's order
+
+
 def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0, on_note: Callable[[str], None] | None = None,
                   **options: Any) -> tuple[Plan, SearchOutcome]:
     """Read a profiled run folder (workload, fingerprint, fitted model), search it, make the plan.
@@ -252,15 +256,17 @@ def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0
         optimizer: an optimizer's name (``run.OPTIMIZERS``).
         validate_repeats: if not 0, replay the default settings and the plan on the profiling
             backend this many times each, interleaved, and record the times in the plan.
-        on_note: called with each of :attr:`SearchInputs.notes` before the search starts.
+        on_note: called with each of :attr:`SearchInputs.notes` before the search starts, and
+            with what an odd ``validate_repeats`` leaves unbalanced.
         **options: ``min_gain`` and the optimizers' options (``run.search``).
     Returns:
         The plan and the search's outcome.
     """
     inputs = load_search_inputs(run_dir)
     if on_note:
-        for line in inputs.notes:
-            on_note(line)
+        for line in [*inputs.notes, order_note(REPLAYED, validate_repeats, "--validate")]:
+            if line:
+                on_note(line)
     outcome = search(inputs.workload, inputs.model, inputs.space, optimizer, chosen=inputs.chosen, **options)
     _check_recordable(inputs.workload, outcome)
     plan = build_plan(inputs, outcome)
@@ -270,7 +276,7 @@ def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0
     if recorded:
         plan = replace(plan, search={**plan.search, "options": recorded})
     if validate_repeats:
-        measured = validate(inputs.workload, inputs.meta["fingerprint"],
-                            {"default": outcome.default.settings, "plan": outcome.chosen.settings}, validate_repeats)
+        arms = dict(zip(REPLAYED, (outcome.default.settings, outcome.chosen.settings)))
+        measured = validate(inputs.workload, inputs.meta["fingerprint"], arms, validate_repeats)
         plan = replace(plan, validated=measured)
     return plan, outcome

@@ -126,6 +126,16 @@ def test_rounds_are_grouped_by_the_arm_that_ran_first():
     assert by_first_arm([], ("default", "plan")) == {"default": (), "plan": ()}
 
 
+def test_only_an_odd_count_of_two_arms_rounds_gets_a_note_and_it_counts_them_as_interleaved_runs_them():
+    from lagom_tune.comparison import interleaved, order_note
+
+    note = order_note(("default", "plan"), 5, "--validate")
+    firsts = [arm for _, arm in interleaved(("default", "plan"), 5)][::2]
+    assert note.startswith(f"--validate 5 is odd: the default runs first in {firsts.count('default')} rounds, "
+                           f"the plan in {firsts.count('plan')};"), note
+    assert [order_note(("default", "plan"), n, "--rounds") for n in (1, 2, 4)] == [None] * 3
+
+
 def test_a_misspelled_search_option_is_an_error_not_a_no_op():
     from lagom_tune.errors import UserError
     from lagom_tune.search.run import check_options, option_names

@@ -161,6 +161,8 @@ def test_validate_replays_default_and_plan_on_the_simulator(phi2, tmp_path):
     assert len(v["ratios"]) == 3 and math.exp(sum(map(math.log, v["ratios"])) / 3) == pytest.approx(v["speedup"], rel=1e-3)
     assert f"per round, default / plan: default first {v['ratios'][0]:.3f} {v['ratios'][2]:.3f} · plan first {v['ratios'][1]:.3f}" \
         in " ".join(r.stdout.split()), r.stdout
+    # as trial says of its --rounds: an odd count runs the default first once more (said before the replays)
+    assert "--validate 3 is odd: the default runs first in 2 rounds, the plan in 1" in " ".join(r.stderr.split()), r.stderr
 
 
 def test_a_plan_that_keeps_the_defaults_says_its_replays_ran_the_same_settings(phi2, tmp_path):
@@ -175,6 +177,7 @@ def test_a_plan_that_keeps_the_defaults_says_its_replays_ran_the_same_settings(p
     assert (d["process"], d["communicators"], d["collectives"]) == ({}, {}, []), d
     assert "nothing set" in r.stdout, r.stdout
     assert "both replays ran the same settings" in r.stdout, r.stdout
+    assert "is odd" not in r.stderr, r.stderr
     replayed = [line for line in r.stdout.splitlines() if "plan (replay)" in line]
     assert replayed and all("same settings" in line and "×" not in line for line in replayed), r.stdout  # no noise as a ratio
     r = cli("search", phi2[0], "--out", tuned, "--validate", "2", "--min-gain", "0", check=True)

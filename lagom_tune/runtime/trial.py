@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, check_writable
-from lagom_tune.comparison import CI_LEVEL, interleaved, ratio_interval, rounds_to_show, verdict
+from lagom_tune.comparison import CI_LEVEL, interleaved, order_note, ratio_interval, rounds_to_show, verdict
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.plan.schema import Plan
 from lagom_tune.precision import ms_round
@@ -297,9 +297,9 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
     out = check_writable(out or record_path(plan, plan_path, "trial"), "trial record", [plan_path, *files_among(cmd)],
                          replaces=FILE_MARK)
     notes = check_fit(plan, cmd, dict(os.environ))  # before the first run, not at the plan's first turn
-    if rounds % 2:
-        notes.append(f"--rounds {rounds} is odd: the default runs first in {rounds // 2 + 1} rounds, the plan in {rounds // 2}; "
-                     "an even count runs each first equally often (the second run of a round may be slower)")
+    unbalanced = order_note(ARMS, rounds, "--rounds")
+    if unbalanced:
+        notes.append(unbalanced)
     for note in notes:
         if on_note:
             on_note(note)
