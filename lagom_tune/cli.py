@@ -498,7 +498,9 @@ def show(
         w = Workload.from_dict(data, str(path))
         _print_workload(w, as_json)
     else:
-        raise UserError(f"{path}: not a plan, workload, trial record or run folder (kind: {kind!r})")
+        found = (f"its kind is {kind!r}" if kind is not None else "it has no `kind` field" if isinstance(data, dict)
+                 else f"its top level is a {type(data).__name__}, not a YAML mapping")
+        raise UserError(f"{path}: not a plan, workload, trial record or run folder ({found})")
 
 
 def _recheck(plan: Plan, path: Path) -> PlanPredictions | str:

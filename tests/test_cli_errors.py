@@ -32,7 +32,9 @@ def test_a_text_file_given_for_a_plan_or_workload_says_it_is_not_one(tmp_path):
     notes.write_text("hello\n")
     for argv in (("report", notes), ("apply", notes, "--", "true")):
         assert_one_line_error(cli(*argv), "not a plan file: its top level is a str, not a YAML mapping")
-    assert_one_line_error(cli("show", notes), "not a plan, workload, trial record or run folder")
+    assert_one_line_error(cli("show", notes), "not a plan, workload, trial record or run folder (its top level is a str, not a YAML mapping)")
+    (tmp_path / "other.json").write_text('{"name": "x"}')
+    assert_one_line_error(cli("show", tmp_path / "other.json"), "not a plan, workload, trial record or run folder (it has no `kind` field)")
     assert_one_line_error(cli("profile", "--workload", notes, "--out", tmp_path / "run"), "not a workload file: its top level is a str")
 
 
