@@ -121,7 +121,11 @@ def write_report(run: Path, out_dir: Path, workload: str, elapsed: float | None 
     out = tables(run)
     out["ranking"] = _ranking(model)
     acc = model["accuracy"]
-    mape = pd.DataFrame([{"quantity": k, "held-out MAPE": f"{v:.1%}"} for k, v in acc["mape"].items()])
+    noise, again = acc.get("noise", {}), acc.get("remeasured", {})
+    mape = pd.DataFrame([{"quantity": k, "held-out MAPE": f"{v:.1%}", "repeat noise": f"{noise[k]:.1%}" if k in noise else "-",
+                          "remeasured (median ratio, pairs)": (f"{again[k]['gap']:.1%} ({again[k]['median_ratio']:.2f}x, "
+                                                               f"{again[k]['pairs']})" if k in again else "-")}
+                         for k, v in acc["mape"].items()])
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"gpu_check-{workload}"
     for name, t in out.items():
@@ -142,6 +146,7 @@ def write_report(run: Path, out_dir: Path, workload: str, elapsed: float | None 
         "50 µs), the baseline measured right before each overlapped repeat.",
         f"## Held-out accuracy ({acc['method']}) · model form `{model.get('form', 'lagom-eq4-6')}`",
         mape.to_markdown(index=False),
+        f"Repeat noise: {acc.get('noise_method', 'not recorded')}. Remeasured: {acc.get('remeasured_method', 'not recorded')}.",
         f"## Ranking of settings per GEMM shape and collective ({ranking.get('method', 'not computed')})",
         "Spearman: rank correlation of predicted and measured windows across channel counts (median over buffer sizes); "
         "best-setting gap: how much longer the measured window of the model's best setting is than the measured best.",

@@ -122,19 +122,44 @@ def percent(value: float) -> str:
     return "n/a" if value != value else f"{value:.1%}"
 
 
-def mape_text(mape: dict[str, float], noise: dict[str, float] | None = None) -> str:
+def mape_text(mape: dict[str, float], noise: dict[str, float] | None = None,
+              remeasured: dict[str, dict[str, float]] | None = None) -> str:
     """A model's held-out MAPE on one line: ``collective 2.5%, gemm 0.1%, ...``, each with its
-    repeat noise in brackets where given (``collective 33.7% (14.2%)``): the floor under it, which
-    says whether an error is the model's or the measurements'.
+    repeat noise in brackets where given (``collective 33.7% (14.2%)``) and the gap of the same
+    quantity measured again later where there is one (``gemm 10.9% (1.5%; remeasured 13.0%)``):
+    the floors under it, which say whether an error is the model's or the measurements'.
 
     Args:
         mape: quantity -> fraction.
         noise: quantity -> the repeat noise of its points (``model.yaml``'s ``accuracy.noise``), or None.
+        remeasured: quantity -> ``accuracy.remeasured``'s entry (its ``gap``), or None.
     Returns:
         The line.
     """
-    noise = noise or {}
-    return ", ".join(f"{k} {percent(v)}" + (f" ({percent(noise[k])})" if k in noise else "") for k, v in mape.items())
+    noise, remeasured = noise or {}, remeasured or {}
+
+    def floors(k: str) -> str:
+        parts = ([percent(noise[k])] if k in noise else []) + ([f"remeasured {percent(remeasured[k]['gap'])}"] if k in remeasured else [])
+        return f" ({'; '.join(parts)})" if parts else ""
+
+    return ", ".join(f"{k} {percent(v)}{floors(k)}" for k, v in mape.items())
+
+
+OFFSET_BAND = (0.97, 1.03)  # median ratios of a quantity measured again to its first measurement read as no offset
+
+
+def remeasured_offsets(remeasured: dict[str, dict[str, float]]) -> list[str]:
+    """A line per quantity whose second measurements sit apart from its points as a whole, not
+    only by scatter: an offset in when or how it was timed, which no model of it removes.
+
+    Args:
+        remeasured: ``accuracy.remeasured``.
+    Returns:
+        The lines (none when every median ratio lies in :data:`OFFSET_BAND`).
+    """
+    return [f"{k}: timed again right before its overlapped pairs, the median ran {e['median_ratio']:.2f}x its own point's "
+            f"time ({int(e['pairs'])} pairs): an offset between the moments or the ways it was timed, not the model's error"
+            for k, e in remeasured.items() if not OFFSET_BAND[0] <= e["median_ratio"] <= OFFSET_BAND[1]]
 
 
 def _fmt_bytes(n: float) -> str:
@@ -595,17 +620,23 @@ def model_tables(model: dict[str, Any]) -> list[Any]:
     m = Table(title=f"model {escape(str(model.get('family')))}{escape(form)} · held-out accuracy ({escape(str(acc.get('method', '')))}){tag}", title_justify="left")
     m.add_column("quantity")
     m.add_column("MAPE", justify="right")
-    scored, noise = acc.get("scored", {}), acc.get("noise", {})
+    scored, noise, again = acc.get("scored", {}), acc.get("noise", {}), acc.get("remeasured", {})
     if scored:
         m.add_column("points held out", justify="right")
     if noise:
         m.add_column("repeat noise", justify="right")
+    if again:
+        m.add_column("remeasured (pairs)", justify="right")
     for name, val in acc.get("mape", {}).items():
         m.add_row(escape(str(name)), percent(val), *([str(int(scored.get(name, 0)))] if scored else []),
-                  *([percent(noise[name]) if name in noise else "-"] if noise else []))
+                  *([percent(noise[name]) if name in noise else "-"] if noise else []),
+                  *([f"{percent(again[name]['gap'])} ({int(again[name]['pairs'])})" if name in again else "-"] if again else []))
     out.append(m)
     if noise:
         out.append(f"repeat noise: {escape(str(acc.get('noise_method', '')))}")
+    if again:
+        out.append(f"remeasured: {escape(str(acc.get('remeasured_method', '')))}")
+        out += [escape(line) for line in remeasured_offsets(again)]
     ranking = acc.get("ranking")
     if ranking and ranking.get("shapes"):
         r = Table(title=f"ranking of settings per GEMM shape and collective ({ranking.get('method', '')}) · median Spearman "

@@ -22,7 +22,7 @@ from lagom_tune.plan.schema import Plan, load_plan
 from lagom_tune.plan_check import STALE_REASON, plan_run_folder, predict_plan
 from lagom_tune.precision import ms_text
 from lagom_tune.profile.store import RunFolder, open_run
-from lagom_tune.render import percent, replay_rows
+from lagom_tune.render import percent, remeasured_offsets, replay_rows
 from lagom_tune.search.evaluate import Evaluation
 
 
@@ -127,13 +127,19 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
     parts += [f'<p class="warn">warning: {html.escape(p)}</p>' for p in run_problems(health, model_doc, df, run.path)]
     parts.append("<h2>Environment</h2><table>" + "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in fp.items()) + "</table>")
     accuracy = model_doc.get("accuracy", {})
-    mape, noise = accuracy.get("mape", {}), accuracy.get("noise", {})
+    mape, noise, again = accuracy.get("mape", {}), accuracy.get("noise", {}), accuracy.get("remeasured", {})
     if mape:
-        parts.append("<h2>Model accuracy (held-out)</h2><table><tr><th>quantity</th><th>MAPE</th><th>repeat noise</th></tr>"
-                     + "".join(f"<tr><td>{html.escape(k)}</td><td>{percent(v)}</td><td>{percent(noise[k]) if k in noise else '-'}</td></tr>"
-                               for k, v in mape.items()) + "</table>"
+        def again_cell(k: str) -> str:
+            return f"{percent(again[k]['gap'])} ({int(again[k]['pairs'])} pairs)" if k in again else "-"
+
+        parts.append("<h2>Model accuracy (held-out)</h2><table><tr><th>quantity</th><th>MAPE</th><th>repeat noise</th>"
+                     "<th>remeasured</th></tr>"
+                     + "".join(f"<tr><td>{html.escape(k)}</td><td>{percent(v)}</td><td>{percent(noise[k]) if k in noise else '-'}</td>"
+                               f"<td>{again_cell(k)}</td></tr>" for k, v in mape.items()) + "</table>"
                      + f"<p>{html.escape(accuracy.get('method', ''))}</p>"
-                     + (f"<p>Repeat noise: {html.escape(accuracy.get('noise_method', ''))}.</p>" if noise else ""))
+                     + (f"<p>Repeat noise: {html.escape(accuracy.get('noise_method', ''))}.</p>" if noise else "")
+                     + (f"<p>Remeasured: {html.escape(accuracy.get('remeasured_method', ''))}.</p>" if again else "")
+                     + "".join(f'<p class="warn">{html.escape(line)}</p>' for line in remeasured_offsets(again)))
     parts += _ranking_html(accuracy)
     for f, alt in ((run.fit_plot_path, "measured vs predicted"), (run.slowdown_plot_path, "computation slowdown vs communication resources")):
         if f.is_file():

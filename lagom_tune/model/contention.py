@@ -278,6 +278,14 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
     v.number_map(v.field(acc, "scored", path, dict, {}), f"{path}.scored", minimum=0.0)  # absent before 2026-12-02
     noise = v.number_map(v.field(acc, "noise", path, dict, {}), f"{path}.noise", minimum=0.0)  # absent before 2026-12-06
     v.field(acc, "noise_method", path, str, "")
+    remeasured = v.mapping(v.field(acc, "remeasured", path, dict, {}), f"{path}.remeasured")  # absent before 2026-12-07
+    for name, entry in remeasured.items():
+        where = f"{path}.remeasured.{name}"
+        entry = v.mapping(entry, where)
+        v.field(entry, "gap", where, float, minimum=0.0)
+        v.field(entry, "median_ratio", where, float, minimum=v.POSITIVE)
+        v.field(entry, "pairs", where, int, minimum=1)
+    v.field(acc, "remeasured_method", path, str, "")
     warnings = v.field(acc, "warnings", path, list, [])
     for i, line in enumerate(warnings):
         if not isinstance(line, str):
@@ -295,7 +303,7 @@ def accuracy_record(d: Any, path: str) -> dict[str, Any]:
         v.field(shape, "spearman", where, float, finite=False)
         v.field(shape, "best_gap", where, float, finite=False)
         v.field(shape, "points", where, int, minimum=0)
-    return {**acc, "mape": mape, "noise": noise, "method": v.field(acc, "method", path, str, ""), "warnings": warnings,
+    return {**acc, "mape": mape, "noise": noise, "remeasured": remeasured, "method": v.field(acc, "method", path, str, ""), "warnings": warnings,
             "ranking": {**ranking, "shapes": shapes} if ranking else {}}
 
 

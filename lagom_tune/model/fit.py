@@ -26,7 +26,7 @@ from lagom_tune.model.fit_workers import run_each
 from lagom_tune.model.gpu_fit import fit_gpu
 from lagom_tune.model.plots import plotted_column, write_fit_plots
 from lagom_tune.model.ranking import RankingSummary, rank_settings
-from lagom_tune.model.rows import gemm_of_row, point_medians, rows_digest, slowdown_warnings, two_rate_slowdowns
+from lagom_tune.model.rows import gemm_of_row, point_medians, remeasured_pairs, rows_digest, slowdown_warnings, two_rate_slowdowns
 from lagom_tune.profile.store import row_settings
 from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Collective
@@ -142,6 +142,33 @@ def repeat_noise(df: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+REMEASURED_METHOD = ("each overlapped pair times its GEMM and its collective alone right before it; where the same shape "
+                     "or collective (op, size, settings) has a point of its own, half the gap between the two medians over "
+                     "their mean, averaged over pairs: drift between moments (and anything timed differently) that the "
+                     "repeats within one point cannot show")
+
+
+def remeasured_noise(pts: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Quantities measured twice at different moments (:func:`~lagom_tune.model.rows.remeasured_pairs`):
+    how far apart the two medians sit (:data:`REMEASURED_METHOD`), a second floor under a MAPE
+    beside :func:`repeat_noise`, which cannot see drift between points.
+
+    Args:
+        pts: point medians.
+    Returns:
+        Quantity (``gemm``, ``collective``) -> ``gap`` (fraction, rounded as MAPE is),
+        ``median_ratio`` (remeasured over first, to 4 decimals) and ``pairs``, for the quantities
+        with at least one pair.
+    """
+    pairs = remeasured_pairs(pts)
+    out = {}
+    for name, rows in pairs.groupby("quantity"):
+        gap = (rows["first_us"] - rows["again_us"]).abs() / (rows["first_us"] + rows["again_us"])
+        out[str(name)] = {"gap": round(float(gap.mean()), MAPE_DECIMALS),
+                          "median_ratio": round(float((rows["again_us"] / rows["first_us"]).median()), 4), "pairs": len(rows)}
+    return out
+
+
 @dataclass(frozen=True)
 class FitResult:
     """A fitted model and its measured accuracy.
@@ -158,6 +185,7 @@ class FitResult:
         scored: held-out points behind each quantity's MAPE (fewer than ``points`` when some were
             not predicted: see ``warnings``).
         noise: each quantity's repeat noise (:func:`repeat_noise`), the floor under its MAPE.
+        remeasured: each quantity measured again at another moment (:func:`remeasured_noise`).
     """
 
     model: CostModel
@@ -168,6 +196,7 @@ class FitResult:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     scored: dict[str, int] = field(default_factory=dict)
     noise: dict[str, float] = field(default_factory=dict)
+    remeasured: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self, rows: pd.DataFrame, simulated: bool) -> dict[str, Any]:
         accuracy: dict[str, Any] = {
@@ -177,6 +206,8 @@ class FitResult:
             "scored": dict(self.scored),
             "noise": dict(self.noise),
             "noise_method": NOISE_METHOD,
+            "remeasured": {k: dict(val) for k, val in self.remeasured.items()},
+            "remeasured_method": REMEASURED_METHOD,
             "rows": len(rows),
             "rows_digest": rows_digest(rows),
             "fit_revision": FIT_REVISION,
@@ -289,7 +320,8 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     # the GPU fit leaves such points out of its contention terms; the CPU family has none to leave them out of
     warnings = (tuple(slowdown_warnings(pts)) if device is not None else ()) + held[chosen].warnings()
     noise = {k: val for k, val in repeat_noise(df).items() if k in mape}
-    return FitResult(model, mape, folds, counts, ranking, warnings, scored, noise)
+    remeasured = {k: val for k, val in remeasured_noise(pts).items() if k in mape}
+    return FitResult(model, mape, folds, counts, ranking, warnings, scored, noise, remeasured)
 
 
 def fold_assignment(pts: pd.DataFrame, folds: int, seed: int = 0) -> pd.Series:
