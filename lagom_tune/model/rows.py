@@ -209,10 +209,11 @@ def paired_alone(over: pd.DataFrame) -> pd.Series:
 
 def remeasured_pairs(pts: pd.DataFrame) -> pd.DataFrame:
     """Isolated points measured a second time, later: each overlapped pair times its GEMM and its
-    collective alone right before it (``baseline`` paired), the way their own points time them.
-    Where the pair's shape (at its thread count) or its collective (op, size and settings) has a
-    point of its own, the two medians are one quantity measured at two moments, and their gap is
-    what the machine's drift between points does, which the repeats of one point cannot show.
+    collective alone right before it (``baseline`` paired). Where the pair's shape (at its thread
+    count) or its collective (op, size and settings) has a point of its own, the two medians are
+    one quantity measured at two moments, and their gap is what the machine's drift between
+    points does, which the repeats of one point cannot show, plus any difference in how the two
+    were timed (the H200 runs of 2026-11-30 timed GEMM points and pairs' baselines differently).
 
     Args:
         pts: point medians (:func:`point_medians`).
