@@ -17,8 +17,9 @@ import pandas as pd
 from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.registry import usable_cores
 from lagom_tune.backends.base import BackendOptions, get_backend
-from lagom_tune.model.fit import fit_device, fit_run, new_shape_mape
+from lagom_tune.model.fit import FitResult, fit_device, fit_run, new_shape_mape
 from lagom_tune.profile.campaign import run_profile
+from lagom_tune.render import mape_cell
 from lagom_tune.workload.presets import build_preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,11 +27,22 @@ SIM_CASES = [("h100-nvlink", "llama3-8b-fsdp8"), ("a40-nvlink", "phi-2-fsdp16"),
              ("h200-nvlink", "olmoe-1b-7b-ep8")]
 QUANTITIES = ["gemm", "gemm_new_shape", "collective", "overlap_window", "overlap_compute", "overlap_comm"]
 NOISE = "noise_"  # the CSV's column of a quantity's repeat noise
+AGAIN = "remeasured_"  # ... and of the gap of the quantity measured again later (model.yaml's accuracy.remeasured)
 
 
-def cells(mape: dict[str, float], noise: dict[str, float]) -> dict[str, float | None]:
-    """A row's held-out MAPE per quantity, and the repeat noise of the quantities that have one."""
-    return {**{q: mape.get(q) for q in QUANTITIES}, **{NOISE + q: noise[q] for q in QUANTITIES if q in noise}}
+def cells(fit: FitResult, mape: dict[str, float]) -> dict[str, float | None]:
+    """A row's held-out MAPE per quantity, the repeat noise of the quantities that have one, and the
+    remeasured gap of those measured again later."""
+    return {**{q: mape.get(q) for q in QUANTITIES}, **{NOISE + q: fit.noise[q] for q in QUANTITIES if q in fit.noise},
+            **{AGAIN + q: fit.remeasured[q]["gap"] for q in QUANTITIES if q in fit.remeasured}}
+
+
+def cell_text(row: pd.Series, q: str) -> str:
+    """A quantity's cell as `show` prints it: MAPE (repeat noise; remeasured gap)."""
+    def given(col: str) -> float | None:
+        return None if pd.isna(row.get(col)) else float(row[col])
+
+    return "" if given(q) is None else mape_cell(given(q), given(NOISE + q), given(AGAIN + q))
 
 
 def main() -> None:
@@ -48,20 +60,19 @@ def main() -> None:
             fit = fit_run(run)
             mape = {**fit.mape, "gemm_new_shape": new_shape_mape(run.measurements(), device=fit_device(run.read_meta()["fingerprint"]))}
             rows.append({"backend": f"sim {cluster} (SIMULATED, {args.noise:.0%} noise)", "workload": name,
-                         "rows": len(run.measurements()), **cells(mape, fit.noise)})
+                         "rows": len(run.measurements()), **cells(fit, mape)})
             print(rows[-1], flush=True)
         w = build_preset("cpu-demo")
         run = run_profile(w, get_backend("gloo", BackendOptions(ranks=2)), Path(tmp) / "gloo", repeats=args.gloo_repeats)
         fit = fit_run(run)
         mape = {**fit.mape, "gemm_new_shape": new_shape_mape(run.measurements())}
         rows.append({"backend": f"gloo, 2 ranks on {usable_cores()} cores (MEASURED)", "workload": "cpu-demo",
-                     "rows": len(run.measurements()), **cells(mape, fit.noise)})
+                     "rows": len(run.measurements()), **cells(fit, mape)})
         print(rows[-1], flush=True)
     df = pd.DataFrame(rows)
-    fmt = df[[c for c in df.columns if not c.startswith(NOISE)]].copy()
+    fmt = df[[c for c in df.columns if not c.startswith((NOISE, AGAIN))]].copy()
     for q in QUANTITIES:
-        fmt[q] = [f"{m:.1%}" + (f" ({n:.1%})" if pd.notna(n) else "") if pd.notna(m) else ""
-                  for m, n in zip(df[q], df.get(NOISE + q, pd.Series(None, index=df.index)))]
+        fmt[q] = [cell_text(row, q) for _, row in df.iterrows()]
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "model_accuracy.csv", df.to_csv(index=False))
     atomic_write_text(args.out / "model_accuracy.md", "\n".join([
@@ -78,7 +89,9 @@ def main() -> None:
         "shapes). `collective`: isolated collectives at held-out settings. The overlap columns predict a collective and n",
         "GEMMs started together (their window, and each stream's end). In brackets, the same points' repeat noise: the",
         "error a model that knew each point's true time would still score, from the gap between the medians of each",
-        "point's even and odd repeats (`lagom-tune show` prints it beside the MAPE; drift between points is not in it).",
+        "point's even and odd repeats (`lagom-tune show` prints it beside the MAPE; drift between points is not in it);",
+        "after it, where the same GEMM or collective was timed again right before an overlapped pair, half the gap between",
+        "the two medians over their mean (`remeasured`): the drift between moments that the repeats cannot show.",
         "",
         "Reproduce: `python bench/model_accuracy.py`",
         "",
