@@ -434,7 +434,12 @@ def test_a_quantity_measured_again_later_shows_the_drift_its_repeats_cannot():
     drifted = pts.assign(compute_alone_us=np.where(over, pts["compute_alone_us"] * 1.25, pts["compute_alone_us"]))
     entry = remeasured_noise(drifted)["gemm"]
     assert entry["gap"] == pytest.approx(0.25 / 2.25, abs=1e-4) and entry["median_ratio"] == pytest.approx(1.25)
-    assert "collective" not in remeasured_noise(pts)  # the synthetic pairs record threads, their collective points none
+    # the synthetic pairs record their threads, the collective points none: they ran at the default
+    assert "collective" not in remeasured_noise(pts)
+    matched = remeasured_pairs(pts, {"threads": 1})
+    coll = matched[matched["quantity"] == "collective"]
+    assert len(coll) == 9 and np.allclose(coll["first_us"], coll["again_us"]), coll  # noiseless: the same time twice
+    assert (remeasured_pairs(pts, {"threads": 2})["quantity"] == "collective").sum() == 9  # the other half of the pairs
     legacy = pts.assign(baseline=None)  # timed from single launches before 2026-11-30: not the same quantity
     assert remeasured_pairs(legacy).empty and remeasured_noise(legacy) == {}
     other_threads = pts.assign(threads=np.where(over, 3, pts["threads"]))

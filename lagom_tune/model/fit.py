@@ -148,19 +148,20 @@ REMEASURED_METHOD = ("each overlapped pair times its GEMM and its collective alo
                      "repeats within one point cannot show")
 
 
-def remeasured_noise(pts: pd.DataFrame) -> dict[str, dict[str, float]]:
+def remeasured_noise(pts: pd.DataFrame, space: KnobSpace | None = None) -> dict[str, dict[str, float]]:
     """Quantities measured twice at different moments (:func:`~lagom_tune.model.rows.remeasured_pairs`):
     how far apart the two medians sit (:data:`REMEASURED_METHOD`), a second floor under a MAPE
     beside :func:`repeat_noise`, which cannot see drift between points.
 
     Args:
         pts: point medians.
+        space: the backend's knobs, whose defaults a row that records no setting of a knob ran at.
     Returns:
         Quantity (``gemm``, ``collective``) -> ``gap`` (fraction, rounded as MAPE is),
         ``median_ratio`` (remeasured over first, to 4 decimals) and ``pairs``, for the quantities
         with at least one pair.
     """
-    pairs = remeasured_pairs(pts)
+    pairs = remeasured_pairs(pts, {k: val for k, val in space.defaults().items() if k in KNOB_COLUMNS} if space else None)
     out = {}
     for name, rows in pairs.groupby("quantity"):
         gap = (rows["first_us"] - rows["again_us"]).abs() / (rows["first_us"] + rows["again_us"])
@@ -320,7 +321,7 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     # the GPU fit leaves such points out of its contention terms; the CPU family has none to leave them out of
     warnings = (tuple(slowdown_warnings(pts)) if device is not None else ()) + held[chosen].warnings()
     noise = {k: val for k, val in repeat_noise(df).items() if k in mape}
-    remeasured = {k: val for k, val in remeasured_noise(pts).items() if k in mape}
+    remeasured = {k: val for k, val in remeasured_noise(pts, space).items() if k in mape}
     return FitResult(model, mape, folds, counts, ranking, warnings, scored, noise, remeasured)
 
 

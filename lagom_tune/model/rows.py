@@ -207,7 +207,7 @@ def paired_alone(over: pd.DataFrame) -> pd.Series:
     return pd.Series((rows["compute_alone_us"] / rows["n_compute"] / 1e6).to_numpy(float), index=rows["gemm"].to_numpy())
 
 
-def remeasured_pairs(pts: pd.DataFrame) -> pd.DataFrame:
+def remeasured_pairs(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """Isolated points measured a second time, later: each overlapped pair times its GEMM and its
     collective alone right before it (``baseline`` paired). Where the pair's shape (at its thread
     count) or its collective (op, size and settings) has a point of its own, the two medians are
@@ -217,10 +217,13 @@ def remeasured_pairs(pts: pd.DataFrame) -> pd.DataFrame:
 
     Args:
         pts: point medians (:func:`point_medians`).
+        defaults: the backend's knob defaults, which a row that does not record a knob ran at (the
+            gloo backend's pairs all-reduce in one call, its collective points record their chunk).
     Returns:
         One row per such pair: ``quantity`` (``gemm`` or ``collective``), ``first_us`` (the
         point's median) and ``again_us`` (the pair's; per GEMM for a GEMM).
     """
+    defaults = dict(defaults or {})
     columns = ["quantity", "first_us", "again_us"]
     if "baseline" not in pts:
         return pd.DataFrame(columns=columns)
@@ -229,14 +232,14 @@ def remeasured_pairs(pts: pd.DataFrame) -> pd.DataFrame:
     gemm = pts[pts["kind"] == "gemm"]
     by_shape = {(r["gemm"], _threads(r)): r["time_us"] for r in gemm.to_dict("records")}
     coll = pts[pts["kind"] == "collective"]
-    by_coll = {_collective_key(r): r["time_us"] for r in coll.to_dict("records")}
+    by_coll = {_collective_key(r, defaults): r["time_us"] for r in coll.to_dict("records")}
     for r in over.to_dict("records"):
         # GEMM points record their thread count where it is a compute knob (gloo); elsewhere the
         # pair's threads are the collective's (NCCL_NTHREADS) and the shape's point has none
         first = by_shape.get((r["gemm"], _threads(r)), by_shape.get((r["gemm"], None)))
         if first is not None and r.get("compute_alone_us", 0) > 0 and r.get("n_compute", 0) > 0:
             found.append(("gemm", first, r["compute_alone_us"] / r["n_compute"]))
-        first = by_coll.get(_collective_key(r))
+        first = by_coll.get(_collective_key(r, defaults))
         if first is not None and r.get("comm_alone_us", 0) > 0:
             found.append(("collective", first, r["comm_alone_us"]))
     return pd.DataFrame(found, columns=columns)
@@ -247,11 +250,10 @@ def _threads(row: Mapping[str, Any]) -> int | None:
     return None if t is None or pd.isna(t) else int(t)
 
 
-def _collective_key(row: Mapping[str, Any]) -> tuple:
-    """A collective's op, size, ranks and every knob setting: a pair matches a collective point
-    only where all agree (the gloo backend's pairs run unchunked and record no chunk setting, so
-    they match none)."""
-    return (row.get("op"), row.get("nbytes"), row.get("ranks"), tuple(sorted(row_settings(row).items())))
+def _collective_key(row: Mapping[str, Any], defaults: dict[str, Any]) -> tuple:
+    """A collective's op, size, ranks and every knob setting, those the row does not record at
+    their defaults: a pair matches a collective point only where all agree."""
+    return (row.get("op"), row.get("nbytes"), row.get("ranks"), tuple(sorted({**defaults, **row_settings(row)}.items())))
 
 
 def gemm_of_row(row: Mapping[str, Any]) -> Gemm:
