@@ -23,6 +23,7 @@ from lagom_tune.backends.nccl_log import read_logs
 from lagom_tune.backends.registry import backend_help, backend_info
 from lagom_tune.errors import Interrupted, RunError, UserError, raise_on_stop_signals, stop_signal, stopping
 from lagom_tune.model.contention import read_model_file, run_problems
+from lagom_tune.model.rows import recorded_defaults, remeasured_points
 from lagom_tune.plan.schema import FILE_MARK as PLAN_FILE_MARK, SEARCH_OPTIONS, Plan, load_plan
 from lagom_tune.plan_check import PlanPredictions, plan_run_folder, predict_plan
 from lagom_tune.profile.campaign import run_profile
@@ -436,14 +437,19 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     collectives: bool = typer.Option(False, "--collectives", help="Run folder: every collective point in nccl-tests' "
                                      "columns (time median and trimmed mean, algbw, busbw)."),
+    remeasured: bool = typer.Option(False, "--remeasured", help="Run folder: every GEMM or collective point its "
+                                    "overlapped pairs timed again, the most offset first (point and pairs' medians, ratio)."),
     nccl_log: Optional[list[Path]] = typer.Option(None, "--nccl-log", parser=_path, help="nccl plan: NCCL log files or "
                                                   "folders of a run under it (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=TUNING): "
                                                   "what NCCL ran each rule's calls with."),
 ) -> None:
     """Pretty-print a plan, a workload, or a run folder (with its model's accuracy)."""
     path = Path(target)
-    if collectives and not path.is_dir():
-        raise UserError(f"--collectives applies to a run folder; {target} is not one")
+    for flag, given in (("--collectives", collectives), ("--remeasured", remeasured)):
+        if given and not path.is_dir():
+            raise UserError(f"{flag} applies to a run folder; {target} is not one")
+    if collectives and remeasured:
+        raise UserError("--collectives and --remeasured each list a table of their own; give one")
     if nccl_log:
         plan = load_plan(path)
         if not backend_info(plan.backend).deploys_tuner_rules:
@@ -456,12 +462,14 @@ def show(
         meta = run.read_meta()
         model = read_model_file(run.model_path, run.fitted_as(meta)) if run.model_path.is_file() else None
         df, health = run.read()
-        if collectives:
-            table = collective_summary(df)
+        if collectives or remeasured:
+            table, title = ((collective_summary(df), "collectives") if collectives else
+                            (remeasured_points(df, recorded_defaults(run.knob_space(meta))),
+                             "points timed again right before their overlapped pairs (ratio: pairs' median over the point's)"))
             if as_json:  # each record says it is simulated, as search --compare --json's do
                 print(table.assign(simulated=bool(meta.get("simulated", False))).to_json(orient="records", indent=1))
             else:
-                render.print_whole(render.frame_table(table, f"collectives{render.simulated_tag(meta.get('simulated', False))}"))
+                render.print_whole(render.frame_table(table, f"{title}{render.simulated_tag(meta.get('simulated', False))}"))
             return
         problems = run_problems(health, model, df, path)
         if as_json:

@@ -17,7 +17,7 @@ import pandas as pd
 from lagom_tune.backends.registry import backend_info, backend_names, usable_cores
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace
-from lagom_tune.measurements import CHOICE_COLUMNS, CHOICE_KNOBS, DEFAULT, KNOB_COLUMNS, chosen_settings
+from lagom_tune.measurements import CHOICE_COLUMNS, CHOICE_KNOBS, DEFAULT, chosen_settings
 from lagom_tune.model.contention import (
     COMM_FEATURES, FIT_REVISION, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
     model_from_dict, read_model_file,
@@ -26,7 +26,9 @@ from lagom_tune.model.fit_workers import run_each
 from lagom_tune.model.gpu_fit import fit_gpu
 from lagom_tune.model.plots import plotted_column, write_fit_plots
 from lagom_tune.model.ranking import RankingSummary, rank_settings
-from lagom_tune.model.rows import gemm_of_row, point_medians, remeasured_pairs, rows_digest, slowdown_warnings, two_rate_slowdowns
+from lagom_tune.model.rows import (
+    fitted_rows, gemm_of_row, point_medians, recorded_defaults, remeasured_pairs, rows_digest, slowdown_warnings, two_rate_slowdowns,
+)
 from lagom_tune.profile.store import row_settings
 from lagom_tune.timeline import simulate
 from lagom_tune.workload.spec import Collective
@@ -148,20 +150,20 @@ REMEASURED_METHOD = ("each overlapped pair times its GEMM and its collective alo
                      "repeats within one point cannot show")
 
 
-def remeasured_noise(pts: pd.DataFrame, space: KnobSpace | None = None) -> dict[str, dict[str, float]]:
+def remeasured_noise(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = None) -> dict[str, dict[str, float]]:
     """Quantities measured twice at different moments (:func:`~lagom_tune.model.rows.remeasured_pairs`):
     how far apart the two medians sit (:data:`REMEASURED_METHOD`), a second floor under a MAPE
     beside :func:`repeat_noise`, which cannot see drift between points.
 
     Args:
         pts: point medians.
-        space: the backend's knobs, whose defaults a row that records no setting of a knob ran at.
+        defaults: the knob settings a row that records none of a knob ran at (:func:`~lagom_tune.model.rows.recorded_defaults`).
     Returns:
         Quantity (``gemm``, ``collective``) -> ``gap`` (fraction, rounded as MAPE is),
         ``median_ratio`` (remeasured over first, to 4 decimals) and ``pairs``, for the quantities
         with at least one pair.
     """
-    pairs = remeasured_pairs(pts, {k: val for k, val in space.defaults().items() if k in KNOB_COLUMNS} if space else None)
+    pairs = remeasured_pairs(pts, defaults)
     out = {}
     for name, rows in pairs.groupby("quantity"):
         gap = (rows["first_us"] - rows["again_us"]).abs() / (rows["first_us"] + rows["again_us"])
@@ -220,18 +222,6 @@ class FitResult:
                 "accuracy": accuracy}
 
 
-def fitted_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows a model is fitted to and scored on: all but the collectives timed at the backend's
-    own choices (``default`` rows), which set no knob to fit.
-
-    Args:
-        df: measurement rows.
-    Returns:
-        The rows of GEMMs, collectives and overlapped pairs.
-    """
-    return df[df["kind"] != DEFAULT]
-
-
 def nothing_set_points(df: pd.DataFrame, space: KnobSpace) -> pd.DataFrame:
     """The collectives timed with nothing set whose backend choice was observed and is in the
     knob space, as collective points at that choice (its channels the nearest offered, where
@@ -247,7 +237,7 @@ def nothing_set_points(df: pd.DataFrame, space: KnobSpace) -> pd.DataFrame:
     if not set(CHOICE_COLUMNS) <= set(df.columns) or not set(CHOICE_KNOBS) <= set(space.names()):
         return pd.DataFrame()
     own = point_medians(df[df["kind"] == DEFAULT]).dropna(subset=list(CHOICE_COLUMNS))
-    defaults = {k: val for k, val in space.defaults().items() if k in KNOB_COLUMNS}
+    defaults = recorded_defaults(space)
     points = []
     for _, row in own.iterrows():
         nodes = 1 if pd.isna(row.get("nodes", 1)) else int(row.get("nodes", 1))
@@ -321,7 +311,7 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     # the GPU fit leaves such points out of its contention terms; the CPU family has none to leave them out of
     warnings = (tuple(slowdown_warnings(pts)) if device is not None else ()) + held[chosen].warnings()
     noise = {k: val for k, val in repeat_noise(df).items() if k in mape}
-    remeasured = {k: val for k, val in remeasured_noise(pts, space).items() if k in mape}
+    remeasured = {k: val for k, val in remeasured_noise(pts, recorded_defaults(space)).items() if k in mape}
     return FitResult(model, mape, folds, counts, ranking, warnings, scored, noise, remeasured)
 
 
@@ -508,7 +498,7 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     simulated = bool(meta.get("simulated", False))
     fp = meta["fingerprint"]
     device = fit_device(fp)
-    space = backend_info(fp["backend"]).knob_space(fp) if fp.get("backend") in backend_names() else None
+    space = run.knob_space(meta)
     # numpy's overflow and invalid-value warnings are not printed: a model they leave non-finite is refused below
     with np.errstate(all="ignore"):
         result = fit_model(df, device=device, simulated=simulated, progress=progress, space=space, workers=usable_cores())

@@ -9,7 +9,8 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from lagom_tune.measurements import CHOSEN_COLUMNS, DESCRIBING_COLUMNS, PAIRED, TIMED_COLUMNS
+from lagom_tune.knobs import KnobSpace
+from lagom_tune.measurements import CHOSEN_COLUMNS, DEFAULT, DESCRIBING_COLUMNS, KNOB_COLUMNS, PAIRED, TIMED_COLUMNS
 from lagom_tune.profile.store import row_settings
 from lagom_tune.workload.spec import Gemm
 
@@ -207,6 +208,49 @@ def paired_alone(over: pd.DataFrame) -> pd.Series:
     return pd.Series((rows["compute_alone_us"] / rows["n_compute"] / 1e6).to_numpy(float), index=rows["gemm"].to_numpy())
 
 
+def fitted_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows a model is fitted to and scored on: all but the collectives timed at the backend's
+    own choices (``default`` rows), which set no knob to fit.
+
+    Args:
+        df: measurement rows.
+    Returns:
+        The rows of GEMMs, collectives and overlapped pairs.
+    """
+    return df[df["kind"] != DEFAULT]
+
+
+def recorded_defaults(space: KnobSpace | None) -> dict[str, Any]:
+    """The knob settings a measurement row that records none of a knob was taken at: the
+    backend's defaults, for the knobs ``measurements.csv`` has columns for.
+
+    Args:
+        space: the backend's knobs on the profiled machine (None: unknown, no defaults).
+    Returns:
+        Knob name -> default.
+    """
+    return {k: val for k, val in space.defaults().items() if k in KNOB_COLUMNS} if space else {}
+
+
+def remeasured_points(df: pd.DataFrame, defaults: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """Each point its overlapped pairs measured again (what ``show --remeasured`` lists): its
+    median, the pairs' median, their ratio and how many pairs, the most offset first.
+
+    Args:
+        df: measurement rows.
+        defaults: :func:`recorded_defaults`.
+    Returns:
+        Columns ``quantity``, ``point``, ``point_us``, ``remeasured_us``, ``ratio`` (remeasured
+        over the point's) and ``pairs``; empty when no point was measured again.
+    """
+    pairs = remeasured_pairs(point_medians(fitted_rows(df)), defaults)
+    out = pairs.groupby(["quantity", "point"], sort=False).agg(point_us=("first_us", "first"), remeasured_us=("again_us", "median"),
+                                                               pairs=("again_us", "size")).reset_index()
+    out.insert(4, "ratio", out["remeasured_us"] / out["point_us"])
+    offset = (out["ratio"] - 1).abs().to_numpy()
+    return out.iloc[offset.argsort(kind="stable")[::-1]].reset_index(drop=True).round({"point_us": 1, "remeasured_us": 1, "ratio": 3})
+
+
 def remeasured_pairs(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """Isolated points measured a second time, later: each overlapped pair times its GEMM and its
     collective alone right before it (``baseline`` paired). Where the pair's shape (at its thread
@@ -220,28 +264,29 @@ def remeasured_pairs(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = Non
         defaults: the backend's knob defaults, which a row that does not record a knob ran at (the
             gloo backend's pairs all-reduce in one call, its collective points record their chunk).
     Returns:
-        One row per such pair: ``quantity`` (``gemm`` or ``collective``), ``first_us`` (the
-        point's median) and ``again_us`` (the pair's; per GEMM for a GEMM).
+        One row per such pair: ``quantity`` (``gemm`` or ``collective``), ``point`` (the id of
+        the point measured first), ``first_us`` (its median) and ``again_us`` (the pair's; per
+        GEMM for a GEMM).
     """
     defaults = dict(defaults or {})
-    columns = ["quantity", "first_us", "again_us"]
+    columns = ["quantity", "point", "first_us", "again_us"]
     if "baseline" not in pts:
         return pd.DataFrame(columns=columns)
     over = pts[(pts["kind"] == "overlap") & (pts["baseline"] == PAIRED)]
-    found: list[tuple[str, float, float]] = []
+    found: list[tuple[str, str, float, float]] = []
     gemm = pts[pts["kind"] == "gemm"]
-    by_shape = {(r["gemm"], _threads(r)): r["time_us"] for r in gemm.to_dict("records")}
+    by_shape = {(r["gemm"], _threads(r)): r for r in gemm.to_dict("records")}
     coll = pts[pts["kind"] == "collective"]
-    by_coll = {_collective_key(r, defaults): r["time_us"] for r in coll.to_dict("records")}
+    by_coll = {_collective_key(r, defaults): r for r in coll.to_dict("records")}
     for r in over.to_dict("records"):
         # GEMM points record their thread count where it is a compute knob (gloo); elsewhere the
         # pair's threads are the collective's (NCCL_NTHREADS) and the shape's point has none
         first = by_shape.get((r["gemm"], _threads(r)), by_shape.get((r["gemm"], None)))
         if first is not None and r.get("compute_alone_us", 0) > 0 and r.get("n_compute", 0) > 0:
-            found.append(("gemm", first, r["compute_alone_us"] / r["n_compute"]))
+            found.append(("gemm", first["point"], first["time_us"], r["compute_alone_us"] / r["n_compute"]))
         first = by_coll.get(_collective_key(r, defaults))
         if first is not None and r.get("comm_alone_us", 0) > 0:
-            found.append(("collective", first, r["comm_alone_us"]))
+            found.append(("collective", first["point"], first["time_us"], r["comm_alone_us"]))
     return pd.DataFrame(found, columns=columns)
 
 

@@ -20,8 +20,9 @@ import pandas as pd
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text
 from lagom_tune.backends.base import MAX_NOISE
-from lagom_tune.backends.registry import backend_info
+from lagom_tune.backends.registry import backend_info, backend_names
 from lagom_tune.errors import UserError, interrupts_kept
+from lagom_tune.knobs import KnobSpace
 from lagom_tune.measurements import (
     COUNT_COLUMNS, DEFAULT, DESCRIBING_COLUMNS, KIND_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS,
     ROW_KINDS, SETTING_COLUMNS, TIMED_COLUMNS, WHOLE_COLUMNS,
@@ -184,6 +185,17 @@ class RunFolder:
         # dumped with an empty workload, so the rest stays a block mapping whatever it holds, then joined
         head = yaml_text({**{k: val for k, val in meta.items() if k != "workload"}, "workload": {}})
         atomic_write_text(self.meta_path, head.removesuffix("workload: {}\n") + self._workload_text[1])
+
+    def knob_space(self, meta: dict[str, Any] | None = None) -> KnobSpace | None:
+        """The knobs of the backend this run was profiled on, on the profiled machine.
+
+        Args:
+            meta: its ``meta.yaml`` if already read.
+        Returns:
+            The knob space, or None for a backend this lagom-tune does not have.
+        """
+        fp = (meta or self.read_meta())["fingerprint"]
+        return backend_info(fp["backend"]).knob_space(fp) if fp.get("backend") in backend_names() else None
 
     def workload(self, meta: dict[str, Any] | None = None) -> Workload:
         """The profiled workload, from ``meta`` (this folder's ``meta.yaml``, read if not given),
