@@ -28,8 +28,10 @@ SCHEMA_VERSION = 1
 # model to the same measurements (a family's terms or candidates, its losses, its folds): a
 # model.yaml records the revision that fitted it, and ``show``, ``report`` and ``search`` say when
 # it is another one (:func:`fit_revision_note`). 1: the fit of 2026-12-06 (roll-off curve, folds by
-# point hash); files fitted before then record none.
-FIT_REVISION = 1
+# point hash); files fitted before then record none. 2: 2026-12-07, the CPU family takes a measured
+# shape's time alone from its point and its overlapped pairs' alone times (the GPU family's fit is
+# unchanged).
+FIT_REVISION = 2
 
 
 class CostModel(Protocol):
@@ -130,8 +132,9 @@ def comm_features(nbytes: int, chunk_bytes: int = 0) -> dict[str, float]:
 class CpuPairwiseModel:
     """Fitted per thread count (compute) and per op (communication).
 
-    GEMM shapes that were measured are predicted by their measured medians; the fitted line
-    serves shapes never measured (and is what the held-out GEMM error describes). On an
+    GEMM shapes that were measured are predicted by their measurements: the median of the shape's
+    own point and of the alone times its overlapped pairs took just before each pair (since fit
+    revision 2; its own point alone before); the fitted line serves shapes never measured. On an
     oversubscribed CPU a line through noisy medians can be badly wrong for a measured shape,
     and the search must not trust it over the measurement.
     """
