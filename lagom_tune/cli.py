@@ -183,7 +183,8 @@ def profile(
             bar.update(fitting, description="fit model: model.yaml already fits these rows", total=1, completed=1)
     noise, again = accuracy.get("noise"), accuracy.get("remeasured")
     render.console.print(f"[green]profiled[/] {escape(str(run.path))}{render.simulated_tag(b.simulated)} · model's held-out MAPE"
-                         + (" (its repeat noise)" if noise else "") + ": " + render.mape_text(accuracy["mape"], noise, again))
+                         + (f" (its repeat noise{'; remeasured: its gap timed again before its pairs' if again else ''})" if noise else "")
+                         + ": " + render.mape_text(accuracy["mape"], noise, again))
     if not fitted:
         render.console.print(f"model.yaml is this lagom-tune's fit of these measurements: not refitted (`lagom-tune fit "
                              f"{escape(str(run.path))}` refits it anyway)", highlight=False)

@@ -319,7 +319,7 @@ def test_profile_prints_the_warnings_show_prints(tmp_path):
     assert "in no held-out figure" in " ".join(cli("show", tmp_path / "run", check=True).stdout.split())
     # each held-out MAPE beside its repeat noise, the floor under it (`show` prints both; profile printed the MAPE alone)
     acc = read_yaml(tmp_path / "run" / "model.yaml")["accuracy"]
-    assert "model's held-out MAPE (its repeat noise): " in said and acc["noise"], said
+    assert "model's held-out MAPE (its repeat noise; remeasured: its gap timed again before its pairs): " in said and acc["noise"], said
     assert all(f"{k} {percent(acc['mape'][k])} ({percent(x)}" in said for k, x in acc["noise"].items()), (acc, said)
     # and, where its pairs timed it again, the gap of the second measurement (the simulator draws it afresh: no drift)
     assert acc["remeasured"]["collective"]["gap"] < 0.05 and f"; remeasured {percent(acc['remeasured']['collective']['gap'])})" in said, said
