@@ -17,7 +17,7 @@ import pandas as pd
 from lagom_tune.backends.registry import backend_info, backend_names, usable_cores
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import KnobSpace
-from lagom_tune.measurements import CHOICE_COLUMNS, CHOICE_KNOBS, DEFAULT, PAIRED, chosen_settings
+from lagom_tune.measurements import CHOICE_COLUMNS, CHOICE_KNOBS, DEFAULT, chosen_settings
 from lagom_tune.model.contention import (
     COMM_FEATURES, FIT_REVISION, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
     model_from_dict, read_model_file,
@@ -27,7 +27,8 @@ from lagom_tune.model.gpu_fit import fit_gpu
 from lagom_tune.model.plots import plotted_column, write_fit_plots
 from lagom_tune.model.ranking import RankingSummary, rank_settings
 from lagom_tune.model.rows import (
-    fitted_rows, gemm_of_row, point_medians, recorded_defaults, remeasured_pairs, rows_digest, slowdown_warnings, two_rate_slowdowns,
+    fitted_rows, gemm_of_row, paired_gemm_alone, point_medians, recorded_defaults, remeasured_pairs, rows_digest, slowdown_warnings,
+    two_rate_slowdowns,
 )
 from lagom_tune.profile.store import row_settings
 from lagom_tune.timeline import simulate
@@ -58,18 +59,12 @@ def _fit_cpu(pts: pd.DataFrame) -> CpuPairwiseModel:
         sx = [s for _, s in pairs if s is not None]
         compute_slow[t] = float(np.clip(np.median(sy), 1.0, 20.0)) if sy else 1.0
         comm_slow[t] = float(np.clip(np.median(sx), 1.0, 20.0)) if sx else 1.0
-    return CpuPairwiseModel(compute, comm, compute_slow, comm_slow, measured=_cpu_times_alone(gemm, over))
-
-
-def _cpu_times_alone(gemm: pd.DataFrame, over: pd.DataFrame) -> dict[tuple[str, int], float]:
-    """Each (shape, thread count)'s time alone in µs: the median of its own point and of the alone
-    times its overlapped pairs measured just before each pair (``baseline`` paired), as the GPU
-    model takes a shape's time alone. On a 2-core VM one GEMM point read 863 µs while its three
-    pairs read 394 µs before them: the point alone was the drifted one."""
-    paired = over[over["baseline"].eq(PAIRED) & (over["compute_alone_us"] > 0)] if "baseline" in over else over.iloc[:0]
-    alone = pd.concat([gemm[["gemm", "threads", "time_us"]],
-                       paired.assign(time_us=paired["compute_alone_us"] / paired["n_compute"])[["gemm", "threads", "time_us"]]])
-    return {(str(g), int(t)): float(us) for (g, t), us in alone.groupby(["gemm", "threads"])["time_us"].median().items()}
+    # a measured shape's time alone: the median of its own point and of its pairs' alone times, as
+    # the GPU model takes it (on a 2-core VM one GEMM point read 863 µs, its three pairs 394 µs
+    # before them: the point was the drifted one)
+    alone = pd.concat([gemm[["gemm", "threads", "time_us"]], paired_gemm_alone(pts)])
+    measured = {(str(g), int(t)): float(us) for (g, t), us in alone.groupby(["gemm", "threads"])["time_us"].median().items()}
+    return CpuPairwiseModel(compute, comm, compute_slow, comm_slow, measured=measured)
 
 
 def predict_point(model: CostModel, row: Mapping[str, Any]) -> dict[str, float]:

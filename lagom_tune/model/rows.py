@@ -269,25 +269,43 @@ def remeasured_pairs(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = Non
         GEMM for a GEMM).
     """
     defaults = dict(defaults or {})
-    columns = ["quantity", "point", "first_us", "again_us"]
-    if "baseline" not in pts:
-        return pd.DataFrame(columns=columns)
-    over = pts[(pts["kind"] == "overlap") & (pts["baseline"] == PAIRED)]
     found: list[tuple[str, str, float, float]] = []
     gemm = pts[pts["kind"] == "gemm"]
     by_shape = {(r["gemm"], _threads(r)): r for r in gemm.to_dict("records")}
-    coll = pts[pts["kind"] == "collective"]
-    by_coll = {_collective_key(r, defaults): r for r in coll.to_dict("records")}
-    for r in over.to_dict("records"):
+    for r in paired_gemm_alone(pts).to_dict("records"):
         # GEMM points record their thread count where it is a compute knob (gloo); elsewhere the
         # pair's threads are the collective's (NCCL_NTHREADS) and the shape's point has none
         first = by_shape.get((r["gemm"], _threads(r)), by_shape.get((r["gemm"], None)))
-        if first is not None and r.get("compute_alone_us", 0) > 0 and r.get("n_compute", 0) > 0:
-            found.append(("gemm", first["point"], first["time_us"], r["compute_alone_us"] / r["n_compute"]))
+        if first is not None:
+            found.append(("gemm", first["point"], first["time_us"], r["time_us"]))
+    coll = pts[pts["kind"] == "collective"]
+    by_coll = {_collective_key(r, defaults): r for r in coll.to_dict("records")}
+    for r in _paired(pts).to_dict("records"):
         first = by_coll.get(_collective_key(r, defaults))
         if first is not None and r.get("comm_alone_us", 0) > 0:
             found.append(("collective", first["point"], first["time_us"], r["comm_alone_us"]))
-    return pd.DataFrame(found, columns=columns)
+    return pd.DataFrame(found, columns=["quantity", "point", "first_us", "again_us"])
+
+
+def paired_gemm_alone(pts: pd.DataFrame) -> pd.DataFrame:
+    """The time alone of one GEMM as each overlapped pair measured it right before itself
+    (``baseline`` paired: the same launches as the pair's; older rows were timed otherwise).
+
+    Args:
+        pts: point medians.
+    Returns:
+        Columns ``gemm``, ``threads`` (NaN where the rows record none) and ``time_us``, one row per
+        pair that measured one.
+    """
+    over = _paired(pts)
+    over = over[(over["compute_alone_us"] > 0) & (over["n_compute"] > 0)] if "compute_alone_us" in over else over.iloc[:0]
+    threads = over["threads"] if "threads" in over else pd.Series(float("nan"), index=over.index)
+    return pd.DataFrame({"gemm": over["gemm"], "threads": threads, "time_us": over["compute_alone_us"] / over["n_compute"]})
+
+
+def _paired(pts: pd.DataFrame) -> pd.DataFrame:
+    """The overlapped points whose alone times were measured right before them, the same way."""
+    return pts[(pts["kind"] == "overlap") & pts["baseline"].eq(PAIRED)] if "baseline" in pts else pts.iloc[:0]
 
 
 def _threads(row: Mapping[str, Any]) -> int | None:
