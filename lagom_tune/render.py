@@ -154,6 +154,17 @@ def mape_cell(mape: float, noise: float | None = None, remeasured_gap: float | N
     return percent(mape) + (f" ({'; '.join(floors)})" if floors else "")
 
 
+def remeasured_cell(entry: dict[str, float]) -> str:
+    """A quantity's remeasured gap and the pairs behind it: ``6.3% (504 pairs)``.
+
+    Args:
+        entry: its ``accuracy.remeasured`` entry.
+    Returns:
+        The text.
+    """
+    return f"{percent(entry['gap'])} ({int(entry['pairs'])} pairs)"
+
+
 OFFSET_BAND = (0.97, 1.03)  # median ratios of a quantity measured again to its first measurement read as no offset
 
 
@@ -636,11 +647,11 @@ def model_tables(model: dict[str, Any]) -> list[Any]:
     if noise:
         m.add_column("repeat noise", justify="right")
     if again:
-        m.add_column("remeasured (pairs)", justify="right")
+        m.add_column("remeasured", justify="right")
     for name, val in acc.get("mape", {}).items():
         m.add_row(escape(str(name)), percent(val), *([str(int(scored.get(name, 0)))] if scored else []),
                   *([percent(noise[name]) if name in noise else "-"] if noise else []),
-                  *([f"{percent(again[name]['gap'])} ({int(again[name]['pairs'])})" if name in again else "-"] if again else []))
+                  *([remeasured_cell(again[name]) if name in again else "-"] if again else []))
     out.append(m)
     if noise:
         out.append(f"repeat noise: {escape(str(acc.get('noise_method', '')))}")

@@ -22,7 +22,7 @@ from lagom_tune.plan.schema import Plan, load_plan
 from lagom_tune.plan_check import STALE_REASON, plan_run_folder, predict_plan
 from lagom_tune.precision import ms_text
 from lagom_tune.profile.store import RunFolder, open_run
-from lagom_tune.render import percent, remeasured_offsets, replay_rows
+from lagom_tune.render import percent, remeasured_cell, remeasured_offsets, replay_rows
 from lagom_tune.search.evaluate import Evaluation
 
 
@@ -129,13 +129,10 @@ def _page(plan: Plan | None, run: RunFolder) -> str:
     accuracy = model_doc.get("accuracy", {})
     mape, noise, again = accuracy.get("mape", {}), accuracy.get("noise", {}), accuracy.get("remeasured", {})
     if mape:
-        def again_cell(k: str) -> str:
-            return f"{percent(again[k]['gap'])} ({int(again[k]['pairs'])} pairs)" if k in again else "-"
-
         parts.append("<h2>Model accuracy (held-out)</h2><table><tr><th>quantity</th><th>MAPE</th><th>repeat noise</th>"
                      "<th>remeasured</th></tr>"
                      + "".join(f"<tr><td>{html.escape(k)}</td><td>{percent(v)}</td><td>{percent(noise[k]) if k in noise else '-'}</td>"
-                               f"<td>{again_cell(k)}</td></tr>" for k, v in mape.items()) + "</table>"
+                               f"<td>{remeasured_cell(again[k]) if k in again else '-'}</td></tr>" for k, v in mape.items()) + "</table>"
                      + f"<p>{html.escape(accuracy.get('method', ''))}</p>"
                      + (f"<p>Repeat noise: {html.escape(accuracy.get('noise_method', ''))}.</p>" if noise else "")
                      + (f"<p>Remeasured: {html.escape(accuracy.get('remeasured_method', ''))}.</p>" if again else "")
