@@ -27,6 +27,7 @@ import numpy as np
 T = TypeVar("T")
 
 CI_LEVEL = 0.95
+ARMS = ("default", "plan")  # what `trial` and `search --validate` compare, in their first round's order
 
 
 def interleaved(arms: Sequence[T], rounds: int) -> Iterator[tuple[int, T]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from lagom_tune.comparison import order_note
+from lagom_tune.comparison import ARMS, order_note
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import BackendChoices, KnobSpace, Settings
 from lagom_tune.model.contention import CostModel, fit_revision_note, load_model, stale_reason
@@ -244,9 +244,6 @@ def _check_recordable(workload: Workload, outcome: SearchOutcome) -> None:
                         "or its exposed_ms (`search --compare` prints the predictions without a plan)")
 
 
-REPLAYED = ("default", "plan")  # what `search --validate` replays, in its first round's order
-
-
 def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0, on_note: Callable[[str], None] | None = None,
                   **options: Any) -> tuple[Plan, SearchOutcome]:
     """Read a profiled run folder (workload, fingerprint, fitted model), search it, make the plan.
@@ -264,7 +261,7 @@ def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0
     """
     inputs = load_search_inputs(run_dir)
     if on_note:
-        for line in [*inputs.notes, order_note(REPLAYED, validate_repeats, "--validate")]:
+        for line in [*inputs.notes, order_note(ARMS, validate_repeats, "--validate")]:
             if line:
                 on_note(line)
     outcome = search(inputs.workload, inputs.model, inputs.space, optimizer, chosen=inputs.chosen, **options)
@@ -276,7 +273,7 @@ def plan_from_run(run_dir: str | Path, optimizer: str, validate_repeats: int = 0
     if recorded:
         plan = replace(plan, search={**plan.search, "options": recorded})
     if validate_repeats:
-        arms = dict(zip(REPLAYED, (outcome.default.settings, outcome.chosen.settings)))
+        arms = dict(zip(ARMS, (outcome.default.settings, outcome.chosen.settings)))
         measured = validate(inputs.workload, inputs.meta["fingerprint"], arms, validate_repeats)
         plan = replace(plan, validated=measured)
     return plan, outcome

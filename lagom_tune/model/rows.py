@@ -300,7 +300,7 @@ def paired_gemm_alone(pts: pd.DataFrame) -> pd.DataFrame:
     over = _paired(pts)
     over = over[(over["compute_alone_us"] > 0) & (over["n_compute"] > 0)] if "compute_alone_us" in over else over.iloc[:0]
     threads = over["threads"] if "threads" in over else pd.Series(float("nan"), index=over.index)
-    return pd.DataFrame({"gemm": over["gemm"], "threads": threads, "time_us": over["compute_alone_us"] / over["n_compute"]})
+    return pd.DataFrame({"gemm": over["gemm"], "threads": threads, "time_us": paired_alone(over).to_numpy(float) * 1e6})
 
 
 def _paired(pts: pd.DataFrame) -> pd.DataFrame:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from lagom_tune import validate as v
 from lagom_tune.artifact_io import atomic_write_text, check_writable
-from lagom_tune.comparison import CI_LEVEL, interleaved, order_note, ratio_interval, rounds_to_show, verdict
+from lagom_tune.comparison import ARMS, CI_LEVEL, interleaved, order_note, ratio_interval, rounds_to_show, verdict
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.plan.schema import Plan
 from lagom_tune.precision import ms_round
@@ -32,7 +32,6 @@ from lagom_tune.runtime.launch import apply, check_command, check_fit, files_amo
 from lagom_tune.runtime.shim import check_no_plan_in_effect
 from lagom_tune.runtime.steps import STEPS_ENV, read_steps, step_seconds
 
-ARMS = ("default", "plan")
 MIN_ROUNDS = 2  # one round's ratio has no interval (comparison.ratio_interval)
 MAX_ROUNDS = 100
 KIND = "lagom-trial"
