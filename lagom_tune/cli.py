@@ -183,7 +183,7 @@ def profile(
             bar.update(fitting, description="fit model: model.yaml already fits these rows", total=1, completed=1)
     noise, again = accuracy.get("noise"), accuracy.get("remeasured")
     render.console.print(f"[green]profiled[/] {escape(str(run.path))}{render.simulated_tag(b.simulated)} · model's held-out MAPE"
-                         + (f" (its repeat noise{'; remeasured: its gap timed again before its pairs' if again else ''})" if noise else "")
+                         + (f" (its repeat noise{'; remeasured: its gap when measured again' if again else ''})" if noise else "")
                          + ": " + render.mape_text(accuracy["mape"], noise, again))
     if not fitted:
         render.console.print(f"model.yaml is this lagom-tune's fit of these measurements: not refitted (`lagom-tune fit "
@@ -438,8 +438,9 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     collectives: bool = typer.Option(False, "--collectives", help="Run folder: every collective point in nccl-tests' "
                                      "columns (time median and trimmed mean, algbw, busbw)."),
-    remeasured: bool = typer.Option(False, "--remeasured", help="Run folder: every GEMM or collective point its "
-                                    "overlapped pairs timed again, the most offset first (point and pairs' medians, ratio)."),
+    remeasured: bool = typer.Option(False, "--remeasured", help="Run folder: every point measured again (at the profile's "
+                                    "end, or a GEMM or collective its overlapped pairs timed alone right before them), the most "
+                                    "offset first (both medians, their ratio)."),
     nccl_log: Optional[list[Path]] = typer.Option(None, "--nccl-log", parser=_path, help="nccl plan: NCCL log files or "
                                                   "folders of a run under it (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=TUNING): "
                                                   "what NCCL ran each rule's calls with."),
@@ -466,7 +467,7 @@ def show(
         if collectives or remeasured:
             table, title = ((collective_summary(df), "collectives") if collectives else
                             (remeasured_points(df, recorded_defaults(run.knob_space(meta))),
-                             "points timed again right before their overlapped pairs (ratio: pairs' median over the point's)"))
+                             "points measured again (ratio: the later median over the point's)"))
             if as_json:  # each record says it is simulated, as search --compare --json's do
                 print(table.assign(simulated=bool(meta.get("simulated", False))).to_json(orient="records", indent=1))
             else:

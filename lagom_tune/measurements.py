@@ -16,6 +16,10 @@ A row is one timed repeat of one point, and holds the groups its point has:
 * the backend's choice: for a ``default`` point (a collective timed with nothing set), the
   algorithm and protocol NCCL chose, as its tuner plugin saw them.
 
+An ``again`` row is a point measured a second time at the profile's end: its key is the first
+point's behind ``again|``, its columns are the first point's, and it is fitted to nothing (the
+gap between the two is the machine's drift between moments).
+
 The CSV lists columns in the order its rows first hold them (the groups a backend fills, in
 the order it fills them), not in this module's order.
 """
@@ -59,13 +63,15 @@ REQUIRED_COLUMNS = ("point", "kind", "repeat", "time_us")  # in every measuremen
 # What a profile's row times (a replay's whole iterations are not kept). A "default" row times a
 # collective with nothing set, at the backend's own choices (CHOICE_COLUMNS).
 DEFAULT = "default"
-ROW_KINDS = ("gemm", "collective", "overlap", DEFAULT)
+AGAIN = "again"  # a point measured a second time, at the profile's end
+ROW_KINDS = ("gemm", "collective", "overlap", DEFAULT, AGAIN)
 # ... and the columns a CSV holding rows of a kind must have (filled or, in older profiles, empty)
 KIND_COLUMNS = {
     "gemm": GEMM_COLUMNS[:-1],  # flops: derived
     "collective": COLLECTIVE_COLUMNS,
     DEFAULT: COLLECTIVE_COLUMNS + CHOICE_COLUMNS,
     "overlap": GEMM_COLUMNS[:-1] + COLLECTIVE_COLUMNS + ALONE_COLUMNS + ("n_compute",),
+    AGAIN: (),  # its first point's, which that point's kind asks of the CSV
 }
 COUNT_COLUMNS = ("m", "n", "k", "batch", "nbytes", "ranks", "n_compute")  # whole numbers of at least 1, where filled
 # ... and the columns of whole numbers, written as such ("4096", not "4096.0": pandas writes a
@@ -80,12 +86,35 @@ NUMERIC_COLUMNS = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS)  # numbers 
 PAIRED = "paired"
 
 
+def again_key(point: str) -> str:
+    """The key of a point measured again (``Point.key`` of a point whose ``again`` is set).
+
+    Args:
+        point: the first point's key.
+    Returns:
+        ``again|`` and that key.
+    """
+    return f"{AGAIN}|{point}"
+
+
+def first_of(point: str) -> str | None:
+    """The key of the point an ``again`` row measured a second time, or None for any other row's key.
+
+    Args:
+        point: a row's point key.
+    Returns:
+        The first point's key, or None.
+    """
+    head, _, rest = point.partition("|")
+    return rest if head == AGAIN and rest else None
+
+
 def identity_columns(point: str, kind: str, backend: str, simulated: bool) -> dict[str, Any]:
     """A row's identity.
 
     Args:
         point: the point's key.
-        kind: ``gemm``, ``collective``, ``overlap`` or ``iteration``.
+        kind: ``gemm``, ``collective``, ``overlap``, ``default``, ``again`` or ``iteration``.
         backend: the backend that measured it.
         simulated: whether its numbers come from a simulator.
     Returns:

@@ -177,8 +177,8 @@ def remeasured_offsets(remeasured: dict[str, dict[str, float]]) -> list[str]:
     Returns:
         The lines (none when every median ratio lies in :data:`OFFSET_BAND`).
     """
-    return [f"{k}: timed again right before its overlapped pairs, the median ran {e['median_ratio']:.2f}x its own point's "
-            f"time ({int(e['pairs'])} pairs; `show RUN --remeasured` lists them by point): an offset between the moments or the ways "
+    return [f"{k}: measured again, the median ran {e['median_ratio']:.2f}x its first measurement "
+            f"({int(e['pairs'])} pairs; `show RUN --remeasured` lists them by point): an offset between the moments or the ways "
             "it was timed, not the model's error"
             for k, e in remeasured.items() if not OFFSET_BAND[0] <= e["median_ratio"] <= OFFSET_BAND[1]]
 

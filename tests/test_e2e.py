@@ -19,12 +19,13 @@ def test_profile_writes_a_complete_run_folder(tiny_run):
     assert meta["complete"] and meta["points_done"] == meta["points_total"]
     assert meta["fingerprint"]["backend"] == "gloo" and meta["fingerprint"]["ranks"] == 2
     df = run.measurements()
-    assert set(df.kind) == {"gemm", "collective", "overlap"}
+    assert set(df.kind) == {"gemm", "collective", "overlap", "again"}  # and three of each measured again, last
     assert (df.groupby("point").size() == meta["repeats"]).all()  # every raw repeat kept, none twice
     assert (df[df.kind == "collective"].busbw_GBps > 0).all()
     model = yaml.safe_load(run.model_path.read_text())
     assert model["family"] == "cpu-pairwise" and model["simulated"] is False
     assert {"gemm", "collective", "overlap_window"} <= set(model["accuracy"]["mape"])
+    assert set(model["accuracy"]["remeasured"]) == set(model["accuracy"]["mape"])  # every quantity measured twice
 
 
 def test_search_apply_train(tiny_run, tmp_path):

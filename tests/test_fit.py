@@ -319,7 +319,7 @@ def test_profile_prints_the_warnings_show_prints(tmp_path):
     assert "in no held-out figure" in " ".join(cli("show", tmp_path / "run", check=True).stdout.split())
     # each held-out MAPE beside its repeat noise, the floor under it (`show` prints both; profile printed the MAPE alone)
     acc = read_yaml(tmp_path / "run" / "model.yaml")["accuracy"]
-    assert "model's held-out MAPE (its repeat noise; remeasured: its gap timed again before its pairs): " in said and acc["noise"], said
+    assert "model's held-out MAPE (its repeat noise; remeasured: its gap when measured again): " in said and acc["noise"], said
     assert all(f"{k} {percent(acc['mape'][k])} ({percent(x)}" in said for k, x in acc["noise"].items()), (acc, said)
     # and, where its pairs timed it again, the gap of the second measurement (the simulator draws it afresh: no drift)
     assert acc["remeasured"]["collective"]["gap"] < 0.05 and f"; remeasured {percent(acc['remeasured']['collective']['gap'])})" in said, said
@@ -461,7 +461,7 @@ def test_model_yaml_records_the_remeasured_gap_and_show_names_an_offset(tmp_path
         == "gemm 10.9% (1.5%; remeasured 13.0%), collective 30.0%"
     shown = lambda ratio: [str(x) for x in model_tables({"family": "f", "accuracy": {
         "mape": {"gemm": 0.11}, "remeasured": {"gemm": {"gap": 0.063, "median_ratio": ratio, "pairs": 504}}}}) if isinstance(x, str)]
-    assert any("the median ran 0.90x its own point's time (504 pairs;" in line for line in shown(0.8952)), shown(0.8952)
+    assert any("the median ran 0.90x its first measurement (504 pairs;" in line for line in shown(0.8952)), shown(0.8952)
     assert not any("median ran" in line for line in shown(1.01))
 
 
@@ -473,10 +473,10 @@ def test_show_remeasured_lists_each_point_its_pairs_timed_again_most_offset_firs
 
     run = ROOT / "bench" / "results" / "gpu_check-llama3-8b-fsdp8-run"
     shown = " ".join(cli("show", run, check=True).stdout.split())
-    assert "gemm: timed again right before its overlapped pairs, the median ran 0.90x its own point's time (504 pairs;" in shown
+    assert "gemm: measured again, the median ran 0.90x its first measurement (504 pairs;" in shown
     table = json.loads(cli("show", run, "--remeasured", "--json", check=True).stdout)
     gemms = [r for r in table if r["quantity"] == "gemm"]
-    assert len(gemms) == 14 and sum(r["pairs"] for r in gemms) == 504, table
+    assert len(gemms) == 14 and sum(r["pairs"] for r in gemms) == 504 and {r["when"] for r in table} == {"before a pair"}, table
     offsets = [abs(r["ratio"] - 1) for r in table]
     assert offsets == sorted(offsets, reverse=True) and table[0]["point"] == "gemm|32x2048x2048x128:bf16", table[:2]
     assert all(r["remeasured_us"] == pytest.approx(r["point_us"] * r["ratio"], rel=2e-3) for r in table)

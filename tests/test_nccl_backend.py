@@ -241,7 +241,8 @@ def test_torchrun_profile_rank0_writes_all_ranks_agree_and_resume(tmp_path):
 
     df = pd.read_csv(run / "measurements.csv")
     assert df.groupby("point").size().eq(2).all()  # one row per repeat: ranks merged, not appended
-    assert set(df["kind"]) == {"gemm", "collective", "overlap", "default"}
+    assert set(df["kind"]) == {"gemm", "collective", "overlap", "default", "again"}
+    assert (df["kind"].iloc[-df["point"].str.startswith("again|").sum():] == "again").all()  # measured last
     assert (df.loc[df["kind"].isin(("collective", "default")), "busbw_GBps"] > 0).all()
     # the workload's all-reduce with nothing set: gloo makes no choice the tuner plugin could observe
     own = df[df["kind"] == "default"]

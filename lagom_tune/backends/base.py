@@ -9,22 +9,27 @@ from typing import Any, Callable, Protocol
 from lagom_tune.backends.registry import PROBE_OP, BackendInfo, backend_info, record_of
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import Knob, KnobSpace
-from lagom_tune.measurements import BANDWIDTH_COLUMNS, DEFAULT, TIMED_COLUMNS
+from lagom_tune.measurements import AGAIN, BANDWIDTH_COLUMNS, DEFAULT, TIMED_COLUMNS, again_key
 from lagom_tune.workload.spec import Gemm, Workload
 
 __all__ = ["Backend", "BackendOptions", "Knob", "KnobSpace", "LocalBackend", "Point", "RegisteredBackend", "get_backend"]
 
 @dataclass(frozen=True)
 class Point:
-    """One thing to measure: an isolated GEMM, an isolated collective, or the two overlapped."""
+    """One thing to measure: an isolated GEMM, an isolated collective, or the two overlapped.
 
-    kind: str  # "gemm" | "collective" | "overlap" | "iteration" (a whole workload replayed)
+    A point with ``again`` set is measured exactly as the one without it (a backend never asks),
+    under a key of its own, and its rows are of kind ``again`` (``measurements.AGAIN``).
+    """
+
+    kind: str  # "gemm" | "collective" | "overlap" | "default" | "iteration" (a whole workload replayed)
     config: tuple[tuple[str, Any], ...]
     gemm: Gemm | None = None
     op: str | None = None
     nbytes: int = 0
     ranks: int = 1
     workload: Workload | None = field(default=None, compare=False)
+    again: bool = False  # a second measurement of the same point, at the profile's end
 
     @property
     def key(self) -> str:
@@ -34,7 +39,13 @@ class Point:
         if self.op is not None:
             parts.append(f"{self.op}:{self.nbytes}:{self.ranks}")
         parts += [f"{k}={val}" for k, val in self.config]
-        return "|".join(parts)
+        key = "|".join(parts)
+        return again_key(key) if self.again else key
+
+    @property
+    def row_kind(self) -> str:
+        """The ``kind`` its rows record: its own, or ``again``."""
+        return AGAIN if self.again else self.kind
 
     @property
     def settings(self) -> dict[str, Any]:

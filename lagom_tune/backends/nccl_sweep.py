@@ -223,17 +223,19 @@ def process_settings(p: Point) -> tuple[tuple[str, Any], ...]:
 
 
 def batches(points: list[Point]) -> list[Batch]:
-    """Group points by the environment their worker needs, keeping first-seen order.
+    """Group points by the environment their worker needs, keeping first-seen order. Points
+    measured again (``Point.again``) get workers of their own, after the others': a second
+    measurement in the same worker right after the first would show no drift.
 
     Args:
         points: the points to measure.
     Returns:
-        One Batch per distinct process environment.
+        One Batch per distinct process environment (and again).
     """
     groups: dict[tuple, list[Point]] = {}
     for p in points:
-        groups.setdefault(process_settings(p), []).append(p)
-    return [Batch(k, tuple(v)) for k, v in groups.items()]
+        groups.setdefault((process_settings(p), p.again), []).append(p)
+    return [Batch(process, tuple(v)) for (process, _), v in groups.items()]
 
 
 def worker_env(process: Mapping[str, Any], ops: set[str], nccl_version: tuple[int, ...] | None,

@@ -27,7 +27,7 @@ from lagom_tune.model.gpu_fit import fit_gpu
 from lagom_tune.model.plots import plotted_column, write_fit_plots
 from lagom_tune.model.ranking import RankingSummary, rank_settings
 from lagom_tune.model.rows import (
-    fitted_rows, gemm_of_row, paired_gemm_alone, point_medians, recorded_defaults, remeasured_pairs, rows_digest, slowdown_warnings,
+    ACCURACY_NAMES, ACCURACY_TARGETS, again_rows, fitted_rows, gemm_of_row, paired_gemm_alone, point_medians, recorded_defaults, remeasured_pairs, rows_digest, slowdown_warnings,
     two_rate_slowdowns,
 )
 from lagom_tune.profile.store import row_settings
@@ -105,9 +105,6 @@ def _timed_alone(model: CostModel, coll: Collective, settings: dict) -> float:
     return repeated(coll, settings) if repeated is not None else model.comm_time(coll, settings)
 
 
-ACCURACY_TARGETS = {"gemm": ("time_us",), "collective": ("time_us",), "overlap": ("window_us", "time_us", "comm_us")}
-ACCURACY_NAMES = {("gemm", "time_us"): "gemm", ("collective", "time_us"): "collective", ("overlap", "window_us"): "overlap_window",
-                  ("overlap", "time_us"): "overlap_compute", ("overlap", "comm_us"): "overlap_comm"}
 
 
 MAPE_DECIMALS = 4  # a held-out MAPE is kept to 0.01% (printed to 0.1%)
@@ -149,13 +146,15 @@ def repeat_noise(df: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-REMEASURED_METHOD = ("each overlapped pair times its GEMM and its collective alone right before it; where the same shape "
-                     "or collective (op, size, settings) has a point of its own, half the gap between the two medians over "
+REMEASURED_METHOD = ("a quantity measured twice: a few points of each kind measured again at the profile's end, and "
+                     "each overlapped pair's GEMM and collective timed alone right before it where the same shape or "
+                     "collective (op, size, settings) has a point of its own; half the gap between the two medians over "
                      "their mean, averaged over pairs: drift between moments (and anything timed differently) that the "
                      "repeats within one point cannot show")
 
 
-def remeasured_noise(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = None) -> dict[str, dict[str, float]]:
+def remeasured_noise(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = None,
+                     again: pd.DataFrame | None = None) -> dict[str, dict[str, float]]:
     """Quantities measured twice at different moments (:func:`~lagom_tune.model.rows.remeasured_pairs`):
     how far apart the two medians sit (:data:`REMEASURED_METHOD`), a second floor under a MAPE
     beside :func:`repeat_noise`, which cannot see drift between points.
@@ -163,12 +162,13 @@ def remeasured_noise(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = Non
     Args:
         pts: point medians.
         defaults: the knob settings a row that records none of a knob ran at (:func:`~lagom_tune.model.rows.recorded_defaults`).
+        again: point medians of the points measured again at the profile's end, or None.
     Returns:
-        Quantity (``gemm``, ``collective``) -> ``gap`` (fraction, rounded as MAPE is),
+        Quantity (``ACCURACY_NAMES``' values) -> ``gap`` (fraction, rounded as MAPE is),
         ``median_ratio`` (remeasured over first, to 4 decimals) and ``pairs``, for the quantities
         with at least one pair.
     """
-    pairs = remeasured_pairs(pts, defaults)
+    pairs = remeasured_pairs(pts, defaults, again)
     out = {}
     for name, rows in pairs.groupby("quantity"):
         gap = (rows["first_us"] - rows["again_us"]).abs() / (rows["first_us"] + rows["again_us"])
@@ -316,7 +316,8 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     # the GPU fit leaves such points out of its contention terms; the CPU family has none to leave them out of
     warnings = (tuple(slowdown_warnings(pts)) if device is not None else ()) + held[chosen].warnings()
     noise = {k: val for k, val in repeat_noise(df).items() if k in mape}
-    remeasured = {k: val for k, val in remeasured_noise(pts, recorded_defaults(space)).items() if k in mape}
+    again = point_medians(again_rows(df))
+    remeasured = {k: val for k, val in remeasured_noise(pts, recorded_defaults(space), again).items() if k in mape}
     return FitResult(model, mape, folds, counts, ranking, warnings, scored, noise, remeasured)
 
 
@@ -418,7 +419,7 @@ def new_shape_mape(df: pd.DataFrame, *, device: dict[str, Any] | None = None, fo
     Returns:
         The MAPE over held-out shapes.
     """
-    pts = point_medians(df)
+    pts = point_medians(fitted_rows(df))
     shapes = sorted(pts.loc[pts["kind"] == "gemm", "gemm"].unique())
     order = np.random.default_rng(seed).permutation(len(shapes))
     errors = []

@@ -10,10 +10,15 @@ from typing import Any, Mapping
 import pandas as pd
 
 from lagom_tune.knobs import KnobSpace
-from lagom_tune.measurements import CHOSEN_COLUMNS, DEFAULT, DESCRIBING_COLUMNS, KNOB_COLUMNS, PAIRED, TIMED_COLUMNS
+from lagom_tune.measurements import AGAIN, CHOSEN_COLUMNS, DEFAULT, DESCRIBING_COLUMNS, KNOB_COLUMNS, PAIRED, TIMED_COLUMNS, first_of
 from lagom_tune.profile.store import row_settings
 from lagom_tune.workload.spec import Gemm
 
+
+# What a model is scored on: each fitted kind's measured columns, and the quantity each one names.
+ACCURACY_TARGETS = {"gemm": ("time_us",), "collective": ("time_us",), "overlap": ("window_us", "time_us", "comm_us")}
+ACCURACY_NAMES = {("gemm", "time_us"): "gemm", ("collective", "time_us"): "collective", ("overlap", "window_us"): "overlap_window",
+                  ("overlap", "time_us"): "overlap_compute", ("overlap", "comm_us"): "overlap_comm"}
 
 DIGEST_TIME = "{:.9g}"  # a time as the digest reads it: pandas releases parse a CSV's floats a last bit apart
 
@@ -210,14 +215,26 @@ def paired_alone(over: pd.DataFrame) -> pd.Series:
 
 def fitted_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The rows a model is fitted to and scored on: all but the collectives timed at the backend's
-    own choices (``default`` rows), which set no knob to fit.
+    own choices (``default`` rows), which set no knob to fit, and the points measured again
+    (:func:`again_rows`).
 
     Args:
         df: measurement rows.
     Returns:
         The rows of GEMMs, collectives and overlapped pairs.
     """
-    return df[df["kind"] != DEFAULT]
+    return df[~df["kind"].isin((DEFAULT, AGAIN))]
+
+
+def again_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of points measured a second time at the profile's end (kind ``again``).
+
+    Args:
+        df: measurement rows.
+    Returns:
+        Those rows.
+    """
+    return df[df["kind"] == AGAIN]
 
 
 def recorded_defaults(space: KnobSpace | None) -> dict[str, Any]:
@@ -233,43 +250,61 @@ def recorded_defaults(space: KnobSpace | None) -> dict[str, Any]:
 
 
 def remeasured_points(df: pd.DataFrame, defaults: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """Each point its overlapped pairs measured again (what ``show --remeasured`` lists): its
-    median, the pairs' median, their ratio and how many pairs, the most offset first.
+    """Each point measured again (what ``show --remeasured`` lists): its median, the later
+    measurements' median, their ratio, how many and when (:func:`remeasured_pairs`), the most
+    offset first.
 
     Args:
         df: measurement rows.
         defaults: :func:`recorded_defaults`.
     Returns:
-        Columns ``quantity``, ``point``, ``point_us``, ``remeasured_us``, ``ratio`` (remeasured
-        over the point's) and ``pairs``; empty when no point was measured again.
+        Columns ``quantity``, ``point``, ``when``, ``point_us``, ``remeasured_us``, ``ratio``
+        (remeasured over the point's) and ``pairs``; empty when no point was measured again.
     """
-    pairs = remeasured_pairs(point_medians(fitted_rows(df)), defaults)
-    out = pairs.groupby(["quantity", "point"], sort=False).agg(point_us=("first_us", "first"), remeasured_us=("again_us", "median"),
-                                                               pairs=("again_us", "size")).reset_index()
-    out.insert(4, "ratio", out["remeasured_us"] / out["point_us"])
+    pairs = remeasured_pairs(point_medians(fitted_rows(df)), defaults, point_medians(again_rows(df)))
+    out = pairs.groupby(["quantity", "point", "when"], sort=False).agg(
+        point_us=("first_us", "first"), remeasured_us=("again_us", "median"), pairs=("again_us", "size")).reset_index()
+    out.insert(5, "ratio", out["remeasured_us"] / out["point_us"])
     offset = (out["ratio"] - 1).abs().to_numpy()
     return out.iloc[offset.argsort(kind="stable")[::-1]].reset_index(drop=True).round({"point_us": 1, "remeasured_us": 1, "ratio": 3})
 
 
-def remeasured_pairs(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """Isolated points measured a second time, later: each overlapped pair times its GEMM and its
-    collective alone right before it (``baseline`` paired). Where the pair's shape (at its thread
+AT_THE_END = "profile's end"  # a point measured again after every other
+BEFORE_A_PAIR = "before a pair"  # a GEMM or collective an overlapped pair timed alone right before it
+
+
+def remeasured_pairs(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = None,
+                     again: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Points measured a second time, later, two ways. Each overlapped pair times its GEMM and its
+    collective alone right before it (``baseline`` paired): where the pair's shape (at its thread
     count) or its collective (op, size and settings) has a point of its own, the two medians are
-    one quantity measured at two moments, and their gap is what the machine's drift between
-    points does, which the repeats of one point cannot show, plus any difference in how the two
-    were timed (the H200 runs of 2026-11-30 timed GEMM points and pairs' baselines differently).
+    one quantity measured at two moments. And a profile measures a few points of each kind again
+    at its end (``again``): every quantity of such a point, overlapped ones too. The gap between
+    the two is what the machine's drift between moments does, which the repeats of one point
+    cannot show, plus any difference in how the two were timed (the H200 runs of 2026-11-30
+    timed GEMM points and pairs' baselines differently).
 
     Args:
         pts: point medians (:func:`point_medians`).
         defaults: the backend's knob defaults, which a row that does not record a knob ran at (the
             gloo backend's pairs all-reduce in one call, its collective points record their chunk).
+        again: point medians of the points measured again (:func:`again_rows`), or None.
     Returns:
-        One row per such pair: ``quantity`` (``gemm`` or ``collective``), ``point`` (the id of
-        the point measured first), ``first_us`` (its median) and ``again_us`` (the pair's; per
-        GEMM for a GEMM).
+        One row per such pair: ``quantity`` (``ACCURACY_NAMES``' values), ``point`` (the id of
+        the point measured first), ``first_us`` (its median), ``again_us`` (the later one's; per
+        GEMM for a pair's GEMM) and ``when`` (:data:`AT_THE_END` or :data:`BEFORE_A_PAIR`).
     """
     defaults = dict(defaults or {})
-    found: list[tuple[str, str, float, float]] = []
+    found: list[tuple[str, str, float, float, str]] = []
+    first_points = pts.set_index("point", drop=False)
+    for r in (again.to_dict("records") if again is not None else ()):
+        first = first_of(str(r["point"]))
+        if first not in first_points.index:
+            continue
+        f = first_points.loc[first]
+        for col in ACCURACY_TARGETS.get(f["kind"], ()):
+            if col in r and r[col] > 0 and f[col] > 0:
+                found.append((ACCURACY_NAMES[(f["kind"], col)], first, f[col], r[col], AT_THE_END))
     gemm = pts[pts["kind"] == "gemm"]
     by_shape = {(r["gemm"], _threads(r)): r for r in gemm.to_dict("records")}
     for r in paired_gemm_alone(pts).to_dict("records"):
@@ -277,14 +312,14 @@ def remeasured_pairs(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = Non
         # pair's threads are the collective's (NCCL_NTHREADS) and the shape's point has none
         first = by_shape.get((r["gemm"], _threads(r)), by_shape.get((r["gemm"], None)))
         if first is not None:
-            found.append(("gemm", first["point"], first["time_us"], r["time_us"]))
+            found.append(("gemm", first["point"], first["time_us"], r["time_us"], BEFORE_A_PAIR))
     coll = pts[pts["kind"] == "collective"]
     by_coll = {_collective_key(r, defaults): r for r in coll.to_dict("records")}
     for r in _paired(pts).to_dict("records"):
         first = by_coll.get(_collective_key(r, defaults))
         if first is not None and r.get("comm_alone_us", 0) > 0:
-            found.append(("collective", first["point"], first["time_us"], r["comm_alone_us"]))
-    return pd.DataFrame(found, columns=["quantity", "point", "first_us", "again_us"])
+            found.append(("collective", first["point"], first["time_us"], r["comm_alone_us"], BEFORE_A_PAIR))
+    return pd.DataFrame(found, columns=["quantity", "point", "first_us", "again_us", "when"])
 
 
 def paired_gemm_alone(pts: pd.DataFrame) -> pd.DataFrame:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from pathlib import Path
@@ -96,6 +97,31 @@ def _agreed_todo(run: RunFolder, workload: Workload, backend: Backend, fingerpri
     return state[1] or _now(), [p for p in points if p.key in wanted], release
 
 
+AGAIN_PER_KIND = 3  # points of each fitted kind measured a second time, at the profile's end
+AGAIN_KINDS = ("gemm", "collective", "overlap")
+
+
+def again_points(points: list[Point], per_kind: int = AGAIN_PER_KIND) -> list[Point]:
+    """The points a profile measures a second time after all the others: up to ``per_kind`` of each
+    fitted kind, spread over the kind's points in the order they are measured and weighted to its
+    start (positions 0, n/k, 2n/k, ...), so each pair of measurements lies far apart in time. The
+    gap between the two is the machine's drift between moments, which the repeats within one
+    point cannot show (``model.yaml``'s ``accuracy.remeasured``).
+
+    Args:
+        points: every point of the profile, in the order they are measured.
+        per_kind: how many of each kind.
+    Returns:
+        Copies of the chosen points with ``again`` set, kind by kind.
+    """
+    out = []
+    for kind in AGAIN_KINDS:
+        mine = [p for p in points if p.kind == kind]
+        k = min(per_kind, len(mine))
+        out += [dataclasses.replace(mine[i * len(mine) // k], again=True) for i in range(k)]
+    return out
+
+
 def point_columns(point: Point, backend: Backend) -> dict[str, Any]:
     """The columns every row of ``point`` carries ahead of its measured ones.
 
@@ -106,7 +132,7 @@ def point_columns(point: Point, backend: Backend) -> dict[str, Any]:
         Point key and kind, backend, the GEMM's shape, the collective's op and size, and the
         point's knob settings.
     """
-    base = identity_columns(point.key, point.kind, backend.name, backend.simulated)
+    base = identity_columns(point.key, point.row_kind, backend.name, backend.simulated)
     if point.gemm is not None:
         base.update(gemm_columns(point.gemm))
     if point.op is not None:
@@ -173,7 +199,7 @@ class _Recorder:
         if time.monotonic() - self.last_flush >= 1.0:
             self.flush()
         if self.progress:
-            self.progress(self.total - self.todo + self.finished, self.total, point.kind)
+            self.progress(self.total - self.todo + self.finished, self.total, point.row_kind)
 
 
 def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeats: int = 5,
@@ -199,6 +225,7 @@ def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeat
                         "nothing overlaps, so there is nothing to measure or tune")
     backend.info.check_ops({c.op for c in workload.collectives()})
     points = backend.plan_points(workload)  # first: a simulated backend sizes its cluster to the workload
+    points += again_points(points)
     if backend.info.gpu_model and not any(p.kind == "overlap" for p in points):  # its contention fit needs them
         raise UserError(f"workload {workload.name} runs no GEMM beside a collective (no group has both): the GPU "
                         "model's contention has nothing to be fitted from; profile a workload whose groups overlap them")

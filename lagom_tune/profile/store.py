@@ -25,7 +25,7 @@ from lagom_tune.errors import UserError, interrupts_kept
 from lagom_tune.knobs import KnobSpace
 from lagom_tune.measurements import (
     COUNT_COLUMNS, DEFAULT, DESCRIBING_COLUMNS, KIND_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS,
-    ROW_KINDS, SETTING_COLUMNS, TIMED_COLUMNS, WHOLE_COLUMNS,
+    ROW_KINDS, SETTING_COLUMNS, TIMED_COLUMNS, WHOLE_COLUMNS, again_key,
 )
 from lagom_tune.workload.spec import Workload, gemm_of_key
 from lagom_tune.yaml_io import read_yaml, yaml_text
@@ -269,7 +269,7 @@ class RunFolder:
             first = df[twice].iloc[0]
             raise UserError(f"{self.csv_path}: repeat {first['repeat']} of point {first['point']} appears twice "
                             f"({int(twice.sum())} such row(s))")
-        overlapped = df[df["kind"] == "overlap"]
+        overlapped = df[(df["kind"] == "overlap") | df["point"].astype(str).str.startswith(again_key("overlap|"))]
         if not overlapped.empty:  # an overlapped row times both streams and the window they end in
             for col in OVERLAPPED_COLUMNS:
                 missing = overlapped[overlapped[col].isna()] if col in df.columns else overlapped
