@@ -299,6 +299,9 @@ def plan_summary(plan: Plan) -> list[Any]:
         out.append(t)
     if plan.search.get("kept_default"):
         out.append(f"[yellow]the plan keeps the defaults:[/] {escape(plan.search['kept_default'])}")
+    caution = gain_caution(plan)
+    if caution:
+        out.append(caution)
     if plan.search.get("left_to_backend"):
         out.append(f"left to the {plan.backend} backend (the search's value was predicted to gain under "
                    f"{TIE_TOLERANCE:.1%}, and such a knob reaches every collective of its scope): "
@@ -308,6 +311,25 @@ def plan_summary(plan: Plan) -> list[Any]:
                    "baseline there, its channels the nearest the knob space offers; never deployed): " + escape("; ".join(
                        f"{r.op} on {r.group}, {r.min_bytes} B: {_choice_text(r.set)}" for r in plan.backend_defaults)))
     return out
+
+
+def gain_caution(plan: Plan) -> str | None:
+    """A line for a plan predicted faster than the defaults by less than its model's held-out error
+    on overlapped windows (the quantity an iteration is made of), and not yet replayed: the gain may
+    be the model's error, so the line says how to measure it.
+
+    Args:
+        plan: the plan.
+    Returns:
+        The line, or None (no gain predicted, the error unknown or smaller, or the plan replayed).
+    """
+    speedup, error = plan.predicted_speedup, plan.model.get("mape", {}).get("overlap_window")
+    if speedup is None or speedup <= 1 or error is None or speedup - 1 >= error or plan.validated:
+        return None
+    how = ("`lagom-tune search --validate N` replays it on the simulator" if plan.simulated
+           else "`lagom-tune trial PLAN -- CMD` measures it on your training")
+    return (f"[yellow]caution:[/] the plan is predicted {speedup - 1:.1%} faster, less than its model's held-out error on "
+            f"overlapped windows ({percent(error)}): the gain may be the model's; {how} before you rely on it")
 
 
 def nccl_ran_lines(report: RanReport) -> list[str]:
