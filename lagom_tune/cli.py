@@ -32,7 +32,7 @@ from lagom_tune.profile.summary import collective_summary
 from lagom_tune.report import write_report
 from lagom_tune.runtime import launch
 from lagom_tune.runtime.nccl import nccl_ran
-from lagom_tune.runtime.shim import check_no_plan_in_effect
+from lagom_tune.runtime.shim import LOG_ENV, check_no_plan_in_effect
 from lagom_tune.runtime.trial import KIND as TRIAL_KIND, MAX_ROUNDS, MIN_ROUNDS, TrialRecord, run_trial
 from lagom_tune.search import DEFAULT_MIN_GAIN
 from lagom_tune.workload.presets import GPUS_PER_NODE, MAX_MBS, MAX_SEQ, PARALLEL_EXAMPLES, PRESETS, resolve_workload
@@ -390,7 +390,8 @@ def apply(
     if result.unwritten:
         summary = f"{len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; not recorded: {result.unwritten}"
     elif result.ranks:
-        summary = f"{len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; see {result.applied_json}"
+        summary = f"{len(result.ranks)} rank(s) reported, {applied_n} setting(s) applied; see {result.applied_json}" + (
+            f" (above, rank 0's lines and any rank's not applied; {LOG_ENV}=all logs every rank's)" if len(result.ranks) > 1 else "")
     elif result.applied_json.exists():
         summary = f"no rank reported; {result.applied_json} keeps the last run's record"
     else:

@@ -181,7 +181,8 @@ def test_plain_ddp_script_runs_with_the_plan_in_effect(tmp_path):
     assert set(applied["ranks"]) == {"0", "1"}
     for rank in applied["ranks"].values():
         assert {(r["setting"], r["applied"]) for r in rank["records"]} == {("threads", True), ("bucket_cap_mb", True)}
-    assert "[lagom-tune rank 0] applied bucket_cap_mb=8" in r.stderr
+    assert "[lagom-tune rank 0] applied bucket_cap_mb=8" in r.stderr and "[lagom-tune rank 1] applied" not in r.stderr
+    assert "2 rank(s) reported" in r.stderr and "LAGOM_TUNE_LOG=all logs every rank's" in r.stderr
 
 
 def test_the_commands_exit_code_passes_through(tmp_path):
@@ -481,6 +482,31 @@ def test_a_rank_that_cannot_write_its_record_trains_on(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert err.count("not recorded for applied.json") == 1 and "the training goes on" in err
     assert "[lagom-tune rank 0] applied bucket_cap_mb=8" in err  # its log lines still go on
+
+
+def test_rank_0_logs_what_it_applied_every_rank_what_it_could_not(tmp_path, monkeypatch, capsys):
+    """16 ranks logging every setting and communicator in every run of a trial buried the
+    training's own output: the others log only what they could not apply, unless asked; every
+    rank's whole record still reaches applied.json."""
+    from lagom_tune.runtime.shim import LOG_ENV, Shim, rank_reports
+
+    def logged(rank: str, log: str | None) -> str:
+        monkeypatch.setenv("RANK", rank)
+        if log:
+            monkeypatch.setenv(LOG_ENV, log)
+        else:
+            monkeypatch.delenv(LOG_ENV, raising=False)
+        shim = Shim(BASE, "p.yaml", str(tmp_path / rank))
+        shim.record("threads", 1, True, "torch.set_num_threads")
+        shim.record("bucket_cap_mb", 8, False, "no DistributedDataParallel model was built in this process")
+        shim.amend("threads", "a later note")
+        return capsys.readouterr().err
+
+    assert "rank 0] applied threads=1" in logged("0", None) and "rank 0] NOT applied bucket_cap_mb" in logged("0", None)
+    quiet = logged("1", None)
+    assert "applied threads" not in quiet.replace("NOT applied", "") and "rank 1] NOT applied bucket_cap_mb=8" in quiet, quiet
+    assert {r["setting"] for r in rank_reports(tmp_path / "1")["1"]["records"]} == {"threads", "bucket_cap_mb"}
+    assert "rank 1] applied threads=1" in logged("1", "all")
 
 
 def test_a_command_that_fails_before_any_rank_keeps_the_last_applied_record(tmp_path):

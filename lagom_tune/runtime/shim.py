@@ -2,8 +2,9 @@
 
 It imports nothing heavy at start-up. Settings are applied when the module they concern is
 imported (a post-import hook on ``torch`` and on DDP's module), so processes that never use
-torch (launchers, tools) pay nothing. Each rank logs every setting it applied and every one it
-could not apply, with the reason, to stderr and to ``rank-N.PID.json`` in the applied folder
+torch (launchers, tools) pay nothing. Each rank records every setting it applied and every one it
+could not apply, with the reason, in ``rank-N.PID.json`` in the applied folder, and logs them to
+stderr (the ranks other than 0 only what they could not apply, unless :data:`LOG_ENV` says all)
 (:func:`rank_reports` reads them back: a rank's helper processes, which inherit its ``RANK``, write
 their own files and never pass for the rank).
 """
@@ -40,6 +41,10 @@ from lagom_tune.workload.spec import mesh_dim_of
 
 PLAN_ENV = "LAGOM_TUNE_PLAN"  # the plan every process `apply` starts loads (site/sitecustomize.py reads it too)
 APPLIED_ENV = "LAGOM_TUNE_APPLIED_DIR"  # where each rank writes what it applied
+# "all": every rank logs what it applied to stderr; otherwise rank 0 alone does, and every rank what
+# it could not apply (each rank's whole record is in applied.json either way: 16 ranks logging 4
+# lines each in every run of a trial buried the training's own output)
+LOG_ENV = "LAGOM_TUNE_LOG"
 RANK_PID_ENV = "LAGOM_TUNE_RANK_PID"  # set by a rank's shim: a process that inherits RANK and it is the rank's helper
 DDP_MODULE = "torch.nn.parallel.distributed"
 C10D_MODULE = "torch.distributed.distributed_c10d"
@@ -172,22 +177,32 @@ class Shim:
         if r is None or note in r["how"]:
             return
         r["how"] += f", {note}"
-        if self.is_rank:
+        if self.is_rank and (self.logs_applied or not r["applied"]):
             sys.stderr.write(self._line(r))
         self.flush()
+
+    @property
+    def logs_applied(self) -> bool:
+        """Whether this process logs what it applied, not only what it could not (:data:`LOG_ENV`):
+        rank 0, a process whose rank is not known, or every rank under ``LAGOM_TUNE_LOG=all``."""
+        rank = self.rank
+        return rank == "0" or not rank.isdigit() or os.environ.get(LOG_ENV) == "all"
 
     def _line(self, r: dict[str, Any]) -> str:
         return f"[lagom-tune rank {self.rank}] {'applied' if r['applied'] else 'NOT applied'} {r['setting']}={r['value']} ({r['how']})\n"
 
     def flush(self) -> None:
-        """Log new records to stderr and rewrite this rank's file (silent outside ranks)."""
+        """Log new records to stderr (:attr:`logs_applied`) and rewrite this rank's file (silent outside ranks)."""
         if not self.is_rank:
             return
+        everything = self.logs_applied
         for r in self.records[self.logged:]:
-            sys.stderr.write(self._line(r))
+            if everything or not r["applied"]:
+                sys.stderr.write(self._line(r))
         self.logged = len(self.records)
         for c in self.communicators[self.logged_communicators:]:
-            sys.stderr.write(f"[lagom-tune rank {self.rank}] {c.line()}\n")
+            if everything or c.not_applied:
+                sys.stderr.write(f"[lagom-tune rank {self.rank}] {c.line()}\n")
         self.logged_communicators = len(self.communicators)
         if not self.applied_dir:
             return
