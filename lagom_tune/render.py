@@ -166,6 +166,9 @@ def remeasured_cell(entry: dict[str, float]) -> str:
 
 
 OFFSET_BAND = (0.97, 1.03)  # median ratios of a quantity measured again to its first measurement read as no offset
+# ... and the pairs a median ratio outside it needs to be read as an offset, not scatter (a profile
+# measures three points of each kind again at its end: three pairs on one side happen by chance 1 time in 4)
+OFFSET_MIN_PAIRS = 6
 
 
 def remeasured_offsets(remeasured: dict[str, dict[str, float]]) -> list[str]:
@@ -175,12 +178,14 @@ def remeasured_offsets(remeasured: dict[str, dict[str, float]]) -> list[str]:
     Args:
         remeasured: ``accuracy.remeasured``.
     Returns:
-        The lines (none when every median ratio lies in :data:`OFFSET_BAND`).
+        The lines (none when every median ratio lies in :data:`OFFSET_BAND`, or rests on fewer than
+        :data:`OFFSET_MIN_PAIRS` pairs).
     """
     return [f"{k}: measured again, the median ran {e['median_ratio']:.2f}x its first measurement "
             f"({int(e['pairs'])} pairs; `show RUN --remeasured` lists them by point): an offset between the moments or the ways "
             "it was timed, not the model's error"
-            for k, e in remeasured.items() if not OFFSET_BAND[0] <= e["median_ratio"] <= OFFSET_BAND[1]]
+            for k, e in remeasured.items()
+            if not OFFSET_BAND[0] <= e["median_ratio"] <= OFFSET_BAND[1] and e["pairs"] >= OFFSET_MIN_PAIRS]
 
 
 def _fmt_bytes(n: float) -> str:

@@ -463,6 +463,9 @@ def test_model_yaml_records_the_remeasured_gap_and_show_names_an_offset(tmp_path
         "mape": {"gemm": 0.11}, "remeasured": {"gemm": {"gap": 0.063, "median_ratio": ratio, "pairs": 504}}}}) if isinstance(x, str)]
     assert any("the median ran 0.90x its first measurement (504 pairs;" in line for line in shown(0.8952)), shown(0.8952)
     assert not any("median ran" in line for line in shown(1.01))
+    few = [str(x) for x in model_tables({"family": "f", "accuracy": {
+        "mape": {"gemm": 0.11}, "remeasured": {"gemm": {"gap": 0.063, "median_ratio": 0.85, "pairs": 3}}}}) if isinstance(x, str)]
+    assert not any("median ran" in line for line in few)  # three pairs on one side: 1 time in 4 by chance
 
 
 def test_show_remeasured_lists_each_point_its_pairs_timed_again_most_offset_first():
