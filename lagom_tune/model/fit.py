@@ -27,8 +27,8 @@ from lagom_tune.model.gpu_fit import fit_gpu
 from lagom_tune.model.plots import plotted_column, write_fit_plots
 from lagom_tune.model.ranking import RankingSummary, rank_settings
 from lagom_tune.model.rows import (
-    ACCURACY_NAMES, ACCURACY_TARGETS, again_rows, fitted_rows, gemm_of_row, paired_gemm_alone, point_medians, recorded_defaults, remeasured_pairs, rows_digest, slowdown_warnings,
-    two_rate_slowdowns,
+    ACCURACY_NAMES, ACCURACY_TARGETS, again_rows, fitted_rows, gemm_of_row, paired_gemm_alone, point_medians, recorded_defaults,
+    remeasured_pairs, rows_digest, slowdown_warnings, two_rate_slowdowns,
 )
 from lagom_tune.profile.store import row_settings
 from lagom_tune.timeline import simulate
@@ -103,8 +103,6 @@ def _timed_alone(model: CostModel, coll: Collective, settings: dict) -> float:
     model knows that such repeats read an L2-resident buffer faster than in a workload."""
     repeated = getattr(model, "repeated_comm_time", None)  # asked by capability: only the GPU model has it
     return repeated(coll, settings) if repeated is not None else model.comm_time(coll, settings)
-
-
 
 
 MAPE_DECIMALS = 4  # a held-out MAPE is kept to 0.01% (printed to 0.1%)

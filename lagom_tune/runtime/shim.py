@@ -177,31 +177,29 @@ class Shim:
         if r is None or note in r["how"]:
             return
         r["how"] += f", {note}"
-        if self.is_rank and (self.logs_applied or not r["applied"]):
+        if self.is_rank and self._logs(r["applied"]):
             sys.stderr.write(self._line(r))
         self.flush()
 
-    @property
-    def logs_applied(self) -> bool:
-        """Whether this process logs what it applied, not only what it could not (:data:`LOG_ENV`):
-        rank 0, a process whose rank is not known, or every rank under ``LAGOM_TUNE_LOG=all``."""
+    def _logs(self, applied: bool) -> bool:
+        """Whether this process logs a record to stderr (:data:`LOG_ENV`): what it could not apply
+        always; what it applied on rank 0, a process whose rank is not known, or under ``all``."""
         rank = self.rank
-        return rank == "0" or not rank.isdigit() or os.environ.get(LOG_ENV) == "all"
+        return not applied or rank == "0" or not rank.isdigit() or os.environ.get(LOG_ENV) == "all"
 
     def _line(self, r: dict[str, Any]) -> str:
         return f"[lagom-tune rank {self.rank}] {'applied' if r['applied'] else 'NOT applied'} {r['setting']}={r['value']} ({r['how']})\n"
 
     def flush(self) -> None:
-        """Log new records to stderr (:attr:`logs_applied`) and rewrite this rank's file (silent outside ranks)."""
+        """Log new records to stderr (:meth:`_logs`) and rewrite this rank's file (silent outside ranks)."""
         if not self.is_rank:
             return
-        everything = self.logs_applied
         for r in self.records[self.logged:]:
-            if everything or not r["applied"]:
+            if self._logs(r["applied"]):
                 sys.stderr.write(self._line(r))
         self.logged = len(self.records)
         for c in self.communicators[self.logged_communicators:]:
-            if everything or c.not_applied:
+            if self._logs(not c.not_applied):
                 sys.stderr.write(f"[lagom-tune rank {self.rank}] {c.line()}\n")
         self.logged_communicators = len(self.communicators)
         if not self.applied_dir:
