@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from lagom_tune.artifact_io import atomic_write_text  # noqa: E402
 from lagom_tune.backends.base import trimmed_mean  # noqa: E402
 from lagom_tune.backends.nccl_sweep import PROBE_THREADS  # noqa: E402
+from lagom_tune.backends.sim_clusters import CLUSTERS, Cluster  # noqa: E402
 from lagom_tune.model.contention import load_model  # noqa: E402
 from lagom_tune.model.fit import predict_point  # noqa: E402
 from lagom_tune.model.rows import consistent_baselines, overlap_slowdowns, paired_alone, point_medians  # noqa: E402
@@ -71,23 +72,35 @@ def tables(run: Path) -> dict[str, pd.DataFrame]:
             "gemm_slowdown": slow.reset_index(), "windows": windows, "windows_by_channels": by_channels}
 
 
+def simulated_peer(gpu: str) -> Cluster:
+    """The simulated cluster of the GPU named ``gpu`` (its device's name, ``H100-SXM``'s first part,
+    in it), else the H200 the simulator's compute side was calibrated on.
+
+    Args:
+        gpu: the GPU's name as torch gives it (``NVIDIA H100 80GB HBM3``).
+    Returns:
+        The cluster.
+    """
+    return next((c for c in CLUSTERS.values() if c.device.split("-")[0] in gpu), CLUSTERS["h200-nvlink"])
+
+
 def measure_placement(run: Path) -> pd.DataFrame:
     """Where the probe's blocks run at each channel count of the run (one launch each on the idle
-    GPU, ``Probe.placement``), by TPC, beside the simulated H200's assumption (``sim_compute.slots``:
-    blocks spread evenly over 8 GPCs and paired within one). Measures on the GPU."""
+    GPU, ``Probe.placement``), by TPC, beside the simulated GPU's assumption (``simulated_peer``,
+    ``sim_compute.slots``: blocks spread evenly over its GPCs and paired within one). Measures on the GPU."""
     import torch
 
     from lagom_tune.backends.probe import Probe, placement_summary, probe_geometry
-    from lagom_tune.backends.sim_clusters import CLUSTERS
     from lagom_tune.backends.sim_compute import slots
 
     df = pd.read_csv(run / "measurements.csv")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    props = torch.cuda.get_device_properties(0)
+    peer = simulated_peer(props.name)
     rows = []
     for ch in sorted(int(c) for c in df.loc[df["kind"] == "collective", "channels"].dropna().unique()):
         smids = Probe(probe_geometry(ch << 20, ch, 1 << 20), PROBE_THREADS, torch.device("cuda")).placement()
-        rows.append({"channels": ch, **vars(placement_summary(smids, sms)),
-                     "sim_h200_free_tpcs": slots(CLUSTERS["h200-nvlink"], ch, 2), "smids": " ".join(map(str, smids))})
+        rows.append({"channels": ch, **vars(placement_summary(smids, props.multi_processor_count)),
+                     "sim_gpu": peer.device, "sim_free_tpcs": slots(peer, ch, 2), "smids": " ".join(map(str, smids))})
     return pd.DataFrame(rows)
 
 
@@ -165,8 +178,9 @@ def write_report(run: Path, out_dir: Path, workload: str, elapsed: float | None 
         "## Where the probe's blocks run (one launch per channel count on the idle GPU; TPC = `%smid // 2`)",
         placement.to_markdown(index=False) if placement is not None else
         "not measured (runs before 2026-11-30's seventh session have none; a failed measurement said why on stderr)",
-        "`free_tpcs`: the places left to a GEMM launched in 2-CTA clusters; `sim_h200_free_tpcs`: the simulator's "
-        f"assumption (blocks spread evenly over 8 GPCs, paired within one); every block's SM in `{stem}_probe_placement.csv`.",
+        "`free_tpcs`: the places left to a GEMM launched in 2-CTA clusters; `sim_free_tpcs`: the simulator's assumption "
+        "for its GPU of this kind, `sim_gpu` (blocks spread evenly over its GPCs, paired within one; tables before "
+        f"2026-12-07 name the H200's `sim_h200_free_tpcs`); every block's SM in `{stem}_probe_placement.csv`.",
         "## GEMM slowdown beside the probe (median over shapes) by channels × buffer size",
         out["gemm_slowdown"].to_markdown(index=False, floatfmt=".3f"),
         "## Overlapped windows, measured vs predicted (median over shapes and buffer sizes; the fitted model, in-sample)",

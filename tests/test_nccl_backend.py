@@ -455,10 +455,15 @@ def test_probe_mode_rows_fit_are_refused_by_search_and_tabulate(tmp_path):
     assert "MEASURED" in text and "single-gpu-probe" in text and (tmp_path / "results" / "gpu_check-probe-shapes_gemm.csv").is_file()
     assert "Where the probe's blocks run" in text and "not measured" in text  # measure_placement needs the GPU
     (tmp_path / "results" / "gpu_check-probe-shapes_probe_placement.csv").write_text(
-        "channels,blocks,sms_used,most_per_sm,tpcs_used,tpcs_half_used,free_tpcs,sim_h200_free_tpcs,smids\n2,2,2,1,2,2,64,64,0 70\n")
+        "channels,blocks,sms_used,most_per_sm,tpcs_used,tpcs_half_used,free_tpcs,sim_gpu,sim_free_tpcs,smids\n2,2,2,1,2,2,64,H100-SXM,64,0 70\n")
     placed = write_report(run.path, tmp_path / "results", "probe-shapes", 12.0)
     section = placed.split("Where the probe's blocks run")[1].split("##")[0]
-    assert "sim_h200_free_tpcs" in section and "not measured" not in section and "0 70" not in section  # every SM id stays in the CSV
+    assert "sim_free_tpcs" in section and "H100-SXM" in section and "not measured" not in section and "0 70" not in section  # every SM id stays in the CSV
+    # the placement is held against the simulated GPU of the kind measured: an H100's against the H100's
+    from gpu_check import simulated_peer
+
+    assert simulated_peer("NVIDIA H100 80GB HBM3").name == "h100-nvlink" and simulated_peer("NVIDIA H200").name == "h200-nvlink"
+    assert simulated_peer("NVIDIA B200").name == "h200-nvlink"  # none simulated: the GPU the simulator was calibrated on
     out = tables(run.path)
     assert len(out["gemm"]) == 3 and (out["gemm"]["TFLOPs"] > 0).all()
     assert (out["gemm"]["point_over_baseline"] - 1).abs().max() < 1e-9  # this backend's points and baselines are one time
