@@ -204,7 +204,8 @@ class _Recorder:
 
 def run_profile(workload: Workload, backend: Backend, out: str | Path, *, repeats: int = 5,
                 progress: Progress | None = None) -> RunFolder:
-    """Measure every point of ``workload`` on ``backend`` into ``out``, resuming a partial run.
+    """Measure every point of ``workload`` on ``backend`` into ``out``, resuming a partial run, and
+    last a few of them again (:func:`again_points`).
 
     Args:
         workload: what to profile.
