@@ -507,6 +507,8 @@ def test_rank_0_logs_what_it_applied_every_rank_what_it_could_not(tmp_path, monk
     assert "applied threads" not in quiet.replace("NOT applied", "") and "rank 1] NOT applied bucket_cap_mb=8" in quiet, quiet
     assert {r["setting"] for r in rank_reports(tmp_path / "1")["1"]["records"]} == {"threads", "bucket_cap_mb"}
     assert "rank 1] applied threads=1" in logged("1", "all")
+    quiet = logged("0", "failures")  # a trial's plan runs after the first
+    assert "applied threads" not in quiet.replace("NOT applied", "") and "rank 0] NOT applied bucket_cap_mb=8" in quiet, quiet
 
 
 def test_a_command_that_fails_before_any_rank_keeps_the_last_applied_record(tmp_path):

@@ -155,6 +155,7 @@ def test_trial_measures_the_plan_against_the_defaults_and_records_every_run(scri
     assert all(run["ranks"] == 1 and run["steps"] == 10 for run in record["runs"])
     assert record["reading"]["speedup"] > 1.5 and record["reading"]["verdict"] == "the plan is faster", record
     assert "the plan is faster" in r.stderr and "round 2/2 default" in r.stderr
+    assert r.stderr.count("[lagom-tune rank 0] applied threads=1") == 1, r.stderr  # the first plan run says it; the next is quiet
     # the plan's runs are apply's: the rank's record of what it applied, as apply writes it
     assert "threads" in json.dumps(json.loads((tmp_path / "applied.json").read_text())["ranks"]["0"]["records"])
     shown = cli("show", tmp_path / "trial.json", check=True).stdout  # the record read back, its reading made again

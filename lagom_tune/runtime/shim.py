@@ -4,7 +4,7 @@ It imports nothing heavy at start-up. Settings are applied when the module they 
 imported (a post-import hook on ``torch`` and on DDP's module), so processes that never use
 torch (launchers, tools) pay nothing. Each rank records every setting it applied and every one it
 could not apply, with the reason, in ``rank-N.PID.json`` in the applied folder, and logs them to
-stderr (the ranks other than 0 only what they could not apply, unless :data:`LOG_ENV` says all)
+stderr (the ranks other than 0 only what they could not apply, unless :data:`LOG_ENV` says otherwise)
 (:func:`rank_reports` reads them back: a rank's helper processes, which inherit its ``RANK``, write
 their own files and never pass for the rank).
 """
@@ -41,10 +41,12 @@ from lagom_tune.workload.spec import mesh_dim_of
 
 PLAN_ENV = "LAGOM_TUNE_PLAN"  # the plan every process `apply` starts loads (site/sitecustomize.py reads it too)
 APPLIED_ENV = "LAGOM_TUNE_APPLIED_DIR"  # where each rank writes what it applied
-# "all": every rank logs what it applied to stderr; otherwise rank 0 alone does, and every rank what
-# it could not apply (each rank's whole record is in applied.json either way: 16 ranks logging 4
-# lines each in every run of a trial buried the training's own output)
+# "all": every rank logs what it applied to stderr; "failures": none does (a trial's plan runs after
+# its first); otherwise rank 0 alone does. Every rank logs what it could not apply, and its whole
+# record is in applied.json either way (16 ranks logging 4 lines each in every run of a trial buried
+# the training's own output).
 LOG_ENV = "LAGOM_TUNE_LOG"
+LOG_ALL, LOG_FAILURES = "all", "failures"
 RANK_PID_ENV = "LAGOM_TUNE_RANK_PID"  # set by a rank's shim: a process that inherits RANK and it is the rank's helper
 DDP_MODULE = "torch.nn.parallel.distributed"
 C10D_MODULE = "torch.distributed.distributed_c10d"
@@ -183,9 +185,10 @@ class Shim:
 
     def _logs(self, applied: bool) -> bool:
         """Whether this process logs a record to stderr (:data:`LOG_ENV`): what it could not apply
-        always; what it applied on rank 0, a process whose rank is not known, or under ``all``."""
-        rank = self.rank
-        return not applied or rank == "0" or not rank.isdigit() or os.environ.get(LOG_ENV) == "all"
+        always; what it applied under ``all``, never under ``failures``, else on rank 0 or a process
+        whose rank is not known."""
+        mode, rank = os.environ.get(LOG_ENV), self.rank
+        return not applied or mode == LOG_ALL or (mode != LOG_FAILURES and (rank == "0" or not rank.isdigit()))
 
     def _line(self, r: dict[str, Any]) -> str:
         return f"[lagom-tune rank {self.rank}] {'applied' if r['applied'] else 'NOT applied'} {r['setting']}={r['value']} ({r['how']})\n"

@@ -29,7 +29,7 @@ from lagom_tune.errors import RunError, UserError
 from lagom_tune.plan.schema import Plan
 from lagom_tune.precision import ms_round
 from lagom_tune.runtime.launch import apply, check_command, check_fit, files_among, record_path, run_command, site_pythonpath
-from lagom_tune.runtime.shim import check_no_plan_in_effect
+from lagom_tune.runtime.shim import LOG_ENV, LOG_FAILURES, check_no_plan_in_effect
 from lagom_tune.runtime.steps import STEPS_ENV, read_steps, step_seconds
 
 MIN_ROUNDS = 2  # one round's ratio has no interval (comparison.ratio_interval)
@@ -240,7 +240,8 @@ def sets_nothing(plan: Plan) -> bool:
 
 
 def timed_run(cmd: list[str], plan: Plan | None = None, plan_path: Path | None = None,
-              on_warning: Callable[[str], None] | None = None) -> tuple[int, dict[str, list[float]], KeyboardInterrupt | None]:
+              on_warning: Callable[[str], None] | None = None,
+              quiet: bool = False) -> tuple[int, dict[str, list[float]], KeyboardInterrupt | None]:
     """Run ``cmd`` once with the step clock in every Python process: under the plan as ``apply``
     runs it, or with nothing set (the defaults) when ``plan`` is None.
 
@@ -248,13 +249,16 @@ def timed_run(cmd: list[str], plan: Plan | None = None, plan_path: Path | None =
         cmd: the command.
         plan, plan_path: the plan and its file, or None.
         on_warning: called with each line on what of the plan will not reach the command.
+        quiet: the ranks log only what they could not apply (``shim.LOG_FAILURES``; a plan run after
+            the first logs what the first did), unless the environment asks otherwise.
     Returns:
         The command's exit status, each rank's step end times (``steps.read_steps``), and the stop
         signal passed on to the command while it ran, if one was (``launch.run_command``).
     """
     with tempfile.TemporaryDirectory(prefix="lagom-steps-") as folder:
         if plan is not None:
-            result = apply(plan, plan_path, cmd, on_warning=on_warning, extra_env={STEPS_ENV: folder})
+            quieted = {LOG_ENV: LOG_FAILURES} if quiet and LOG_ENV not in os.environ else {}
+            result = apply(plan, plan_path, cmd, on_warning=on_warning, extra_env={STEPS_ENV: folder, **quieted})
             code, stop = result.exit_code, result.stop
         else:
             code, _, stop = run_command(cmd, {**os.environ, "PYTHONPATH": site_pythonpath(os.environ), STEPS_ENV: folder})
@@ -312,7 +316,8 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
     record = TrialRecord(str(plan_path.resolve()), shlex.join(cmd), datetime.date.today().isoformat(), platform.node(), rounds,
                          warmup, sets_nothing(plan), plan.predicted_speedup)
     for r, arm in interleaved(ARMS, rounds):
-        code, steps, stop = timed_run(cmd, plan if arm == "plan" else None, plan_path, warn_once)
+        said = any(run.arm == "plan" for run in record.runs)  # its ranks said what they applied the first time
+        code, steps, stop = timed_run(cmd, plan if arm == "plan" else None, plan_path, warn_once, quiet=said)
         where = f"round {r + 1}, {arm} run"
         if stop is not None:  # the command had it too: the trial ends with the runs it finished recorded
             raise stop
