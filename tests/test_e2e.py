@@ -22,6 +22,11 @@ def test_profile_writes_a_complete_run_folder(tiny_run):
     assert set(df.kind) == {"gemm", "collective", "overlap", "again"}  # and three of each measured again, last
     assert (df.groupby("point").size() == meta["repeats"]).all()  # every raw repeat kept, none twice
     assert (df[df.kind == "collective"].busbw_GBps > 0).all()
+    over = df[df.kind == "overlap"].groupby("point")
+    assert (over["n_compute"].nunique() == 1).all()  # one job per point, sized before its repeats
+    # each repeat times its GEMMs and its all-reduce alone right before running them together
+    assert (over["compute_alone_us"].nunique() == meta["repeats"]).all() and (over["comm_alone_us"].nunique() == meta["repeats"]).all()
+    assert set(df[df.kind == "overlap"]["baseline"]) == {"paired"}
     model = yaml.safe_load(run.model_path.read_text())
     assert model["family"] == "cpu-pairwise" and model["simulated"] is False
     assert {"gemm", "collective", "overlap_window"} <= set(model["accuracy"]["mape"])

@@ -22,6 +22,22 @@ from lagom_tune.measurements import PAIRED, overlap_columns, timed_columns
 from lagom_tune.workload.bucketing import bucket_group
 
 
+def after_barrier(dist: Any, run: Callable[[], Any]) -> float:
+    """Seconds ``run`` takes on this rank, started as every rank leaves one barrier (each timed
+    repeat of every kind starts so; the parent keeps the slowest rank's, ``base.reduce_ranks``).
+
+    Args:
+        dist: ``torch.distributed``.
+        run: the work to time.
+    Returns:
+        Its wall-clock seconds.
+    """
+    dist.barrier()
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
 def gemm_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
     """Time the point's GEMM on this rank's threads.
 
@@ -40,14 +56,12 @@ def gemm_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
     inner = max(1, min(200, int(2e-3 / max(once, 1e-7))))
     for _ in range(2):
         torch.matmul(a, b)
-    rows = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
+
+    def gemms() -> None:
         for _ in range(inner):
             torch.matmul(a, b)
-        rows.append(timed_columns((time.perf_counter() - t0) / inner * 1e6, inner))
-    return rows
+
+    return [timed_columns(after_barrier(dist, gemms) / inner * 1e6, inner) for _ in range(repeats)]
 
 
 def collective_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
@@ -68,20 +82,41 @@ def collective_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
             work.wait()
 
     once()
-    rows = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        once()
-        rows.append(timed_columns((time.perf_counter() - t0) * 1e6))
-    return rows
+    return [timed_columns(after_barrier(dist, once) * 1e6) for _ in range(repeats)]
+
+
+def start_all_reduce(dist: Any, buf: torch.Tensor, t0: float) -> Callable[[], float]:
+    """Start an all-reduce of ``buf``; its end is stamped on gloo's thread as it completes, so the
+    calling thread may be busy (with GEMMs) meanwhile.
+
+    Args:
+        dist: ``torch.distributed``.
+        buf: the tensor reduced.
+        t0: the ``time.perf_counter()`` its end is measured from.
+    Returns:
+        A function that waits for the all-reduce and returns its end, in seconds after ``t0``.
+    """
+    stamp: list[float] = []
+    work = dist.all_reduce(buf, async_op=True)
+    work.get_future().then(lambda _f: stamp.append(time.perf_counter()))
+
+    def end() -> float:
+        work.wait()
+        while not stamp:  # the callback runs right after completion, on gloo's thread
+            time.sleep(1e-5)
+        return stamp[0] - t0
+
+    return end
 
 
 def overlap_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
-    """Start the collective and ``n`` GEMMs together; time when each stream finishes.
+    """Per repeat: the ``n`` GEMMs alone, the all-reduce alone, then both started together (the
+    GPU backend's order, ``nccl_worker``), each timed after a barrier; the overlapped run times when
+    each stream finishes. A repeat's alone times are the same work as its overlapped run, timed
+    right before it, so a slowdown is never taken against a baseline from another moment.
 
-    ``n`` is chosen so the GEMMs alone take about as long as the collective alone: the balanced
-    case, where contention decides the window. The alone times are measured right before.
+    ``n`` is sized once, before the repeats (every rank alike), so the GEMMs alone take about as
+    long as the all-reduce alone: the balanced case, where contention decides the window.
 
     Args:
         point: an ``overlap`` point (a GEMM and an all-reduce).
@@ -93,27 +128,30 @@ def overlap_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
     """
     a, b = operands(point.gemm)
     buf = buffer(point.nbytes)
-    y = statistics.median(gemm_rows(point, 3, dist)[i]["time_us"] for i in range(3)) / 1e6
-    x = statistics.median(collective_rows(point, 3, dist)[i]["time_us"] for i in range(3)) / 1e6
+    y = statistics.median(r["time_us"] for r in gemm_rows(point, 3, dist)) / 1e6
+    x = statistics.median(r["time_us"] for r in collective_rows(point, 3, dist)) / 1e6
     y, x = slowest_rank(dist, (y, x))  # every rank must run the same number of GEMMs
     n = max(1, round(x / y))
-    rows = []
-    for _ in range(repeats):
-        dist.barrier()
-        stamp: list[float] = []
-        t0 = time.perf_counter()
-        work = dist.all_reduce(buf, async_op=True)
-        work.get_future().then(lambda _f, _stamp=stamp: _stamp.append(time.perf_counter()))
+
+    def gemms() -> None:
         for _ in range(n):
             torch.matmul(a, b)
-        t_compute = time.perf_counter()
-        work.wait()
-        while not stamp:  # the callback runs on gloo's thread right after completion
-            time.sleep(1e-5)
-        t_comm = stamp[0]
-        # its alone times were measured right before, the same way: paired (without the mark the GPU
-        # fit's rebaselining took gloo rows for legacy ones, and slowdown.png plotted the wrong slowdowns)
-        rows.append({**overlap_columns((t_compute - t0) * 1e6, (t_comm - t0) * 1e6, n, y * n * 1e6, x * 1e6), "baseline": PAIRED})
+
+    rows = []
+    for _ in range(repeats):
+        compute_alone = after_barrier(dist, gemms)
+        dist.barrier()
+        comm_alone = start_all_reduce(dist, buf, time.perf_counter())()
+        dist.barrier()
+        t0 = time.perf_counter()
+        comm_end = start_all_reduce(dist, buf, t0)
+        gemms()
+        t_compute = time.perf_counter() - t0
+        t_comm = comm_end()
+        # paired: without the mark the GPU fit's rebaselining took gloo rows for legacy ones, and
+        # slowdown.png plotted the wrong slowdowns
+        rows.append({**overlap_columns(t_compute * 1e6, t_comm * 1e6, n, compute_alone * 1e6, comm_alone * 1e6),
+                     "baseline": PAIRED})
     return rows
 
 
@@ -162,15 +200,15 @@ def iteration_rows(point: Point, repeats: int, dist: Any) -> list[dict]:
                 else:
                     dist.broadcast(buffers[c.nbytes], 0)
 
-        dist.barrier()
-        t0 = time.perf_counter()
-        comm = threading.Thread(target=communicate)
-        comm.start()
-        for i, g in enumerate(grp.compute):
-            torch.matmul(*mats[g.shape_key])
-            ready[i].set()
-        comm.join()
-        return time.perf_counter() - t0
+        def both() -> None:
+            comm = threading.Thread(target=communicate)
+            comm.start()
+            for i, g in enumerate(grp.compute):
+                torch.matmul(*mats[g.shape_key])
+                ready[i].set()
+            comm.join()
+
+        return after_barrier(dist, both)
 
     for grp in groups:  # warm-up
         play(grp)
