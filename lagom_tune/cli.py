@@ -442,17 +442,21 @@ def show(
     remeasured: bool = typer.Option(False, "--remeasured", help="Run folder: every point measured again (at the profile's "
                                     "end, or a GEMM or collective its overlapped pairs timed alone right before them), the most "
                                     "offset first (both medians, their ratio)."),
+    heldout: bool = typer.Option(False, "--heldout", help="Run folder: every prediction behind the model's accuracy "
+                                 "figures (each point predicted by the fold's model that held it out), the most off first "
+                                 "(measured, predicted, their ratio; refits, measuring and writing nothing)."),
     nccl_log: Optional[list[Path]] = typer.Option(None, "--nccl-log", parser=_path, help="nccl plan: NCCL log files or "
                                                   "folders of a run under it (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=TUNING): "
                                                   "what NCCL ran each rule's calls with."),
 ) -> None:
     """Pretty-print a plan, a workload, or a run folder (with its model's accuracy)."""
     path = Path(target)
-    for flag, given in (("--collectives", collectives), ("--remeasured", remeasured)):
-        if given and not path.is_dir():
+    tables = [flag for flag, given in (("--collectives", collectives), ("--remeasured", remeasured), ("--heldout", heldout)) if given]
+    for flag in tables:
+        if not path.is_dir():
             raise UserError(f"{flag} applies to a run folder; {target} is not one")
-    if collectives and remeasured:
-        raise UserError("--collectives and --remeasured each list a table of their own; give one")
+    if len(tables) > 1:
+        raise UserError(f"{' and '.join(tables)} each list a table of their own; give one")
     if nccl_log:
         plan = load_plan(path)
         if not backend_info(plan.backend).deploys_tuner_rules:
@@ -465,10 +469,16 @@ def show(
         meta = run.read_meta()
         model = read_model_file(run.model_path, run.fitted_as(meta)) if run.model_path.is_file() else None
         df, health = run.read()
-        if collectives or remeasured:
-            table, title = ((collective_summary(df), "collectives") if collectives else
-                            (remeasured_points(df, recorded_defaults(run.knob_space(meta))),
-                             "points measured again (ratio: the later median over the point's)"))
+        if tables:
+            if heldout:
+                from lagom_tune.model.fit import held_out_points  # local: fitting imports torch; other verbs start without it
+
+                table, title = held_out_points(run), "predictions behind the model's accuracy (ratio: predicted over measured)"
+            elif collectives:
+                table, title = collective_summary(df), "collectives"
+            else:
+                table, title = (remeasured_points(df, recorded_defaults(run.knob_space(meta))),
+                                "points measured again (ratio: the later median over the point's)")
             if as_json:  # each record says it is simulated, as search --compare --json's do
                 print(table.assign(simulated=bool(meta.get("simulated", False))).to_json(orient="records", indent=1))
             else:

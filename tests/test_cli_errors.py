@@ -231,7 +231,9 @@ def test_a_fit_that_cannot_predict_its_points_writes_no_model_and_prints_only_th
     (["workload", "show", "llama3-8b-fsdp8", "--parallel", "fsdp=8,fsdp=4"], "fsdp= is given twice"),
     (["show", "plans/demo-cpu.yaml", "--collectives"], "--collectives applies to a run folder"),
     (["show", "plans/demo-cpu.yaml", "--remeasured"], "--remeasured applies to a run folder"),
+    (["show", "plans/demo-cpu.yaml", "--heldout"], "--heldout applies to a run folder"),
     (["show", "bench/results/gpu_check-mpt-7b-tp8-dp1-run", "--remeasured", "--collectives"], "give one"),
+    (["show", "bench/results/gpu_check-mpt-7b-tp8-dp1-run", "--heldout", "--collectives"], "--collectives and --heldout each list"),
 ])
 def test_an_option_that_would_be_ignored_is_refused(tmp_path, argv, said):
     """Each ran (a real gloo profile with --noise 0.1, a file's shapes unchanged), the option

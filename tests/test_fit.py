@@ -8,7 +8,7 @@ import yaml
 from lagom_tune.errors import UserError
 from lagom_tune.model.contention import CpuPairwiseModel, Linear, model_from_dict
 from lagom_tune.model.contention import fit_linear
-from lagom_tune.model.fit import fit_model, fit_run, fold_assignment, predict_point, repeat_noise
+from lagom_tune.model.fit import HELDOUT_COLUMNS, fit_model, fit_run, fold_assignment, predict_point, repeat_noise
 from lagom_tune.model.rows import point_medians
 from lagom_tune.profile.store import open_run
 from lagom_tune.render import percent
@@ -128,6 +128,20 @@ def test_every_point_is_scored_or_the_fit_says_which_were_not():
     result = fit_model(one)
     assert "gemm" not in result.mape and sum(result.scored.values()) < sum(full.scored.values())
     assert any("could not be fitted" in w and "in no held-out figure" in w for w in result.warnings), result.warnings
+
+
+def test_the_held_out_predictions_are_every_figure_behind_the_mape():
+    """``FitResult.heldout`` holds each prediction a MAPE averages: one row per scored point and
+    quantity, its error the relative gap, the mean per quantity the MAPE model.yaml records."""
+    result = fit_model(synthetic(noise=0.05, seed=2))
+    held = result.heldout
+    assert list(held.columns) == list(HELDOUT_COLUMNS)
+    by = held.groupby("quantity")
+    assert by.size().to_dict() == result.scored
+    assert {q: round(float(np.mean(e.to_numpy())), 4) for q, e in by["error"]} == result.mape
+    gap = (held["predicted_us"] - held["measured_us"]).abs() / held["measured_us"]
+    assert np.allclose(held["error"], gap) and set(held["point"]) == set(synthetic(noise=0.05, seed=2)["point"])
+    assert held.groupby("point").size().max() == 3  # an overlapped point: its window and each stream's end
 
 
 def test_a_points_fold_depends_on_its_own_kind_alone():
@@ -485,6 +499,23 @@ def test_show_remeasured_lists_each_point_its_pairs_timed_again_most_offset_firs
     assert all(r["remeasured_us"] == pytest.approx(r["point_us"] * r["ratio"], rel=2e-3) for r in table)
     assert not any(r["simulated"] for r in table)
     assert "32x2048x2048x128" in cli("show", run, "--remeasured", check=True).stdout
+
+
+def test_show_heldout_lists_the_h200_points_the_model_misses_most_first():
+    """`show RUN --heldout` on the H200 run of 2026-11-30: every prediction behind model.yaml's
+    figures (as many as it scored, averaging to its MAPE), the largest error first."""
+    import json
+
+    import yaml
+
+    run = ROOT / "bench" / "results" / "gpu_check-llama3-8b-fsdp8-run"
+    accuracy = yaml.safe_load((run / "model.yaml").read_text())["accuracy"]
+    table = pd.DataFrame(json.loads(cli("show", run, "--heldout", "--json", check=True).stdout))
+    assert list(table.columns) == [*HELDOUT_COLUMNS[:-1], "ratio", "error", "simulated"] and not table["simulated"].any()
+    assert table.groupby("quantity").size().to_dict() == accuracy["scored"]
+    assert table.groupby("quantity")["error"].mean().to_dict() == pytest.approx(accuracy["mape"], abs=2e-4)
+    assert list(table["error"]) == sorted(table["error"], reverse=True)
+    assert np.allclose(table["ratio"], table["predicted_us"] / table["measured_us"], rtol=1e-2)
 
 
 def test_the_rows_digest_reads_the_same_rows_alike_under_any_pandas():

@@ -175,6 +175,11 @@ def remeasured_noise(pts: pd.DataFrame, defaults: Mapping[str, Any] | None = Non
     return out
 
 
+# A prediction behind a MAPE: the quantity, the point, its measured median, the model's prediction
+# (out of fold, but for the collectives timed with nothing set, which no fit holds), relative error.
+HELDOUT_COLUMNS = ("quantity", "point", "measured_us", "predicted_us", "error")
+
+
 @dataclass(frozen=True)
 class FitResult:
     """A fitted model and its measured accuracy.
@@ -192,6 +197,8 @@ class FitResult:
             not predicted: see ``warnings``).
         noise: each quantity's repeat noise (:func:`repeat_noise`), the floor under its MAPE.
         remeasured: each quantity measured again at another moment (:func:`remeasured_noise`).
+        heldout: every prediction behind ``mape`` (:data:`HELDOUT_COLUMNS`), a row per point and
+            quantity: ``mape`` is the mean of its ``error`` per quantity (``show RUN --heldout``).
     """
 
     model: CostModel
@@ -203,6 +210,7 @@ class FitResult:
     scored: dict[str, int] = field(default_factory=dict)
     noise: dict[str, float] = field(default_factory=dict)
     remeasured: dict[str, dict[str, float]] = field(default_factory=dict)
+    heldout: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(HELDOUT_COLUMNS)))
 
     def to_dict(self, rows: pd.DataFrame, simulated: bool) -> dict[str, Any]:
         accuracy: dict[str, Any] = {
@@ -295,16 +303,18 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     chosen = _choose_variant(held)
     model = _fit(pts, device, simulated, chosen)
     tick(total, total)
-    # rounded once, as model.yaml records it: `profile` prints what `show` later reads from the file
-    errors = dict(held[chosen].errors)
+    predictions = list(held[chosen].predictions)
     own = nothing_set_points(df, space) if space is not None else pd.DataFrame()
     for _, row in own.iterrows():
         try:
-            errors.setdefault(DEFAULT_ACCURACY, []).append(abs(predict_point(model, row)["time_us"] - row["time_us"]) / row["time_us"])
+            predictions.append(_prediction(DEFAULT_ACCURACY, row, row["time_us"], predict_point(model, row)["time_us"]))
         except UserError:  # a setting the model cannot predict (a thread count it never saw)
             continue
-    mape = {k: round(float(np.mean(val)), MAPE_DECIMALS) for k, val in errors.items()}
-    scored = {k: len(val) for k, val in errors.items()}
+    heldout = pd.DataFrame(predictions, columns=list(HELDOUT_COLUMNS))
+    by = heldout.groupby("quantity", sort=False)["error"]
+    # rounded once, as model.yaml records it: `profile` prints what `show` later reads from the file
+    mape = {str(k): round(float(np.mean(e.to_numpy())), MAPE_DECIMALS) for k, e in by}
+    scored = {str(k): len(e) for k, e in by}
     counts = {str(k): int(n) for k, n in pts["kind"].value_counts().items()}
     over = pts[pts["kind"] == "overlap"]
     ranking = None
@@ -316,7 +326,7 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     noise = {k: val for k, val in repeat_noise(df).items() if k in mape}
     again = point_medians(again_rows(df))
     remeasured = {k: val for k, val in remeasured_noise(pts, recorded_defaults(space), again).items() if k in mape}
-    return FitResult(model, mape, folds, counts, ranking, warnings, scored, noise, remeasured)
+    return FitResult(model, mape, folds, counts, ranking, warnings, scored, noise, remeasured, heldout)
 
 
 def fold_assignment(pts: pd.DataFrame, folds: int, seed: int = 0) -> pd.Series:
@@ -342,11 +352,16 @@ def fold_assignment(pts: pd.DataFrame, folds: int, seed: int = 0) -> pd.Series:
     return fold_of
 
 
+def _prediction(quantity: str, row: Mapping[str, Any], measured: float, predicted: float) -> tuple:
+    """A row of :data:`HELDOUT_COLUMNS`."""
+    return quantity, str(row["point"]), float(measured), float(predicted), abs(predicted - measured) / measured
+
+
 @dataclass
 class _HeldOut:
-    """Out-of-fold relative errors per quantity, and each overlapped point's predicted window."""
+    """Out-of-fold predictions (rows of :data:`HELDOUT_COLUMNS`), and each overlapped point's predicted window."""
 
-    errors: dict[str, list[float]] = field(default_factory=dict)
+    predictions: list[tuple] = field(default_factory=list)
     window: dict[Any, float] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)  # a line per fold that could not be fitted
     unpredicted: list[str] = field(default_factory=list)  # why, per held-out point its fold's model could not predict
@@ -361,9 +376,14 @@ class _HeldOut:
             for col in ACCURACY_TARGETS[row["kind"]]:
                 measured = float(row[col])
                 if measured > 0:
-                    self.errors.setdefault(ACCURACY_NAMES[(row["kind"], col)], []).append(abs(pred[col] - measured) / measured)
+                    self.predictions.append(_prediction(ACCURACY_NAMES[(row["kind"], col)], row, measured, pred[col]))
             if row["kind"] == "overlap":
                 self.window[index] = pred["window_us"]
+
+    def mape(self, quantity: str) -> float:
+        """The mean relative error of ``quantity`` (inf where none was predicted)."""
+        errors = [p[-1] for p in self.predictions if p[0] == quantity]
+        return float(np.mean(errors)) if errors else float("inf")
 
     def warnings(self) -> tuple[str, ...]:
         """What the held-out figures leave out, one line each (none when every point was scored)."""
@@ -396,7 +416,7 @@ def _choose_variant(held: dict[bool | None, _HeldOut]) -> bool | None:
     variants = list(held)
     if len(variants) == 1:
         return variants[0]
-    simple, warm = (np.mean(held[v].errors.get("overlap_comm", [np.inf])) for v in variants)
+    simple, warm = (held[v].mape("overlap_comm") for v in variants)
     return variants[1] if warm < simple * (1 - WARM_MARGIN) else variants[0]
 
 
@@ -488,6 +508,34 @@ def fit_run_unless_current(run, progress: Callable[[int, int], None] | None = No
     return read_model_file(run.model_path)["accuracy"], True
 
 
+def _fit_of(run, progress: Callable[[int, int], None] | None = None) -> tuple[FitResult, pd.DataFrame, bool]:
+    """The run folder's fit (:func:`fit_model` on every usable core), its measurements, and whether
+    they are simulated; nothing written."""
+    df = run.measurements()
+    meta = run.read_meta()
+    simulated = bool(meta.get("simulated", False))
+    with np.errstate(all="ignore"):  # a model left non-finite is refused where it is written
+        result = fit_model(df, device=fit_device(meta["fingerprint"]), simulated=simulated, progress=progress,
+                           space=run.knob_space(meta), workers=usable_cores())
+    return result, df, simulated
+
+
+def held_out_points(run) -> pd.DataFrame:
+    """Every prediction behind the run's accuracy figures, the most off first (``show RUN
+    --heldout``): the fit ``lagom-tune fit`` makes, refitted here, writing nothing.
+
+    Args:
+        run: the run folder (``profile.store.RunFolder``).
+    Returns:
+        :data:`HELDOUT_COLUMNS`, and ``ratio`` (predicted over measured) before ``error``, a row
+        per point and quantity, the largest error first.
+    """
+    held = _fit_of(run)[0].heldout
+    table = held.assign(ratio=held["predicted_us"] / held["measured_us"])[[*HELDOUT_COLUMNS[:-1], "ratio", "error"]]
+    order = table["error"].to_numpy().argsort(kind="stable")[::-1]
+    return table.iloc[order].reset_index(drop=True).round({"measured_us": 2, "predicted_us": 2, "ratio": 3, "error": 4})
+
+
 def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResult:
     """Fit the run folder's measurements and write ``model.yaml`` (and the fit's plots) beside them.
 
@@ -497,15 +545,9 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     Returns:
         The FitResult.
     """
-    df = run.measurements()
-    meta = run.read_meta()
-    simulated = bool(meta.get("simulated", False))
-    fp = meta["fingerprint"]
-    device = fit_device(fp)
-    space = run.knob_space(meta)
+    result, df, simulated = _fit_of(run, progress)
     # numpy's overflow and invalid-value warnings are not printed: a model they leave non-finite is refused below
     with np.errstate(all="ignore"):
-        result = fit_model(df, device=device, simulated=simulated, progress=progress, space=space, workers=usable_cores())
         pts = point_medians(fitted_rows(df))  # every point predicted before anything is written: a model that cannot is not written
         predicted = pd.Series([predict_point(result.model, r)[plotted_column(str(r["kind"]))] for r in pts.to_dict("records")],
                               index=pts.index)
