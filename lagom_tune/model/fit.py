@@ -210,7 +210,7 @@ class FitResult:
     scored: dict[str, int] = field(default_factory=dict)
     noise: dict[str, float] = field(default_factory=dict)
     remeasured: dict[str, dict[str, float]] = field(default_factory=dict)
-    heldout: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(HELDOUT_COLUMNS)))
+    heldout: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(HELDOUT_COLUMNS)), compare=False)
 
     def to_dict(self, rows: pd.DataFrame, simulated: bool) -> dict[str, Any]:
         accuracy: dict[str, Any] = {
