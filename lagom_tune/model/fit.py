@@ -27,7 +27,7 @@ from lagom_tune.model.gpu_fit import fit_gpu
 from lagom_tune.model.plots import plotted_column, write_fit_plots
 from lagom_tune.model.ranking import RankingSummary, rank_settings
 from lagom_tune.model.rows import (
-    ACCURACY_NAMES, ACCURACY_TARGETS, again_rows, fitted_rows, gemm_of_row, paired_gemm_alone, point_medians, recorded_defaults,
+    ACCURACY_NAMES, ACCURACY_TARGETS, again_rows, fitted_rows, gemm_of_row, largest_first, paired_gemm_alone, point_medians, recorded_defaults,
     remeasured_pairs, rows_digest, slowdown_warnings, two_rate_slowdowns,
 )
 from lagom_tune.profile.store import row_settings
@@ -310,11 +310,10 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
             predictions.append(_prediction(DEFAULT_ACCURACY, row, row["time_us"], predict_point(model, row)["time_us"]))
         except UserError:  # a setting the model cannot predict (a thread count it never saw)
             continue
-    heldout = pd.DataFrame(predictions, columns=list(HELDOUT_COLUMNS))
-    by = heldout.groupby("quantity", sort=False)["error"]
+    errors = _errors_by_quantity(predictions)
     # rounded once, as model.yaml records it: `profile` prints what `show` later reads from the file
-    mape = {str(k): round(float(np.mean(e.to_numpy())), MAPE_DECIMALS) for k, e in by}
-    scored = {str(k): len(e) for k, e in by}
+    mape = {k: round(float(np.mean(e)), MAPE_DECIMALS) for k, e in errors.items()}
+    scored = {k: len(e) for k, e in errors.items()}
     counts = {str(k): int(n) for k, n in pts["kind"].value_counts().items()}
     over = pts[pts["kind"] == "overlap"]
     ranking = None
@@ -326,7 +325,8 @@ def fit_model(df: pd.DataFrame, *, device: dict[str, Any] | None = None, simulat
     noise = {k: val for k, val in repeat_noise(df).items() if k in mape}
     again = point_medians(again_rows(df))
     remeasured = {k: val for k, val in remeasured_noise(pts, recorded_defaults(space), again).items() if k in mape}
-    return FitResult(model, mape, folds, counts, ranking, warnings, scored, noise, remeasured, heldout)
+    return FitResult(model, mape, folds, counts, ranking, warnings, scored, noise, remeasured,
+                     pd.DataFrame(predictions, columns=list(HELDOUT_COLUMNS)))
 
 
 def fold_assignment(pts: pd.DataFrame, folds: int, seed: int = 0) -> pd.Series:
@@ -357,6 +357,14 @@ def _prediction(quantity: str, row: Mapping[str, Any], measured: float, predicte
     return quantity, str(row["point"]), float(measured), float(predicted), abs(predicted - measured) / measured
 
 
+def _errors_by_quantity(predictions: list[tuple]) -> dict[str, list[float]]:
+    """Each quantity's relative errors (rows of :data:`HELDOUT_COLUMNS`), quantities in the order first predicted."""
+    out: dict[str, list[float]] = {}
+    for p in predictions:
+        out.setdefault(p[0], []).append(p[-1])
+    return out
+
+
 @dataclass
 class _HeldOut:
     """Out-of-fold predictions (rows of :data:`HELDOUT_COLUMNS`), and each overlapped point's predicted window."""
@@ -379,11 +387,6 @@ class _HeldOut:
                     self.predictions.append(_prediction(ACCURACY_NAMES[(row["kind"], col)], row, measured, pred[col]))
             if row["kind"] == "overlap":
                 self.window[index] = pred["window_us"]
-
-    def mape(self, quantity: str) -> float:
-        """The mean relative error of ``quantity`` (inf where none was predicted)."""
-        errors = [p[-1] for p in self.predictions if p[0] == quantity]
-        return float(np.mean(errors)) if errors else float("inf")
 
     def warnings(self) -> tuple[str, ...]:
         """What the held-out figures leave out, one line each (none when every point was scored)."""
@@ -416,7 +419,7 @@ def _choose_variant(held: dict[bool | None, _HeldOut]) -> bool | None:
     variants = list(held)
     if len(variants) == 1:
         return variants[0]
-    simple, warm = (held[v].mape("overlap_comm") for v in variants)
+    simple, warm = (np.mean(_errors_by_quantity(held[v].predictions).get("overlap_comm", [np.inf])) for v in variants)
     return variants[1] if warm < simple * (1 - WARM_MARGIN) else variants[0]
 
 
@@ -532,8 +535,7 @@ def held_out_points(run) -> pd.DataFrame:
     """
     held = _fit_of(run)[0].heldout
     table = held.assign(ratio=held["predicted_us"] / held["measured_us"])[[*HELDOUT_COLUMNS[:-1], "ratio", "error"]]
-    order = table["error"].to_numpy().argsort(kind="stable")[::-1]
-    return table.iloc[order].reset_index(drop=True).round({"measured_us": 2, "predicted_us": 2, "ratio": 3, "error": 4})
+    return largest_first(table, table["error"]).round({"measured_us": 2, "predicted_us": 2, "ratio": 3, "error": 4})
 
 
 def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResult:

@@ -265,8 +265,19 @@ def remeasured_points(df: pd.DataFrame, defaults: Mapping[str, Any] | None = Non
     out = pairs.groupby(["quantity", "point", "when"], sort=False).agg(
         point_us=("first_us", "first"), remeasured_us=("again_us", "median"), pairs=("again_us", "size")).reset_index()
     out.insert(5, "ratio", out["remeasured_us"] / out["point_us"])
-    offset = (out["ratio"] - 1).abs().to_numpy()
-    return out.iloc[offset.argsort(kind="stable")[::-1]].reset_index(drop=True).round({"point_us": 1, "remeasured_us": 1, "ratio": 3})
+    return largest_first(out, (out["ratio"] - 1).abs()).round({"point_us": 1, "remeasured_us": 1, "ratio": 3})
+
+
+def largest_first(table: pd.DataFrame, by: pd.Series) -> pd.DataFrame:
+    """``table``'s rows, the largest of ``by`` first (the tables ``show`` lists most off first).
+
+    Args:
+        table: any rows.
+        by: one value per row, on ``table``'s index.
+    Returns:
+        The rows reordered, indexed from 0.
+    """
+    return table.iloc[by.to_numpy().argsort(kind="stable")[::-1]].reset_index(drop=True)
 
 
 AT_THE_END = "profile's end"  # a point measured again after every other
