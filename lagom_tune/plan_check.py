@@ -42,7 +42,7 @@ def plan_run_folder(plan: Plan, path: Path) -> Path:
     digest = plan.workload.get("digest")
     other = None
     for candidate in (recorded, path.parent / recorded, path.parent):
-        if not (candidate / "meta.yaml").is_file():
+        if not _holds_run(candidate):
             continue
         if digest is None or open_run(candidate).workload().digest == digest:  # a plan written in code records none
             return candidate
@@ -53,6 +53,15 @@ def plan_run_folder(plan: Plan, path: Path) -> Path:
     if not plan.model.get("run"):
         raise UserError(f"{path}: the plan names no run folder (model.run) and none is beside it")
     raise UserError(f"{path}: its run folder {recorded} is not here (nor beside the plan)")
+
+
+def _holds_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a run's ``meta.yaml`` (a path the file system cannot even look up,
+    a name over 255 bytes, holds none: ``show`` stopped on the OSError)."""
+    try:
+        return (folder / "meta.yaml").is_file()
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

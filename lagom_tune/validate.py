@@ -14,6 +14,11 @@ from typing import Any
 from lagom_tune.errors import UserError
 
 _EXPONENT_TEXT = re.compile(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+")  # 1e9, 1.0e9: numbers to Python, text to YAML 1.1 (which needs 1.0e+9)
+# Terminal control characters (C0 but tab and newline, DEL, C1): a name holding ESC [2J cleared the
+# screen when `show` printed it. A name may not hold a tab or newline either (it printed as two lines).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_OR_SPACING = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+MAX_INT = (1 << 63) - 1  # no count, size or seed lagom-tune reads is larger (NCCL's and torch's are int64)
 
 
 POSITIVE = 1e-9  # the least a number other code divides by may be, where a file gives it (0 divided by zero)
@@ -132,6 +137,9 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
         return default
     value = d[key]
     kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT and (int in kinds or float in kinds):
+        # a 400-digit count was taken as a world size; one past a float's range was an OverflowError
+        raise UserError(f"{path}.{key}: must be <= {min(MAX_INT, maximum) if maximum is not None else MAX_INT}, got {_digits(value)}")
     if float in kinds and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
@@ -139,6 +147,8 @@ def field(d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., 
         hint = (" (YAML 1.1 reads this as text: write the exponent with a dot and a sign, 1.0e+9, or the digits)"
                 if (float in kinds or int in kinds) and isinstance(value, str) and _EXPONENT_TEXT.fullmatch(value.strip()) else "")
         raise UserError(f"{path}.{key}: expected {names}, got {value!r}{hint}")
+    if isinstance(value, str) and _CONTROL.search(value):
+        raise UserError(f"{path}.{key}: holds a control character ({_CONTROL.search(value).group()!r}), which a terminal would act on")
     if isinstance(value, float) and not math.isfinite(value):  # YAML's .nan passes every comparison
         if finite:
             raise UserError(f"{path}.{key}: expected a finite number, got {value!r}")
@@ -167,7 +177,35 @@ def name(d: dict, key: str, path: str, default: Any = ...) -> Any:
     value = field(d, key, path, str, default)
     if value is not None and not value.strip():  # None: an absent field's default
         raise UserError(f"{path}.{key}: expected a name, got {value!r}")
+    if value is not None:
+        one_line({key: value}, key, path)
     return value
+
+
+def one_line(d: dict, key: str, path: str) -> str:
+    """``d[key]`` as a label a record may leave empty (a plan's workload name, its optimizer): text
+    of one line without tabs or control characters, "" when absent.
+
+    Args:
+        d: the mapping that holds the field.
+        key: the field's name.
+        path: the mapping's field path, for the error.
+    Returns:
+        The text.
+    Raises:
+        UserError: for a non-string, or one holding a line break, tab or control character.
+    """
+    value = field(d, key, path, str, "")
+    if _CONTROL_OR_SPACING.search(value):
+        raise UserError(f"{path}.{key}: expected one line without tabs, got {value!r}")
+    return value
+
+
+def _digits(value: int) -> str:
+    """A huge integer for a message: its digits up to 40, else its sign and digit count."""
+    if value.bit_length() < 133:
+        return str(value)
+    return f"a {'negative ' if value < 0 else ''}number of about {round(abs(value).bit_length() * math.log10(2))} digits"
 
 
 def bounded_fields(d: dict, spec: dict[str, tuple], path: str) -> None:

@@ -149,3 +149,5 @@ def read_yaml(path: str | os.PathLike, what: str = "file") -> Any:
         raise UserError(f"{what} {path} is not valid YAML{where}") from None
     except RecursionError:  # thousands of nested brackets
         raise UserError(f"{what} {path} is nested too deeply to be read") from None
+    except ValueError as e:  # an integer of over 4,300 digits, a date like 2026-13-01
+        raise UserError(f"{what} {path}: a value cannot be read ({str(e).split(';')[0].strip()})") from None

@@ -151,6 +151,9 @@ def test_a_plan_rule_of_nvls_for_a_role_that_spans_nodes_is_refused():
     with pytest.raises(UserError, match=r"collectives\[0\].set.algo: 'nvls' runs within one node, and role world's "
                                         r"communicators span 2 of the plan's 2 nodes"):
         Plan.from_dict(plan("world"))
+    # a rule for any group matches the world's communicator too (an audit, 2026-12-07: it was deployed)
+    with pytest.raises(UserError, match=r"and the world's communicator, which it matches, span 2 of the plan's 2 nodes"):
+        Plan.from_dict(plan("*"))
     Plan.from_dict(plan("tp"))  # by size alone: 8 ranks may be one node's
     Plan.from_dict(plan("tp", group_ranks={"tp": [list(range(8)), list(range(8, 16))]}))
     with pytest.raises(UserError, match="role tp's communicators span 2"):

@@ -26,6 +26,21 @@ def test_round_trip(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))  # atomic write leaves no temp file
 
 
+def test_a_plan_written_again_keeps_its_permissions_and_its_link(tmp_path):
+    """An audit, 2026-12-07: a plan made 0600 by its owner was 0644 once search wrote it again, and
+    a plan.yaml linked to a shared copy became a file of its own, the copy never updated."""
+    private = BASE.save(tmp_path / "private.yaml")
+    private.chmod(0o600)
+    BASE.save(private)
+    assert private.stat().st_mode & 0o777 == 0o600
+    shared = BASE.save(tmp_path / "shared" / "plan.yaml")
+    link = tmp_path / "plan.yaml"
+    link.symlink_to(shared)
+    replace(BASE, world_size=4, groups={"dp": 4}).save(link)
+    assert link.is_symlink() and load_plan(shared).world_size == 4
+    assert not list(tmp_path.glob("**/.*.tmp"))
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d.update(schema_version=7), "unknown version 7"),
     (lambda d: d.update(kind="lagom-workload"), "is this a plan file"),
@@ -132,6 +147,15 @@ def _set_rule(d: dict, **match) -> None:
     (lambda d: d["validated"].update(ratios=[1.05, 1.05, 1.05]), r"validated.speedup: 1.0998, but the geometric mean of its rounds' ratios is 1.0500"),
     (lambda d: d["validated"].update(ratios=[1.1, 0, 1.1]), r"validated.ratios.1: must be >= "),
     (lambda d: d["validated"].update(ratios="1.1"), r"validated.ratios: expected list"),
+    # an audit, 2026-12-07: each was taken, and shown or deployed
+    (lambda d: d["validated"].update(spedup=1.0), r"validated.spedup: unknown field \(did you mean 'speedup'\?"),
+    (lambda d: d["validated"].update(speedup=0.0, interval=[0.0, 0.0], ratios=None), r"validated.speedup: must be >= 1e-09"),
+    (lambda d: d["validated"]["spread_ms"].update(plan=[1.0, 10 ** 400]), r"validated.spread_ms.plan: expected \[least, most\] ms"),
+    # a second rule the first covers never applies (the first match is taken)
+    (lambda d: d["collectives"].append(copy.deepcopy(d["collectives"][0])), r"collectives\[2\]: never applies: collectives\[0\] before it"),
+    (lambda d: d["collectives"].insert(0, {"match": {"op": "all_reduce", "group": "*"}, "set": {"channels": 8}}),
+     r"collectives\[1\]: never applies: collectives\[0\]"),
+    (lambda d: d["target"]["hardware"].update(cluster="z100"), r"plan.target.hardware: cluster 'z100' .*is no simulated cluster"),
 ])
 def test_plans_that_cannot_mean_what_they_say_are_refused(mutate, message):
     """Each was accepted by show and apply --dry-run: a rule that matches nothing, NCCL's tree on
@@ -153,6 +177,9 @@ def test_garbled_yaml_is_a_user_error(tmp_path):
         load_plan(p)
     p.write_text(BASE.save(tmp_path / "ok.yaml").read_text().replace("process: {threads: 1}", "process: {threads: 1, threads: 4}"))
     with pytest.raises(UserError, match=r"key 'threads' is given twice in one mapping \(line \d+\)"):  # PyYAML kept the last
+        load_plan(p)
+    p.write_text("schema_version: 1\nkind: lagom-plan\ntarget: {world_size: 1" + "0" * 5000 + "}\n")
+    with pytest.raises(UserError, match=r"a value cannot be read \(Exceeds the limit \(4300 digits\)"):  # was exit 1
         load_plan(p)
     p.write_text("[" * 5000 + "]" * 5000)
     # was RecursionError, exit 1; PyYAML before 6.0.2 reads the whole list, which is no plan either

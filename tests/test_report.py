@@ -157,6 +157,11 @@ def test_show_rechecks_a_plans_predictions_against_its_runs_model(sim_plan, tmp_
     assert r.stdout.count("\n") > 5  # the plan itself is still printed
     check = json.loads(cli("show", edited, "--json", check=True).stdout)["predictions_check"]
     assert not check["rechecked"] and "gone is not here" in check["why"]
+    # a name the file system cannot look up (over 255 bytes) was an OSError, exit 1 (an audit, 2026-12-07)
+    plan["model"]["run"] = str(tmp_path / ("x" * 300))
+    edited.write_text(yaml.safe_dump(plan, sort_keys=False))
+    check = json.loads(cli("show", edited, "--json", check=True).stdout)["predictions_check"]
+    assert not check["rechecked"] and f"{'x' * 300} is not here" in check["why"]
 
 
 def test_a_replay_that_falls_short_is_said_in_words_not_console_markup(sim_plan, tmp_path):

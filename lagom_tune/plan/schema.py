@@ -18,7 +18,7 @@ from lagom_tune.backends.registry import backend_info
 from lagom_tune.errors import UserError
 from lagom_tune.knobs import BackendChoices, KnobSpace, Settings
 from lagom_tune.precision import ROUNDING_REL
-from lagom_tune.workload.spec import OPS, Collective, Workload
+from lagom_tune.workload.spec import MAX_RANKS, OPS, Collective, Workload
 from lagom_tune.yaml_io import read_yaml, write_yaml
 
 SCHEMA_VERSION = 1
@@ -29,6 +29,9 @@ SECTIONS = ("schema_version", "kind", "tool", "target", "workload", "model", "se
             "collectives", "backend_defaults", "predicted", "validated")
 TARGET_FIELDS = ("backend", "simulated", "hardware", "world_size", "nodes", "groups", "group_ranks")
 MATCH_FIELDS = ("op", "group", "min_bytes", "max_bytes")
+PREDICTED_FIELDS = ("iteration_ms", "bound_ms", "simulated")  # what search writes (planning.build_plan)
+VALIDATED_FIELDS = ("method", "simulated", "repeats", "iteration_ms", "spread_ms", "speedup", "interval", "ratios",
+                    "same_settings")  # what --validate writes (search.replay.validate)
 MAX_RULE_BYTES = (1 << 63) - 1  # a rule's byte bounds as the tuner plugin reads them (int64)
 
 
@@ -186,12 +189,16 @@ class Plan:
             v.field(tool, key, f"{path}.tool", str, None)
         target = v.known_keys(v.mapping(v.field(d, "target", path, dict), f"{path}.target"), TARGET_FIELDS, f"{path}.target")
         backend = v.field(target, "backend", f"{path}.target", str)
+        info = backend_info(backend, f"{path}.target.backend: ")
         hardware = _hardware_record(v.field(target, "hardware", f"{path}.target", dict, {}), f"{path}.target.hardware")
-        if "cluster" in hardware and not backend_info(backend, f"{path}.target.backend: ").simulated:
+        if "cluster" in hardware and not info.simulated:
             # a simulated plan relabelled: its knob values would be held to the simulated cluster's, and apply would run them
             raise UserError(f"{path}.target.hardware.cluster: {hardware['cluster']!r} is a simulated cluster, but the {backend} backend "
                             "measures real machines (a simulated plan relabelled?); search a profile of the real machine")
-        space = _plan_space(backend, hardware)
+        try:
+            space = _plan_space(backend, hardware)
+        except UserError as e:  # a cluster no simulator has
+            raise UserError(f"{path}.target.hardware: {e}") from None
 
         def knobs(values: Any, where: str, scope: str) -> dict[str, Any]:
             values = v.mapping(values, where)
@@ -238,12 +245,14 @@ class Plan:
             return rules
 
         deployed, observed = collective_rules("collectives"), collective_rules("backend_defaults", [])
+        for section in (deployed, observed):
+            _refuse_shadowed(section)
         placed = deployed + observed
         rules = [rule for _, rule in deployed]
         groups = v.named(v.field(target, "groups", f"{path}.target", dict, {}), f"{path}.target.groups")
         for role in groups:
-            v.field(groups, role, f"{path}.target.groups", int, minimum=1)
-        world_size = v.field(target, "world_size", f"{path}.target", int, minimum=1)
+            v.field(groups, role, f"{path}.target.groups", int, minimum=1, maximum=MAX_RANKS)
+        world_size = v.field(target, "world_size", f"{path}.target", int, minimum=1, maximum=MAX_RANKS)
         for role, size in groups.items():
             if size > world_size:
                 raise UserError(f"{path}.target.groups.{role}: {size} ranks, more than the world size {world_size}")
@@ -253,21 +262,24 @@ class Plan:
         for where, role in named:
             if role not in groups:
                 raise UserError(f"{where}: no role {role!r} in {path}.target.groups ({', '.join(map(str, groups)) or 'none'})")
-        simulated = backend_info(backend).simulated_flag(target, f"{path}.target")
+        simulated = info.simulated_flag(target, f"{path}.target")
         nodes = v.field(target, "nodes", f"{path}.target", int, 1, minimum=1)
         if world_size % nodes:  # torchrun starts as many ranks on every node
             raise UserError(f"{path}.target.nodes: {nodes} nodes cannot hold {world_size} ranks evenly")
         group_ranks = _group_ranks(target, {str(k): int(val) for k, val in groups.items()}, world_size, f"{path}.target")
         for rp, rule in placed:  # NVLS runs within a node: NCCL would not run such a rule there
-            spans = nodes_of(world_size, nodes, groups.get(rule.group), group_ranks.get(rule.group, ()))
+            # a rule for any group ("*") matches the world's communicator too
+            ranks = world_size if rule.group == "*" else groups.get(rule.group)
+            spans = nodes_of(world_size, nodes, ranks, group_ranks.get(rule.group, ()))
+            whose = "the world's communicator, which it matches," if rule.group == "*" else f"role {rule.group}'s communicators"
             for name, value in rule.set.items():
                 if spans and value not in space[name].domain_for({rule.op}, spans):
-                    raise UserError(f"{rp}.set.{name}: {value!r} runs within one node, and role "
-                                    f"{rule.group}'s communicators span {spans} of the plan's {nodes} nodes")
+                    raise UserError(f"{rp}.set.{name}: {value!r} runs within one node, and {whose} span {spans} "
+                                    f"of the plan's {nodes} nodes")
         validated = d.get("validated")
         if validated is not None:
-            validated = _times_record(validated, f"{path}.validated")
-        predicted = _times_record(v.field(d, "predicted", path, dict, {}), f"{path}.predicted")
+            validated = _times_record(validated, f"{path}.validated", VALIDATED_FIELDS)
+        predicted = _times_record(v.field(d, "predicted", path, dict, {}), f"{path}.predicted", PREDICTED_FIELDS)
         _check_times(predicted, validated, simulated, path)
         return cls(
             backend=backend,
@@ -279,13 +291,26 @@ class Plan:
             rules=tuple(rules),
             workload=_workload_record(v.field(d, "workload", path, dict, {}), f"{path}.workload"),
             model=_model_record(v.field(d, "model", path, dict, {}), f"{path}.model"),
-            search=_search_record(v.field(d, "search", path, dict, {}), f"{path}.search"),
+            search=_search_record(v.field(d, "search", path, dict, {}), f"{path}.search", space),
             predicted=predicted,
             validated=validated,
             groups={str(k): int(val) for k, val in groups.items()},
             group_ranks=group_ranks,
             backend_defaults=tuple(rule for _, rule in observed),
         )
+
+
+def _refuse_shadowed(rules: list[tuple[str, CollectiveRule]]) -> None:
+    """Refuse (UserError) a rule that an earlier one of its section shadows: the first rule that
+    matches a collective is the one NCCL's tuner plugin and the model take, so a later rule of the
+    same op whose group and sizes an earlier one covers never applies (search writes one rule per
+    op, role and size band, none overlapping)."""
+    for i, (rp, rule) in enumerate(rules):
+        for ep, earlier in rules[:i]:
+            if (earlier.op == rule.op and earlier.group in (rule.group, "*")
+                    and earlier.min_bytes <= rule.min_bytes and rule.max_bytes <= earlier.max_bytes):
+                raise UserError(f"{rp}: never applies: {ep.rpartition('.')[2]} before it matches every {rule.op} it matches "
+                                "(the first matching rule is taken); remove one or narrow the earlier one")
 
 
 def _rules_record(rules: tuple[CollectiveRule, ...]) -> list[dict[str, Any]]:
@@ -330,22 +355,23 @@ def _hardware_record(d: Any, path: str) -> dict[str, Any]:
 SEARCH_OPTIONS = {"n_trials": (int, 1, 10 ** 6), "timeout": (float, 0.1), "seed": (int, 0, 2 ** 32 - 1), "study_name": (str,),
                   "multi_objective": (bool,), "min_gain": (float, 0.0, 1.0)}
 MAX_ITERATION_MS = 1e8  # a predicted or replayed iteration, at most: about a day (1e30 was printed as a 31-digit time)
+MAX_SPEEDUP = 1e6  # a replayed speed-up or round's ratio, at most (1e300 was taken, and `show` printed no replay at all)
 
 
-def _search_record(d: Any, path: str) -> dict[str, Any]:
+def _search_record(d: Any, path: str, space: KnobSpace) -> dict[str, Any]:
     """The plan's ``search`` section (which optimizer, its effort, why it kept the defaults), checked
-    as ``show`` and ``apply`` read it."""
+    as ``show`` and ``apply`` read it; the knobs it says it left to the backend are ``space``'s."""
     d = v.known_keys(v.mapping(d, path), ("optimizer", "evaluations", "seconds", "kept_default", "left_to_backend", "pareto", "options"),
                      path)
-    v.field(d, "optimizer", path, str, "")
+    v.one_line(d, "optimizer", path)
     options = v.known_keys(v.mapping(v.field(d, "options", path, dict, {}), f"{path}.options"), tuple(SEARCH_OPTIONS), f"{path}.options")
     v.bounded_fields(options, SEARCH_OPTIONS, f"{path}.options")
     v.field(d, "evaluations", path, int, None, minimum=0)
     v.field(d, "seconds", path, float, None, minimum=0.0)
     v.field(d, "kept_default", path, str, None)
     for i, name in enumerate(v.field(d, "left_to_backend", path, list, [])):
-        if not isinstance(name, str) or not name:
-            raise UserError(f"{path}.left_to_backend[{i}]: expected a knob's name, got {name!r}")
+        if name not in space.names():
+            raise UserError(f"{path}.left_to_backend[{i}]: expected one of the backend's knobs ({', '.join(space.names())}), got {name!r}")
     for i, point in enumerate(v.field(d, "pareto", path, list, [])):
         where = f"{path}.pareto[{i}]"
         point = v.known_keys(v.mapping(point, where), ("iteration_ms", "comm_sms"), where)
@@ -358,7 +384,7 @@ def _model_record(d: dict, path: str) -> dict[str, Any]:
     """The plan's ``model`` section (which fit it came from, and its held-out MAPE), checked."""
     d = v.known_keys(v.mapping(d, path), ("run", "family", "mape"), path)
     v.field(d, "run", path, str, "")
-    v.field(d, "family", path, str, "")
+    v.one_line(d, "family", path)
     if "mape" not in d:
         return d
     return {**d, "mape": v.number_map(v.field(d, "mape", path, dict, {}), f"{path}.mape", minimum=0.0)}
@@ -367,8 +393,8 @@ def _model_record(d: dict, path: str) -> dict[str, Any]:
 def _workload_record(d: Any, path: str) -> dict[str, Any]:
     """The plan's ``workload`` section (the searched workload's name and digest), checked."""
     d = v.known_keys(v.mapping(d, path), ("name", "digest"), path)
-    v.field(d, "name", path, str, "")
-    v.field(d, "digest", path, str, "")
+    v.one_line(d, "name", path)
+    v.one_line(d, "digest", path)
     return d
 
 
@@ -413,29 +439,37 @@ def _check_times(predicted: dict[str, Any], validated: dict[str, Any] | None, si
                             f"{times['default']} / {times['plan']} = {ratio:.4f}")
 
 
-def _ordered_pair(pair: Any, path: str, expected: str) -> None:
-    """Refuse (UserError, naming ``path`` and ``expected``) anything but two finite numbers, 0 <= first <= second."""
+def _ordered_pair(pair: Any, path: str, expected: str, least: float, most: float) -> None:
+    """Refuse (UserError, naming ``path`` and ``expected``) anything but two numbers, least <= first <= second <= most."""
     ok = isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in pair)
-    if not ok or not 0 <= pair[0] <= pair[1] < float("inf"):
-        raise UserError(f"{path}: expected {expected}, got {pair!r}")
+    if not ok or not least <= pair[0] <= pair[1] <= most:  # NaN fails every comparison; a 400-digit int compares exactly
+        raise UserError(f"{path}: expected {expected}, from {least:g} to {most:g}, got {_short(pair)}")
 
 
-def _times_record(d: Any, path: str) -> dict[str, Any]:
+def _short(value: Any) -> str:
+    """``value`` for a message, cut short (a 400-digit number filled the terminal)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _times_record(d: Any, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     """The plan's ``predicted`` or ``validated`` section: iteration times by settings (ms), and the
-    numbers beside them, checked as ``show`` reads them."""
-    d = v.mapping(d, path)
-    for key in ("bound_ms", "speedup"):
-        v.field(d, key, path, float, None, minimum=0.0)
+    numbers beside them, checked as ``show`` reads them (a field other than ``allowed``, a
+    misspelt ``intreval``, is refused rather than dropped)."""
+    d = v.known_keys(v.mapping(d, path), allowed, path)
+    v.field(d, "bound_ms", path, float, None, minimum=0.0, maximum=MAX_ITERATION_MS)
+    # a speed-up is a ratio of two iteration times (each within 1e-9 .. MAX_ITERATION_MS ms); 0x was shown as "slower"
+    v.field(d, "speedup", path, float, None, minimum=v.POSITIVE, maximum=MAX_SPEEDUP)
     v.field(d, "simulated", path, bool, False)
     v.field(d, "same_settings", path, bool, False)  # validated: both replays ran the defaults
     v.field(d, "method", path, str, "")  # validated: how the replays were measured
     v.field(d, "repeats", path, int, None, minimum=1)
     if d.get("interval") is not None:  # validated: the speedup's interval (comparison.ratio_interval)
-        _ordered_pair(d["interval"], f"{path}.interval", "[low, high] speed-ups")
+        _ordered_pair(d["interval"], f"{path}.interval", "[low, high] speed-ups", v.POSITIVE, MAX_SPEEDUP)
     for i, ratio in enumerate(v.seq(v.field(d, "ratios", path, list, []), f"{path}.ratios")):  # validated: per round
-        v.field({i: ratio}, i, f"{path}.ratios", float, minimum=v.POSITIVE)
+        v.field({i: ratio}, i, f"{path}.ratios", float, minimum=v.POSITIVE, maximum=MAX_SPEEDUP)
     for name, spread in v.mapping(v.field(d, "spread_ms", path, dict, {}), f"{path}.spread_ms").items():
-        _ordered_pair(spread, f"{path}.spread_ms.{name}", "[least, most] ms")
+        _ordered_pair(spread, f"{path}.spread_ms.{name}", "[least, most] ms", 0.0, MAX_ITERATION_MS)
     if "iteration_ms" not in d:  # a plan written in code may have no predictions: loaded as it was saved
         return d
     # an iteration of no time (0) was shown as the plan's, below its own contention-free bound

@@ -120,7 +120,7 @@ def _read_spans(path: Path) -> tuple[dict, list[dict]]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"trace not found: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested thousands deep
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: not JSON, or a number over 4,300 digits; RecursionError: nested thousands deep
         raise UserError(f"{path} is not a JSON Chrome trace: {e}") from None
     events = data.get("traceEvents") if isinstance(data, dict) else None
     if not isinstance(events, list):
