@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterable
@@ -70,7 +71,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temp file in the same folder and a rename: a reader
-    (or a process killed mid-write) never sees part of it.
+    (or a process killed mid-write) never sees part of it, and once this returns the new file
+    survives a power cut (the folder's entry is synced too). A file replaced keeps its
+    permissions; a symbolic link keeps pointing where it did, at the new content.
 
     Args:
         path: the file to write (its folder is made if missing).
@@ -81,9 +84,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         UserError: when the folder cannot be made or written.
     """
     path = Path(path)
+    target = path.resolve() if path.is_symlink() else path  # a rename onto the link would replace the link itself
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror or e}") from None
     try:
@@ -91,10 +95,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make shared plans unreadable to others
-        os.replace(tmp, path)
+        os.chmod(tmp, _mode_for(target))
+        os.replace(tmp, target)
+        _sync_folder(target.parent)
     except OSError as e:  # a full disk, a folder at ``path``: named by the file, not by the temp gone with it
         Path(tmp).unlink(missing_ok=True)
         raise UserError(f"cannot write {path}: {e.strerror or e}") from None
@@ -102,3 +105,30 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _mode_for(path: Path) -> int:
+    """The permissions a file written at ``path`` gets: those of the file it replaces (a plan made
+    0600 by its owner became 0644), else what the umask leaves of 0666 (mkstemp's 0600 would make
+    shared plans unreadable to others)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _sync_folder(folder: Path) -> None:
+    """Flush a folder's entries to disk, so a rename into it is not lost to a power cut (where the
+    file system cannot sync a folder, the rename stands as the file system keeps it)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

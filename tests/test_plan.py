@@ -76,6 +76,17 @@ def test_a_plan_written_again_keeps_its_permissions_and_its_link(tmp_path):
     (lambda d: d.update(communicators={2: {"bucket_cap_mb": 8}}), r"communicators: key 2 is read as int, not a name"),
     (lambda d: d["target"].update(groups={2: 2}), r"target.groups: key 2 is read as int, not a name"),
     (lambda d: d.update(collectives=[{"match": {"op": "all_reduce"}, "set": {"threads": 1}}]), "deploys per process"),
+    # an audit, 2026-12-07: a number past a float's range was an OverflowError (exit 1), a count of
+    # 10^12 ranks or of 400 digits was taken, a misspelt or unknown record field dropped unread
+    (lambda d: d["predicted"].update(bound_ms=10 ** 400), r"predicted.bound_ms: must be <= 1.*got a number of about 400 digits"),
+    (lambda d: d["target"].update(world_size=10 ** 12), r"target.world_size: must be <= 1048576"),
+    (lambda d: d["target"]["hardware"].update(cores=10 ** 400), r"hardware.cores: must be <= 9223372036854775807, got a number"),
+    (lambda d: d["predicted"].update(bogus_ms=1), r"predicted.bogus_ms: unknown field"),
+    (lambda d: d["search"].update(left_to_backend=["warp_drive"]), r"left_to_backend\[0\]: expected one of the backend's knobs"),
+    # ... and names holding terminal escapes (ESC [2J cleared the screen) or line breaks were printed
+    (lambda d: d["workload"].update(name="cpu\x1b[2J-demo"), r"workload.name: holds a control character \('\\x1b'\)"),
+    (lambda d: d["target"]["hardware"].update(device="cpu\nfast"), r"hardware.device: expected one line without tabs"),
+    (lambda d: d["workload"].update(name="cpu\tdemo"), r"workload.name: expected one line without tabs"),
 ])
 def test_bad_plans_are_refused_with_the_field(mutate, message):
     d = copy.deepcopy(BASE.to_dict())

@@ -559,6 +559,8 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
     except UserError as e:
         raise UserError(f"{run.csv_path}: the fit gave no usable model ({e}); a time there is far from any other "
                         f"(edited?): {run.model_path.name} is left as it was") from None
-    write_yaml(run.model_path, doc)
+    # the pictures first, the model last: model.yaml is what says the fit is done, so a kill between
+    # the two leaves the old model (refitted on the next run), never a new one beside old pictures
     write_fit_plots(run, pts, predicted, simulated)
+    write_yaml(run.model_path, doc)
     return result
