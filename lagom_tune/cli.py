@@ -175,8 +175,13 @@ def profile(
         note = b.fingerprint().get("hardware_note")
         if note:
             render.console.print(f"[yellow]note[/] {escape(note)}{render.simulated_tag(b.simulated)}")
-        run = run_profile(w, b, out, repeats=repeats,
-                          progress=lambda done, total, what: bar.update(task, completed=done, total=total))
+        def measured(done: int, total: int, what: str) -> None:
+            if what == "resuming":  # the campaign says so once, before measuring what is left
+                render.console.print(f"resuming {escape(str(out))}: {done} of {total} points measured before, {total - done} to go",
+                                     highlight=False)
+            bar.update(task, completed=done, total=total)
+
+        run = run_profile(w, b, out, repeats=repeats, progress=measured)
         fitting = bar.add_task("fit model (k-fold)", total=None)
         accuracy, fitted = fit_run_unless_current(run, progress=lambda done, total: bar.update(fitting, completed=done, total=total))
         if not fitted:

@@ -74,6 +74,9 @@ def test_ctrl_c_then_resume(tmp_path):
     assert pd.read_csv(run / "measurements.csv").point.nunique() == done_before
     r = cli("profile", "--workload", WORKLOAD, "--ranks", 2, "--out", run, "--repeats", 3, check=True)
     assert "profiled" in r.stdout
+    # a resume looked like a fresh profile (an audit, 2026-12-07)
+    total = yaml.safe_load((run / "meta.yaml").read_text())["points_total"]
+    assert f"resuming {run}: {done_before} of {total} points measured before, {total - done_before} to go" in r.stdout, r.stdout
     assert_complete_without_duplicates(run)
 
 
