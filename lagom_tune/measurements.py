@@ -41,6 +41,7 @@ DESCRIBING_COLUMNS = IDENTITY_COLUMNS + GEMM_COLUMNS + COLLECTIVE_COLUMNS + SETT
 OVERLAPPED_COLUMNS = ("time_us", "comm_us", "window_us")  # when the compute stream, the collective and both ended
 ALONE_COLUMNS = ("compute_alone_us", "comm_alone_us")  # the overlapped job's two halves, each timed alone
 TIMED_COLUMNS = OVERLAPPED_COLUMNS + ALONE_COLUMNS  # a repeat takes as long as its slowest rank in each
+MAX_TIME_US = 1e11  # a timed column's value, at most: about a day, a plan's longest iteration (1e300 us GEMMs were fitted)
 RESULT_COLUMNS = ("repeat", *TIMED_COLUMNS,
                   "n_compute",  # GEMMs in an overlapped point's job
                   "baseline",  # PAIRED, or empty: how its alone times were measured

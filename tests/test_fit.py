@@ -1,4 +1,5 @@
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -545,3 +546,28 @@ def test_an_older_revision_of_the_fit_is_named_as_older(monkeypatch):
     said = contention.fit_revision_note({"fit_revision": 2}, "runs/x")
     assert "an older lagom-tune (fit revision 2); this one fits revision 3" in said and "`lagom-tune fit runs/x`" in said
     assert contention.fit_revision_note({"fit_revision": 3}, "runs/x") is None
+
+
+def test_fit_never_writes_a_model_that_the_other_verbs_refuse(tmp_path):
+    """The committed gloo profile with every GEMM point's time made 1e10 us (within a day): the
+    model passed fit's check, but its accuracy record (GEMMs timed again before their pairs at a
+    ratio that rounds to 0) did not pass show's, search's or report's, and was written over the good
+    model.yaml (an audit, 2026-12-07). fit now checks the whole file as they read it."""
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "tests" / "data" / "gloo-2026-12-06-cpu-demo", run)
+    df = pd.read_csv(run / "measurements.csv", low_memory=False)
+    df.loc[df["kind"] == "gemm", "time_us"] = 1e10
+    df.to_csv(run / "measurements.csv", index=False)
+    with pytest.raises(UserError, match=r"the fit gave no usable model \(.*model.yaml.accuracy.remeasured.gemm.median_ratio"):
+        fit_run(open_run(run))
+    assert not (run / "model.yaml").exists()
+
+
+def test_a_cpu_model_needs_a_slowdown_for_every_thread_count_it_fits():
+    """`comm_slowdown: {}` passed show and report, and search then failed on it (an audit, 2026-12-07)."""
+    model = replace(TRUE, comm={"all_reduce": Linear(150.0, (("per_mb", 700.0), ("per_call", 30.0)))})
+    d = {"schema_version": 1, "kind": "lagom-model", **model.to_dict()}
+    model_from_dict(d)
+    d["params"]["comm_slowdown"] = {}
+    with pytest.raises(UserError, match=r"params.comm_slowdown: thread counts \[\], but .*params.compute fits \[1, 2\]"):
+        model_from_dict(d)

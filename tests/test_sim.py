@@ -178,6 +178,7 @@ def test_a_model_that_gives_no_usable_time_is_neither_written_nor_searched(tmp_p
     """One collective's repeats edited to 1e-300 us: the fit wrote a link of inf GB/s over a good
     model.yaml, which search then refused; a GEMM's theta edited to 1e308, finite, passed the
     loader and search raised an internal error (an audit, 2026-12-03)."""
+    import io
     import re
 
     import pandas as pd
@@ -193,6 +194,13 @@ def test_a_model_that_gives_no_usable_time_is_neither_written_nor_searched(tmp_p
     r = cli("fit", run)
     said = [line for line in r.stderr.splitlines() if not line.startswith("fit model")]  # the progress bar
     assert r.returncode == 2 and len(said) == 1 and "the fit gave no usable model" in said[0] and "finite number" in said[0], r.stderr
+    assert (run / "model.yaml").read_text() == good
+    # every GEMM point at 1e300 us was fitted (an audit, 2026-12-07): a time is at most a day ...
+    df = pd.read_csv(io.StringIO(rows), low_memory=False)
+    df.loc[df["kind"] == "gemm", "time_us"] = 1e300
+    df.to_csv(run / "measurements.csv", index=False)
+    r = cli("fit", run)
+    assert r.returncode == 2 and "not a positive time of at most a day" in r.stderr, r.stderr
     assert (run / "model.yaml").read_text() == good
     (run / "measurements.csv").write_text(rows)  # the rows the model was fitted to again
     # since 2026-12-04 the loader bounds a GEMM's times (an hour), naming the field; before, search

@@ -213,6 +213,10 @@ class CpuPairwiseModel:
             return out
 
         compute, names = by_threads("compute")
+        for key in ("compute_slowdown", "comm_slowdown"):  # the fit writes one per thread count it fitted
+            if set(by_threads(key)[1]) != set(names):  # `comm_slowdown: {}` passed show and report, and search failed
+                raise UserError(f"{path}.params.{key}: thread counts {sorted(by_threads(key)[1])}, but "
+                                f"{path}.params.compute fits {sorted(names)}; each needs a slowdown")
         return cls(
             compute={t: Linear.from_dict(compute[name], f"{path}.params.compute", GEMM_FEATURES) for t, name in names.items()},
             comm={op: Linear.from_dict(x, f"{path}.params.comm.{op}", COMM_FEATURES)
@@ -396,6 +400,21 @@ def load_model(path: str | Path, expected: ModelExpectation | None = None) -> tu
     Returns:
         The CostModel and its ``accuracy`` mapping ({} when absent).
     """
-    d = read_yaml(path, "model file")
-    model = model_from_dict(d, str(path), expected)
-    return model, accuracy_record(d.get("accuracy"), f"{path}.accuracy")
+    return model_document(read_yaml(path, "model file"), str(path), expected)
+
+
+def model_document(d: Any, path: str, expected: ModelExpectation | None = None) -> tuple[CostModel, dict[str, Any]]:
+    """The model and its accuracy record from a loaded ``model.yaml``, checked as every verb reads it
+    (``fit`` checks what it is about to write with it, so it never writes what the others refuse).
+
+    Args:
+        d: the loaded YAML.
+        path: its path, for errors.
+        expected: what its run folder's profiles say it must be; None: any.
+    Returns:
+        The CostModel and its ``accuracy`` mapping ({} when absent).
+    Raises:
+        UserError: naming the field, as :func:`model_from_dict` and :func:`accuracy_record` do.
+    """
+    model = model_from_dict(d, path, expected)
+    return model, accuracy_record(d.get("accuracy") if isinstance(d, dict) else None, f"{path}.accuracy")

@@ -20,7 +20,7 @@ from lagom_tune.knobs import KnobSpace
 from lagom_tune.measurements import CHOICE_COLUMNS, CHOICE_KNOBS, DEFAULT, chosen_settings
 from lagom_tune.model.contention import (
     COMM_FEATURES, FIT_REVISION, GEMM_FEATURES, SCHEMA_VERSION, CostModel, CpuPairwiseModel, comm_features, fit_linear, gemm_features,
-    model_from_dict, read_model_file,
+    model_document, read_model_file,
 )
 from lagom_tune.model.fit_workers import run_each
 from lagom_tune.model.gpu_fit import fit_gpu
@@ -555,7 +555,7 @@ def fit_run(run, progress: Callable[[int, int], None] | None = None) -> FitResul
                               index=pts.index)
     doc = result.to_dict(df, simulated)
     try:  # what search would refuse is not written over the model there (1e-300 µs times fitted an inf link rate)
-        model_from_dict(doc, str(run.model_path))
+        model_document(doc, str(run.model_path))
     except UserError as e:
         raise UserError(f"{run.csv_path}: the fit gave no usable model ({e}); a time there is far from any other "
                         f"(edited?): {run.model_path.name} is left as it was") from None

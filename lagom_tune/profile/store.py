@@ -25,7 +25,7 @@ from lagom_tune.errors import UserError, interrupts_kept
 from lagom_tune.knobs import KnobSpace
 from lagom_tune.measurements import (
     COUNT_COLUMNS, DEFAULT, DESCRIBING_COLUMNS, KIND_COLUMNS, KNOB_COLUMNS, NUMERIC_COLUMNS, OVERLAPPED_COLUMNS, REQUIRED_COLUMNS,
-    ROW_KINDS, SETTING_COLUMNS, TIMED_COLUMNS, WHOLE_COLUMNS, again_key,
+    MAX_TIME_US, ROW_KINDS, SETTING_COLUMNS, TIMED_COLUMNS, WHOLE_COLUMNS, again_key,
 )
 from lagom_tune.workload.spec import Workload, gemm_of_key
 from lagom_tune.yaml_io import read_yaml, yaml_text
@@ -280,13 +280,13 @@ class RunFolder:
             if not early.empty:
                 raise UserError(f"{self.csv_path}: window_us of point {early.iloc[0]['point']} is {early.iloc[0]['window_us']}, "
                                 f"before one of its streams ended ({len(early)} such row(s))")
-        for col in TIMED_COLUMNS:  # a time is positive and finite; only time_us is in every row
+        for col in TIMED_COLUMNS:  # a time is positive and at most a day; only time_us is in every row
             if col in df.columns:
                 times = df[col] if col == "time_us" else df[col].dropna()
-                bad = times[~(np.isfinite(times) & (times > 0))]
+                bad = times[~(np.isfinite(times) & (times > 0) & (times <= MAX_TIME_US))]
                 if not bad.empty:
                     raise UserError(f"{self.csv_path}: {col} of point {df.loc[bad.index[0], 'point']} is {bad.iloc[0]}, "
-                                    f"not a positive time ({len(bad)} such row(s))")
+                                    f"not a positive time of at most a day ({MAX_TIME_US:g} us; {len(bad)} such row(s))")
         return df, partial
 
     def _check_settings(self, df: pd.DataFrame, meta: dict[str, Any], workload: Workload) -> None:
