@@ -4,6 +4,8 @@ this module imports no YAML, so the step clock that every process of a trial loa
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import os
 import re
 import stat
@@ -42,7 +44,7 @@ def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterab
     clash = next((Path(i) for i in inputs if Path(i).exists() and os.path.samefile(path, i)), None) if path.exists() else None
     if clash is not None:
         raise UserError(f"{what} {path} is {clash}, which this command reads; give another file")
-    if replaces is not None and path.is_file() and path.stat().st_size and not _holds_match(path, replaces):  # empty: mktemp's
+    if replaces is not None and path.is_file() and path.stat().st_size and not holds_match(path, replaces):  # empty: mktemp's
         raise UserError(f"{what} {path} exists and is not a {what} lagom-tune wrote; give another file (or remove it)")
     folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or folder.resolve().parts[:2] in (("/", "proc"), ("/", "sys")):
@@ -50,7 +52,33 @@ def check_writable(path: str | os.PathLike, what: str = "output", inputs: Iterab
     return path
 
 
-def _holds_match(path: Path, pattern: str) -> bool:
+def keep_aside(path: str | os.PathLike) -> Path | None:
+    """Rename an existing ``path`` to a name of its own beside it, stamped with when it was last
+    written (``trial.json`` -> ``trial.20261207T220301.json``), so that what is written at ``path``
+    next replaces nothing (a rerun of ``trial`` that failed in its first round left one run where
+    a whole trial's record had been).
+
+    Args:
+        path: the file.
+    Returns:
+        Its new path, or None when there was no file.
+    Raises:
+        UserError: when it cannot be renamed.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y%m%dT%H%M%S")
+    kept = next(c for c in (path.with_name(f"{path.stem}.{stamp}{'-' + str(i) if i else ''}{path.suffix}") for i in itertools.count())
+                if not c.exists())
+    try:
+        os.replace(path, kept)
+    except OSError as e:
+        raise UserError(f"cannot keep {path} as {kept.name}: {e.strerror or e}") from None
+    return kept
+
+
+def holds_match(path: Path, pattern: str) -> bool:
     """Whether the head of ``path`` (its first :data:`MARK_HEAD` bytes, where every file lagom-tune
     writes says what it is) matches ``pattern`` (multi-line); False for a file that cannot be read
     as text. Not the whole file: notes that quote a plan (README's plan format) hold its mark too,

@@ -193,6 +193,13 @@ def test_a_failing_run_stops_the_trial_and_keeps_the_runs_before_it(script, tmp_
     assert r.returncode == 1 and "round 1, plan run: the command exited with status 3" in r.stderr, r.stderr
     assert "1 earlier run(s) are in" in r.stderr and "Traceback" not in r.stderr
     assert [run["arm"] for run in json.loads((tmp_path / "trial.json").read_text())["runs"]] == ["default"]
+    # a rerun keeps the earlier record under a name of its own (it replaced a whole trial's record
+    # with its one run: an audit, 2026-12-07)
+    first = (tmp_path / "trial.json").read_text()
+    r = cli("trial", plan, "--rounds", 2, "--warmup", 1, "--", sys.executable, script, env=clean_env(FAIL_WITH_THREADS="1"))
+    kept = [p for p in tmp_path.glob("trial.*.json")]
+    assert len(kept) == 1 and kept[0].read_text() == first, kept
+    assert f"held an earlier trial's record: kept as {kept[0].name}" in r.stdout + r.stderr, r.stderr
 
 
 def test_a_stop_signal_ends_the_trial_and_its_command_keeping_the_runs_before_it(script, tmp_path):

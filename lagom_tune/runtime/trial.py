@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lagom_tune import validate as v
-from lagom_tune.artifact_io import atomic_write_text, check_writable
+from lagom_tune.artifact_io import atomic_write_text, check_writable, holds_match, keep_aside
 from lagom_tune.comparison import ARMS, CI_LEVEL, interleaved, order_note, ratio_interval, rounds_to_show, verdict
 from lagom_tune.errors import RunError, UserError
 from lagom_tune.plan.schema import Plan
@@ -300,6 +300,9 @@ def run_trial(plan: Plan, plan_path: Path, cmd: list[str], rounds: int, warmup: 
     out = check_writable(out or record_path(plan, plan_path, "trial"), "trial record", [plan_path, *files_among(cmd)],
                          replaces=FILE_MARK)
     notes = check_fit(plan, cmd, dict(os.environ))  # before the first run, not at the plan's first turn
+    kept = keep_aside(out) if holds_match(out, FILE_MARK) else None  # an earlier trial's record: kept, not replaced
+    if kept:
+        notes.append(f"{out} held an earlier trial's record: kept as {kept.name}")
     unbalanced = order_note(ARMS, rounds, "--rounds")
     if unbalanced:
         notes.append(unbalanced)
