@@ -97,6 +97,14 @@ def _path(text: str | Path) -> Path:
     return Path(text)
 
 
+def _file_path(text: str | Path) -> Path:
+    """:func:`_path` for a file to write: a path ending in ``/`` names a folder (``Path`` drops the
+    slash, so ``--out new/`` wrote a file called ``new``)."""
+    if isinstance(text, str) and text.endswith(("/", os.sep)):
+        raise typer.BadParameter(f"{text!r} names a folder (it ends in /): give a file name in it")
+    return _path(text)
+
+
 def _print_version(value: bool) -> None:
     if value:
         print(f"lagom-tune {__version__}")
@@ -147,8 +155,8 @@ def profile(
     seq: Optional[int] = typer.Option(None, min=1, max=MAX_SEQ, help="Sequence length for presets."),
     mbs: Optional[int] = typer.Option(None, min=1, max=MAX_MBS, help="Micro-batch size for presets."),
     reduce_dtype: Optional[str] = typer.Option(None, help=REDUCE_DTYPE_HELP),
-    timeout: float = typer.Option(60.0, parser=_number(1.0, 86400.0), help="Seconds (1 to 86400) a rank may go without progress "
-                                 "before the run is ended."),
+    timeout: Optional[float] = typer.Option(None, parser=_number(1.0, 86400.0), help="gloo, nccl: seconds (1 to 86400; default 60) "
+                                           "a rank may go without progress before the run is ended."),
 ) -> None:
     """Measure GEMMs, collectives and overlapped pairs; fit the contention model into RUN_DIR/model.yaml.
 
@@ -160,13 +168,15 @@ def profile(
     check_no_plan_in_effect(os.environ, "profile")
     check_writable(out / "meta.yaml", "run folder")
     RunFolder(out).check_files()
-    own = {k: val for k, val in dict(hardware=hardware, nodes=nodes, ib_gbps=ib_gbps, noise=noise, seed=seed, ranks=ranks).items()
-           if val is not None}
+    own = {k: val for k, val in dict(hardware=hardware, nodes=nodes, ib_gbps=ib_gbps, noise=noise, seed=seed, ranks=ranks,
+                                     timeout=timeout).items() if val is not None}
     sized = workload in PRESETS and PRESETS[workload].sized_by_ranks  # --ranks is its world, whatever the backend
     backend_info(backend, "--backend: ").check_options(set(own) - ({"ranks"} if sized else set()))
     w = resolve_workload(workload, parallel=parallel, seq=seq, mbs=mbs, reduce_dtype=reduce_dtype, ranks=ranks)
     extra = {"ib_gbps": own.pop("ib_gbps")} if "ib_gbps" in own else {}
-    b = get_backend(backend, BackendOptions(timeout_s=timeout, extra=extra, **own))
+    if "timeout" in own:
+        own["timeout_s"] = own.pop("timeout")
+    b = get_backend(backend, BackendOptions(extra=extra, **own))
     if not b.writer:  # another rank of a torchrun job: measure, and leave the run folder to rank 0
         run_profile(w, b, out, repeats=repeats)
         return
@@ -221,7 +231,7 @@ def search(
     ctx: typer.Context,
     run_dir: Path = typer.Argument(..., parser=_path, help="A profiled run folder."),
     optimizer: str = typer.Option("lagom", help="lagom, optuna, autoccl, default or exhaustive."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", parser=_path, help="Plan YAML to write."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", parser=_file_path, help="Plan YAML to write."),
     compare: bool = typer.Option(False, "--compare", help="Run every optimizer and print them side by side."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     n_trials: int = typer.Option(200, min=SEARCH_OPTIONS["n_trials"][1], max=SEARCH_OPTIONS["n_trials"][2], help="Optuna trial budget."),
@@ -414,7 +424,7 @@ def trial(
     rounds: int = typer.Option(4, min=MIN_ROUNDS, max=MAX_ROUNDS, help="Rounds; each runs the command with the defaults and with the plan, "
                                "in turn first (an even number runs each first equally often)."),
     warmup: int = typer.Option(3, min=0, max=1_000_000, help="Optimizer steps of each run left out before the timing starts."),
-    out: Optional[Path] = typer.Option(None, parser=_path, help="The trial record (default: trial.json beside the plan; "
+    out: Optional[Path] = typer.Option(None, parser=_file_path, help="The trial record (default: trial.json beside the plan; "
                                        "trial.HOST.json for a plan of several nodes)."),
 ) -> None:
     """Run `-- CMD [ARGS...]` with the defaults and with the plan, interleaved, and measure the speed-up.
@@ -540,7 +550,7 @@ def _recheck(plan: Plan, path: Path) -> PlanPredictions | str:
 @app.command()
 def report(
     target: Path = typer.Argument(..., parser=_path, help="A run folder or a plan YAML."),
-    out: Path = typer.Option(Path("report.html"), "--out", "-o", parser=_path, help="HTML file to write."),
+    out: Path = typer.Option(Path("report.html"), "--out", "-o", parser=_file_path, help="HTML file to write."),
 ) -> None:
     """One self-contained HTML page: fit pictures, accuracy, and for a plan a before/after timeline."""
     render.wrote(write_report(target, out))
@@ -585,7 +595,7 @@ def _print_workload(w: Workload, as_json: bool) -> None:
 @workload_app.command("import")
 def workload_import(
     trace: Path = typer.Argument(..., parser=_path, help="torch.profiler Chrome trace (export_chrome_trace, record_shapes=True)."),
-    out: Path = typer.Option(..., "--out", "-o", parser=_path, help="Workload YAML to write."),
+    out: Path = typer.Option(..., "--out", "-o", parser=_file_path, help="Workload YAML to write."),
     name: Optional[str] = typer.Option(None, help="Workload name (default: the trace's file name)."),
     ranks: Optional[int] = typer.Option(None, min=2, help="World size of the collectives (default: from the trace)."),
     gpus_per_node: int = typer.Option(GPUS_PER_NODE, min=1, help="Ranks per node of the traced job: the nodes each "

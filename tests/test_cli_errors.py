@@ -225,6 +225,7 @@ def test_a_fit_that_cannot_predict_its_points_writes_no_model_and_prints_only_th
     (["profile", "--backend", "gloo", "--hardware", "h100-nvlink", "--out", "{tmp}/run"], "--hardware applies to the sim backend"),
     (["profile", "--backend", "sim", "--workload", "llama3-8b-fsdp8", "--ranks", "64", "--out", "{tmp}/run"],
      "--ranks applies to the gloo backend, not sim"),  # meta.yaml said 8 ranks (cpu-demo's --ranks is its world: taken)
+    (["profile", "--backend", "sim", "--timeout", "5", "--out", "{tmp}/run"], "--timeout applies to the gloo or nccl backend, not sim"),
     (["workload", "show", "{tmp}/w.yaml", "--seq", "7"], "--seq applies to presets; {tmp}/w.yaml is a workload file"),
     (["profile", "--backend", "sim", "--workload", "{tmp}/w.yaml", "--parallel", "fsdp=2", "--out", "{tmp}/run"],
      "--parallel applies to presets"),

@@ -122,6 +122,9 @@ def test_an_output_that_is_an_input_is_refused(phi2, tmp_path):
         assert r.returncode == 2 and "which this command reads" in r.stderr, r.stderr
     r = cli("report", run, "--out", tmp_path)
     assert r.returncode == 2 and "is a folder" in r.stderr, r.stderr
+    for verb in ("search", "report"):  # `--out new/` wrote a file called "new" (an audit, 2026-12-07)
+        r = cli(verb, run, "--out", f"{tmp_path / 'new'}/")
+        assert r.returncode == 2 and "names a folder (it ends in /)" in r.stderr and not (tmp_path / "new").exists(), r.stderr
     assert {p: p.read_bytes() for p in before} == before and (run / "plan.yaml").read_bytes() == plan
 
 

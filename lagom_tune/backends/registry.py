@@ -288,14 +288,15 @@ PROBE_OP = "probe"  # the op of the single-GPU probe's rows: a copy kernel of 1-
 register_backend(BackendInfo(
     "gloo", "lagom_tune.backends.gloo:GlooBackend", "lagom_tune.backends.gloo_knobs:knob_space_from_fingerprint",
     CPU_FAMILY, frozenset({THREAD_COUNT, DDP_BUCKET_CAP, CHUNKED_ALL_REDUCE}), summary="real CPU ranks",
-    setup=("host", "device", "processor", "cores", "ranks", "torch"), ops=frozenset({"all_reduce"}), options=frozenset({"ranks"})))
+    setup=("host", "device", "processor", "cores", "ranks", "torch"), ops=frozenset({"all_reduce"}), options=frozenset({"ranks", "timeout"})))
 register_backend(BackendInfo(
     "nccl", "lagom_tune.backends.nccl:NcclBackend", "lagom_tune.backends.nccl_knobs:knob_space_from_fingerprint",
     GPU_FAMILY, frozenset({NCCL_ENVIRONMENT, NCCL_COMMUNICATOR_OPTIONS, NCCL_TUNER_RULES}), needs_cuda=True,
     replays_locally=False, instruments=frozenset({PROBE_OP}),
     summary="GPUs; launch with torchrun, or one process for the single-GPU contention probe",
     # not the hosts: a resumed job may land on other nodes of the same kind; not hbm_GBps: it is measured
-    setup=("mode", "gpu", "sms", "ranks", "nodes", "gpus_per_node", "driver", "cuda", "nccl", "torch", "max_channels", "nvls", "ll128", "standin")))
+    setup=("mode", "gpu", "sms", "ranks", "nodes", "gpus_per_node", "driver", "cuda", "nccl", "torch", "max_channels", "nvls", "ll128", "standin"),
+    options=frozenset({"timeout"})))
 register_backend(BackendInfo(
     "sim", "lagom_tune.backends.sim:SimBackend", "lagom_tune.backends.nccl_knobs:knob_space_from_fingerprint",
     GPU_FAMILY, frozenset({NCCL_ENVIRONMENT, NCCL_COMMUNICATOR_OPTIONS, NCCL_TUNER_RULES}), simulated=True,
