@@ -102,6 +102,10 @@ def predict_plan(plan: Plan, run: RunFolder) -> PlanPredictions:
         UserError: the run's model cannot be read (missing, garbled, or stale for its measurements).
     """
     meta = run.read_meta()
+    profiled_on = meta["fingerprint"]["backend"]
+    if profiled_on != plan.backend:  # an edited plan; its knobs then failed the model's own check, in its words
+        raise UserError(f"the plan is for the {plan.backend} backend, but its run folder {run.path} was profiled on {profiled_on} "
+                        "(edited?)")
     model, _ = load_model(run.model_path, run.fitted_as(meta))
     workload = run.workload()
     vars_ = variables(workload, knob_space_for(plan.backend, meta.get("fingerprint", {})), plan.backend_choices(workload))

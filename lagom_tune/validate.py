@@ -51,6 +51,8 @@ def document(value: Any, path: str, what: str) -> dict:
     Raises:
         UserError: saying the file is not one (a text file, a YAML list).
     """
+    if value is None:  # an empty file, or one of comments only
+        raise UserError(f"{path}: not a {what}: it is empty")
     if not isinstance(value, dict):
         raise UserError(f"{path}: not a {what}: its top level is a {type(value).__name__}, not a YAML mapping")
     return value

@@ -160,6 +160,8 @@ def _set_rule(d: dict, **match) -> None:
     (lambda d: d["validated"].update(ratios="1.1"), r"validated.ratios: expected list"),
     # an audit, 2026-12-07: each was taken, and shown or deployed
     (lambda d: d["validated"].update(spedup=1.0), r"validated.spedup: unknown field \(did you mean 'speedup'\?"),
+    (lambda d: d.update(validated={"speedup": 2.0}), r"validated.method: required field is missing"),
+    (lambda d: d["validated"].pop("iteration_ms"), r"validated.iteration_ms: required field is missing"),
     (lambda d: d["validated"].update(speedup=0.0, interval=[0.0, 0.0], ratios=None), r"validated.speedup: must be >= 1e-09"),
     (lambda d: d["validated"]["spread_ms"].update(plan=[1.0, 10 ** 400]), r"validated.spread_ms.plan: expected \[least, most\] ms"),
     # a second rule the first covers never applies (the first match is taken)

@@ -183,3 +183,18 @@ def test_a_replay_that_falls_short_is_said_in_words_not_console_markup(sim_plan,
     assert "warning the simulated replay ran the plan 1.000×" in page and "[yellow]" not in page and "[/]" not in page
     assert "95% interval 0.990–1.010×: no difference measurable on this machine" in page
     assert "<br>replayed speed-up 1.000×" in page  # each of the caption's lines its own, not run together
+
+
+def test_a_plan_for_another_backend_than_its_run_is_named_as_such(sim_plan):
+    """A plan edited to another backend than its run was profiled on: report said "the model was not
+    fitted for threads=512 (fitted: [1])" (an audit, 2026-12-07); now it names the two backends."""
+    from dataclasses import replace
+
+    from lagom_tune.errors import UserError
+    from lagom_tune.plan.schema import load_plan
+    from lagom_tune.plan_check import predict_plan
+    from lagom_tune.profile.store import open_run
+
+    plan = replace(load_plan(sim_plan / "plan.yaml"), backend="nccl")
+    with pytest.raises(UserError, match=r"the plan is for the nccl backend, but its run folder .* was profiled on sim"):
+        predict_plan(plan, open_run(sim_plan / "run"))

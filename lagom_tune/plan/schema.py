@@ -32,6 +32,7 @@ MATCH_FIELDS = ("op", "group", "min_bytes", "max_bytes")
 PREDICTED_FIELDS = ("iteration_ms", "bound_ms", "simulated")  # what search writes (planning.build_plan)
 VALIDATED_FIELDS = ("method", "simulated", "repeats", "iteration_ms", "spread_ms", "speedup", "interval", "ratios",
                     "same_settings")  # what --validate writes (search.replay.validate)
+VALIDATED_REQUIRED = ("method", "repeats", "iteration_ms")  # ... and of it, what every replay writes
 MAX_RULE_BYTES = (1 << 63) - 1  # a rule's byte bounds as the tuner plugin reads them (int64)
 
 
@@ -279,6 +280,8 @@ class Plan:
         validated = d.get("validated")
         if validated is not None:
             validated = _times_record(validated, f"{path}.validated", VALIDATED_FIELDS)
+            for key in VALIDATED_REQUIRED:  # `validated: {speedup: 2}` was taken, its 2x in show --json
+                v.field(validated, key, f"{path}.validated", object)
         predicted = _times_record(v.field(d, "predicted", path, dict, {}), f"{path}.predicted", PREDICTED_FIELDS)
         _check_times(predicted, validated, simulated, path)
         return cls(

@@ -179,11 +179,11 @@ class Workload:
     @classmethod
     def from_dict(cls, data: Any, path: str = "workload") -> "Workload":
         d = v.document(data, path, "workload file")
-        v.schema_version(d, path, SCHEMA_VERSION, default=SCHEMA_VERSION)
-        v.known_keys(d, WORKLOAD_FIELDS, path)
-        kind = d.get("kind", KIND)  # optional in hand-written workloads; another artifact's is refused
+        kind = d.get("kind", KIND)  # optional in hand-written workloads; another artifact's is refused (before its fields are)
         if kind != KIND:
             raise UserError(f"{path}.kind: expected {KIND!r}, got {kind!r} (is this a workload file?)")
+        v.schema_version(d, path, SCHEMA_VERSION, default=SCHEMA_VERSION)
+        v.known_keys(d, WORKLOAD_FIELDS, path)
         groups = []
         sizes: dict[str, tuple[tuple[int, int], str]] = {}  # communicator -> its ranks and nodes, and where first given
         index_of: dict[str, int] = {}
@@ -283,4 +283,6 @@ def load_workload(path: str | Path) -> Workload:
     Raises:
         UserError: naming the field, for anything the format does not allow.
     """
-    return Workload.from_dict(read_yaml(path, "workload file"), "workload")
+    data = read_yaml(path, "workload file")
+    v.document(data, str(path), "workload file")  # an empty file or a list named by the file, not by "workload"
+    return Workload.from_dict(data, "workload")
