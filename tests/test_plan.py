@@ -363,3 +363,30 @@ def test_a_gain_smaller_than_the_models_window_error_is_said_until_it_is_measure
     assert gain_caution(replace(noisy, predicted={**BASE.predicted, "iteration_ms": {"default": 9.0, "autoccl": 9.0, "plan": 9.0}})) is None
     replayed = load_plan(ROOT / "plans" / "sim-a40-nvlink-phi-2-tp8-dp2.yaml")
     assert replayed.validated and gain_caution(replace(replayed, model={**replayed.model, "mape": {"overlap_window": 0.5}})) is None
+
+
+def test_a_shadowed_rule_is_found_as_a_pairwise_check_finds_it():
+    """The check runs in every rank on plans of thousands of rules (a traced workload), so it keeps
+    the widest earlier reach per op and group rather than comparing every pair; on random rule
+    lists it refuses the same first rule the pairwise definition does."""
+    import random
+
+    from lagom_tune.plan.schema import _refuse_shadowed
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        rules = []
+        for i in range(rng.randint(1, 8)):
+            lo = rng.randint(0, 20)
+            rule = CollectiveRule(rng.choice(["all_gather", "all_reduce"]), rng.choice(["dp", "tp", "*"]), lo, lo + rng.randint(0, 20),
+                                  {"channels": 8})
+            rules.append((f"plan.collectives[{i}]", rule))
+        pairwise = next((rp for i, (rp, r) in enumerate(rules)
+                         if any(e.op == r.op and e.group in (r.group, "*") and e.min_bytes <= r.min_bytes <= r.max_bytes <= e.max_bytes
+                                for _, e in rules[:i])), None)
+        try:
+            _refuse_shadowed(rules)
+            refused = None
+        except UserError as e:
+            refused = str(e).split(": never applies")[0]
+        assert refused == pairwise, rules
