@@ -34,7 +34,7 @@ PREDICTED_FIELDS = ("iteration_ms", "bound_ms", "simulated")  # what search writ
 VALIDATED_FIELDS = ("method", "simulated", "repeats", "iteration_ms", "spread_ms", "speedup", "interval", "ratios",
                     "same_settings")  # what --validate writes (search.replay.validate)
 VALIDATED_REQUIRED = ("method", "repeats", "iteration_ms")  # ... and of it, what every replay writes
-MAX_RULE_BYTES = (1 << 63) - 1  # a rule's byte bounds as the tuner plugin reads them (int64)
+MAX_RULE_BYTES = v.MAX_INT  # a rule's byte bounds as the tuner plugin reads them (int64)
 
 
 def knob_space_for(backend: str, fingerprint: dict[str, Any] | None = None) -> KnobSpace:
