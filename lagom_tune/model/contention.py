@@ -214,9 +214,10 @@ class CpuPairwiseModel:
 
         compute, names = by_threads("compute")
         for key in ("compute_slowdown", "comm_slowdown"):  # the fit writes one per thread count it fitted
-            if set(by_threads(key)[1]) != set(names):  # `comm_slowdown: {}` passed show and report, and search failed
-                raise UserError(f"{path}.params.{key}: thread counts {sorted(by_threads(key)[1])}, but "
-                                f"{path}.params.compute fits {sorted(names)}; each needs a slowdown")
+            counts = sorted(by_threads(key)[1])
+            if counts != sorted(names):  # `comm_slowdown: {}` passed show and report, and search failed
+                raise UserError(f"{path}.params.{key}: thread counts {counts}, but {path}.params.compute fits {sorted(names)}; "
+                                "each needs a slowdown")
         return cls(
             compute={t: Linear.from_dict(compute[name], f"{path}.params.compute", GEMM_FEATURES) for t, name in names.items()},
             comm={op: Linear.from_dict(x, f"{path}.params.comm.{op}", COMM_FEATURES)
